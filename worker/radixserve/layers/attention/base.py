@@ -1,0 +1,86 @@
+"""The attention backend interface.
+
+A backend turns (q, k, v) of one layer into attention output over the paged KV pool: it stores
+this pass's K/V at `forward_batch.out_cache_loc`, then reads every token of each request
+through `req_to_token_pool.req_to_token[req_pool_idx, :seq_len]`. Per-pass metadata (index
+arrays, planned kernels) is built once in `init_forward_metadata` and reused by every layer;
+the CUDA-graph methods do the same into static buffers so a captured graph can be replayed.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+
+class AttentionBackend(ABC):
+    @abstractmethod
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        """Prepare metadata shared by all layers of one forward pass."""
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        forward_mode: ForwardMode,
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_sum: int,
+    ) -> None:
+        raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        """seq_len given to padded rows of a captured batch (they read slot 0 only)."""
+        return 1
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q: [tokens, heads*head_dim]; k, v: [tokens, kv_heads*head_dim] -> [tokens, heads*head_dim]."""
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    @abstractmethod
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor: ...

@@ -1,0 +1,135 @@
+"""`ForwardMode` and `ForwardBatch`: the device-side description of one forward pass.
+
+`ForwardBatch` is built from a `ModelWorkerBatch` by `ForwardBatch.init_new`, moving the
+scheduler's CPU tensors to the device in one place. It lives for one pass; attention backends
+hang their per-pass metadata on it through `init_forward_metadata`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import IntEnum, auto
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.layers.attention.base import AttentionBackend
+    from radixserve.managers.schedule_batch import ModelWorkerBatch
+    from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+class ForwardMode(IntEnum):
+    EXTEND = auto()  # prefill, with or without a cached prefix
+    DECODE = auto()  # one new token per request
+    MIXED = auto()  # chunked prefill and decode requests in one extend-shaped pass
+    IDLE = auto()  # nothing to run (kept so every rank steps together under TP)
+
+    def is_extend(self) -> bool:
+        """Extend-shaped attention: EXTEND, and MIXED whose decode rows are length-1 extends."""
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+    def is_mixed(self) -> bool:
+        return self == ForwardMode.MIXED
+
+    def is_idle(self) -> bool:
+        return self == ForwardMode.IDLE
+
+    @property
+    def metric_label(self) -> str:
+        return {ForwardMode.EXTEND: "prefill", ForwardMode.DECODE: "decode"}.get(self, "mixed")
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    input_ids: torch.Tensor  # [num_tokens] int64
+    positions: torch.Tensor  # [num_tokens] int64
+    req_pool_indices: torch.Tensor  # [bs] int64
+    seq_lens: torch.Tensor  # [bs] int64, total length including this pass's tokens
+    seq_lens_cpu: torch.Tensor  # [bs] int64 on the CPU
+    seq_lens_sum: int
+    out_cache_loc: torch.Tensor  # [num_tokens] int64 KV slots written by this pass
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: TokenToKVPool
+    attn_backend: AttentionBackend
+    # extend only (EXTEND and MIXED)
+    extend_num_tokens: int = 0
+    extend_seq_lens: torch.Tensor | None = None  # [bs] new tokens per request
+    extend_prefix_lens: torch.Tensor | None = None  # [bs] cached tokens per request
+    extend_start_loc: torch.Tensor | None = None  # [bs] offset of each request in input_ids
+    extend_seq_lens_cpu: list[int] | None = None
+    extend_prefix_lens_cpu: list[int] | None = None
+    # logits: which rows to keep (the last token of each request unless logprobs need all)
+    sampling_info: SamplingBatchInfo | None = None
+    return_logprob: bool = False
+    top_logprobs_nums: list[int] | None = None
+
+    @classmethod
+    def init_new(
+        cls,
+        batch: ModelWorkerBatch,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: TokenToKVPool,
+        attn_backend: AttentionBackend,
+        device: torch.device | str,
+    ) -> ForwardBatch:
+        def dev(t: torch.Tensor) -> torch.Tensor:
+            return t.to(device, non_blocking=True)
+
+        seq_lens_cpu = batch.seq_lens
+        if batch.forward_mode.is_decode():
+            positions_cpu = seq_lens_cpu - 1
+            fb = cls(
+                forward_mode=batch.forward_mode,
+                batch_size=len(seq_lens_cpu),
+                input_ids=dev(batch.input_ids),
+                positions=dev(positions_cpu),
+                req_pool_indices=dev(batch.req_pool_indices),
+                seq_lens=dev(seq_lens_cpu),
+                seq_lens_cpu=seq_lens_cpu,
+                seq_lens_sum=batch.seq_lens_sum,
+                out_cache_loc=dev(batch.out_cache_loc),
+                req_to_token_pool=req_to_token_pool,
+                token_to_kv_pool=token_to_kv_pool,
+                attn_backend=attn_backend,
+                sampling_info=batch.sampling_info,
+                return_logprob=batch.return_logprob,
+                top_logprobs_nums=batch.top_logprobs_nums,
+            )
+        else:
+            ext = torch.tensor(batch.extend_seq_lens, dtype=torch.int64)
+            pre = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64)
+            start = torch.cumsum(ext, 0) - ext
+            # positions: prefix_len .. prefix_len + extend_len - 1 for each request
+            positions_cpu = torch.repeat_interleave(pre - start, ext) + torch.arange(int(ext.sum()))
+            fb = cls(
+                forward_mode=batch.forward_mode,
+                batch_size=len(seq_lens_cpu),
+                input_ids=dev(batch.input_ids),
+                positions=dev(positions_cpu),
+                req_pool_indices=dev(batch.req_pool_indices),
+                seq_lens=dev(seq_lens_cpu),
+                seq_lens_cpu=seq_lens_cpu,
+                seq_lens_sum=batch.seq_lens_sum,
+                out_cache_loc=dev(batch.out_cache_loc),
+                req_to_token_pool=req_to_token_pool,
+                token_to_kv_pool=token_to_kv_pool,
+                attn_backend=attn_backend,
+                extend_num_tokens=int(ext.sum()),
+                extend_seq_lens=dev(ext),
+                extend_prefix_lens=dev(pre),
+                extend_start_loc=dev(start),
+                extend_seq_lens_cpu=list(batch.extend_seq_lens),
+                extend_prefix_lens_cpu=list(batch.extend_prefix_lens),
+                sampling_info=batch.sampling_info,
+                return_logprob=batch.return_logprob,
+                top_logprobs_nums=batch.top_logprobs_nums,
+            )
+        attn_backend.init_forward_metadata(fb)
+        return fb
