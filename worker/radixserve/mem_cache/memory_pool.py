@@ -1,0 +1,142 @@
+"""The two device-side pools: request rows of KV slot indices, and the K/V tensors themselves.
+
+`ReqToTokenPool` maps (running request, token position) -> KV slot; attention kernels read it on
+the device. `TokenToKVPool` holds the per-layer K and V values addressed by those slots.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class ReqToTokenPool:
+    """[size, max_context_len] int32 on the device: row = running request, entry = KV slot of
+    that token.
+
+    A CPU mirror is kept so the scheduler reads rows without a device sync; writes go to both.
+    On a CPU device the mirror *is* the device tensor and each write happens once.
+    """
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = torch.device(device)
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self._mirror_is_device = self.device.type == "cpu"
+        self._cpu_mirror = (
+            self.req_to_token
+            if self._mirror_is_device
+            else torch.zeros((size, max_context_len), dtype=torch.int32)
+        )
+        self._free_rows: list[int] = []
+        self.clear()
+
+    def available_size(self) -> int:
+        """Rows not held by any request."""
+        return len(self._free_rows)
+
+    def alloc(self, n: int) -> list[int] | None:
+        """Take `n` free rows; None (and nothing taken) if fewer than `n` are free."""
+        if n > len(self._free_rows):
+            return None
+        taken = self._free_rows[:n]
+        self._free_rows = self._free_rows[n:]
+        return taken
+
+    def free(self, idx: int | list[int]) -> None:
+        """Give one row or a list of rows back."""
+        if isinstance(idx, int):
+            self._free_rows.append(idx)
+        else:
+            self._free_rows.extend(idx)
+
+    def write(self, req_idx: int, start: int, indices: torch.Tensor) -> None:
+        """Set row[req_idx][start:start + len(indices)] = indices."""
+        end = start + indices.numel()
+        values = indices.to(device="cpu", dtype=torch.int32)
+        self._cpu_mirror[req_idx, start:end] = values
+        if not self._mirror_is_device:
+            self.req_to_token[req_idx, start:end] = values.to(self.device, non_blocking=True)
+
+    def write_batch(
+        self, req_indices: list[int], starts: list[int], indices: list[torch.Tensor]
+    ) -> None:
+        """Write several rows' runs of slots with a single device index_put.
+
+        The flat (row, column) index is built on the CPU, so a batch of N requests costs one
+        host-to-device copy and one kernel instead of N of each.
+        """
+        if not req_indices:
+            return
+        lengths = torch.tensor([t.numel() for t in indices], dtype=torch.int64)
+        rows = torch.repeat_interleave(torch.tensor(req_indices, dtype=torch.int64), lengths)
+        cols = torch.cat(
+            [
+                torch.arange(start, start + int(n), dtype=torch.int64)
+                for start, n in zip(starts, lengths, strict=True)
+            ]
+        )
+        values = torch.cat([t.to(device="cpu", dtype=torch.int32) for t in indices])
+        self._cpu_mirror[rows, cols] = values
+        if not self._mirror_is_device:
+            self.req_to_token.index_put_(
+                (rows.to(self.device), cols.to(self.device)), values.to(self.device)
+            )
+
+    def read(self, req_idx: int, end: int) -> torch.Tensor:
+        """row[req_idx][:end] as a fresh CPU int64 tensor, read from the mirror (no device sync)."""
+        return self._cpu_mirror[req_idx, :end].to(torch.int64)
+
+    def clear(self) -> None:
+        """Free every row (server start, /flush_cache)."""
+        self._free_rows = list(range(self.size))
+
+
+class TokenToKVPool:
+    """Per-layer K and V buffers [size + 1, num_kv_heads, head_dim]; slot 0 is the padding target."""
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
+        self.size = size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.k_buffers[layer_id]
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self.v_buffers[layer_id]
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffers[layer_id], self.v_buffers[layer_id]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
+    ) -> None:
+        """Store K and V ([n, num_kv_heads, head_dim], any float dtype) at slots `loc` ([n])."""
+        if cache_k.dtype != self.dtype:
+            cache_k = cache_k.to(self.dtype)
+        if cache_v.dtype != self.dtype:
+            cache_v = cache_v.to(self.dtype)
+        self.k_buffers[layer_id][loc] = cache_k
+        self.v_buffers[layer_id][loc] = cache_v
+
+    @staticmethod
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+    ) -> int:
+        """Device bytes one KV slot costs across all layers (K and V): sizes --max-total-tokens."""
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
