@@ -1,0 +1,167 @@
+"""Per-request SamplingParams batched into device tensors.
+
+Built once when a batch forms and kept in step with it: `filter_batch` when requests leave,
+`merge_batch` when they join, `update_with_new_tokens` after every sampling step. Everything
+the Sampler does per step is a whole-batch tensor op over these fields.
+
+Random sampling is reproducible per request: the noise of row i at a step is a counter-based
+hash of (the row's seed, tokens it has generated so far, vocab index), computed with integer
+tensor ops. So a seeded request draws the same tokens whatever else is in the batch and
+wherever its row is, and resuming it (retraction, chunked prefill) continues the same stream.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.sampling.penalties import BatchedPenalizers, ReqLike
+from radixserve.sampling.sampling_params import SamplingParams
+
+_MASK32 = 0xFFFFFFFF
+_GOLDEN32 = 0x9E3779B9
+
+
+def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """`(x * constant) mod 2**32` for int64 `x` in [0, 2**32) without int64 overflow: the
+    constant is split in 16-bit halves so no partial product exceeds 2**49."""
+    low = x * (constant & 0xFFFF)
+    high = ((x * (constant >> 16)) & 0xFFFF) << 16
+    return (low + high) & _MASK32
+
+
+def _fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer, a bijection with full avalanche, on int64 tensors."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def _seed_keys(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Fold 64-bit seeds into well-mixed 32-bit row keys (held in int64)."""
+    low = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device)
+    high = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=device)
+    return _fmix32(low ^ _fmix32(high ^ _GOLDEN32))
+
+
+@dataclass
+class SamplingBatchInfo:
+    """Per-request SamplingParams batched into device tensors, built once when a batch forms and
+    kept in step with it (filter when requests leave, merge when they join)."""
+
+    vocab_size: int
+    device: torch.device
+    sampling_params: list[SamplingParams]
+    temperatures: torch.Tensor  # [bs, 1] float32; 1.0 on greedy rows (never divided by 0)
+    top_ps: torch.Tensor  # [bs, 1] float32
+    top_ks: torch.Tensor  # [bs, 1] int64; vocab_size where top-k is off
+    min_ps: torch.Tensor  # [bs, 1] float32
+    greedy: torch.Tensor  # [bs] bool
+    seed_keys: torch.Tensor  # [bs] int64 holding 32-bit keys
+    num_generated: torch.Tensor  # [bs] int64, tokens each request has generated so far
+    penalizers: BatchedPenalizers
+    is_all_greedy: bool = True
+    need_top_k: bool = False
+    need_top_p: bool = False
+    need_min_p: bool = False
+
+    @classmethod
+    def from_reqs(
+        cls, reqs: Sequence[ReqLike], vocab_size: int, device, eos_token_ids: set[int]
+    ) -> SamplingBatchInfo:
+        device = torch.device(device)
+        params = [r.sampling_params for r in reqs]
+
+        def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device).view(-1, 1)
+
+        # An unseeded request gets a fresh random seed, so unseeded requests differ.
+        seeds = [p.seed if p.seed is not None else secrets.randbits(64) for p in params]
+        info = cls(
+            vocab_size=vocab_size,
+            device=device,
+            sampling_params=params,
+            temperatures=column(
+                [1.0 if p.is_greedy else p.temperature for p in params], torch.float32
+            ),
+            top_ps=column([p.top_p for p in params], torch.float32),
+            top_ks=column([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64),
+            min_ps=column([p.min_p for p in params], torch.float32),
+            greedy=torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device),
+            seed_keys=_seed_keys(seeds, device),
+            num_generated=torch.tensor(
+                [len(r.output_ids) for r in reqs], dtype=torch.int64, device=device
+            ),
+            penalizers=BatchedPenalizers.from_reqs(reqs, vocab_size, device, eos_token_ids),
+        )
+        info._refresh_flags()
+        return info
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.sampling_params)
+
+    def _refresh_flags(self) -> None:
+        """Host-side flags that let the Sampler skip whole ops (no device sync to decide)."""
+        sampled = [p for p in self.sampling_params if not p.is_greedy]
+        self.is_all_greedy = not sampled
+        self.need_top_k = any(0 < p.top_k < self.vocab_size for p in sampled)
+        self.need_top_p = any(p.top_p < 1.0 for p in sampled)
+        self.need_min_p = any(p.min_p > 0.0 for p in sampled)
+
+    def apply_logits_processors(self, logits: torch.Tensor) -> None:
+        """Penalties and the min_new_tokens mask, in place on `[bs, vocab]` float32 logits."""
+        if not self.penalizers.is_empty:
+            self.penalizers.apply(logits, self.num_generated)
+
+    def update_with_new_tokens(self, next_token_ids: torch.Tensor) -> None:
+        """Count the tokens just sampled (`[bs]` on the device) for penalties and the step
+        counters."""
+        if not self.penalizers.is_empty:
+            self.penalizers.update(next_token_ids)
+        self.num_generated += 1
+
+    def gumbel_noise(self) -> torch.Tensor:
+        """`[bs, vocab]` float32 standard Gumbel noise for this step, a pure function of
+        (seed, tokens generated so far, vocab index) per row."""
+        step = _mul32(self.num_generated & _MASK32, _GOLDEN32)
+        step_keys = _fmix32(self.seed_keys ^ _fmix32(step))
+        vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=self.device)
+        vocab_keys = _fmix32((vocab + _GOLDEN32) & _MASK32)
+        bits = _fmix32(vocab_keys.unsqueeze(0) ^ step_keys.unsqueeze(1))
+        # 23 bits so (m + 0.5) * 2**-23 is exact in float32 and strictly inside (0, 1).
+        uniform = ((bits >> 9).to(torch.float32) + 0.5) * (2.0**-23)
+        return -torch.log(-torch.log(uniform))
+
+    def filter_batch(self, keep_indices: list[int]) -> None:
+        """Keep the rows `keep_indices`, in that order."""
+        keep = torch.tensor(keep_indices, dtype=torch.int64, device=self.device)
+        self.sampling_params = [self.sampling_params[i] for i in keep_indices]
+        for name in _ROW_TENSORS:
+            setattr(self, name, getattr(self, name)[keep])
+        self.penalizers.filter(keep, self.sampling_params)
+        self._refresh_flags()
+
+    def merge_batch(self, other: SamplingBatchInfo) -> None:
+        """Append `other`'s rows after this batch's."""
+        self.sampling_params = self.sampling_params + other.sampling_params
+        for name in _ROW_TENSORS:
+            setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
+        self.penalizers.merge(other.penalizers)
+        self._refresh_flags()
+
+
+_ROW_TENSORS = (
+    "temperatures",
+    "top_ps",
+    "top_ks",
+    "min_ps",
+    "greedy",
+    "seed_keys",
+    "num_generated",
+)
