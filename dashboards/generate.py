@@ -1,0 +1,360 @@
+"""Build the Grafana dashboards of radixserve from one table of panels.
+
+The JSON files beside this script are what Grafana and the Helm chart load; they are generated
+so that the fleet view and the single-service view cannot drift apart on a query, a unit or a
+metric name. Run `python dashboards/generate.py` after editing a panel; a unit test fails when
+the committed JSON is not what this script writes.
+
+Every query uses only metrics the worker exports (docs/architecture.md, "Metrics"), filtered by
+the `$namespace` and `$model_name` variables, and rates over Grafana's `$__rate_interval`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DASHBOARD_DIR = Path(__file__).resolve().parent
+SCHEMA_VERSION = 39
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+SELECTOR = 'namespace=~"$namespace", model_name=~"$model_name"'
+RATE = "[$__rate_interval]"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL target of a panel and how Grafana names its series."""
+
+    expr: str
+    legend: str
+
+
+@dataclass(frozen=True)
+class Panel:
+    """A panel as the generator knows it: what it shows, not where it sits."""
+
+    title: str
+    description: str
+    unit: str
+    queries: tuple[Query, ...]
+    kind: str = "timeseries"
+    repeat: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _rate(metric: str, by: str, matchers: str = "") -> str:
+    selector = SELECTOR + (f", {matchers}" if matchers else "")
+    return f"sum by ({by}) (rate({metric}{{{selector}}}{RATE}))"
+
+
+def _quantile(q: float, histogram: str, by: str) -> str:
+    return f"histogram_quantile({q}, {_rate(histogram + '_bucket', 'le, ' + by)})"
+
+
+def _latency_panel(title: str, histogram: str, by: str, description: str) -> Panel:
+    legend = "{{" + by.split(", ")[-1] + "}}"
+    return Panel(
+        title=title,
+        description=description,
+        unit="s",
+        queries=(
+            Query(_quantile(0.5, histogram, by), f"p50 {legend}"),
+            Query(_quantile(0.99, histogram, by), f"p99 {legend}"),
+        ),
+    )
+
+
+def _error_ratio(by: str) -> str:
+    """Errored / finished requests; 0 rather than no data when no request has errored yet."""
+    errors = _rate("radixserve_requests_total", by, 'finish_reason="error"')
+    finished = _rate("radixserve_requests_total", by)
+    return f"(({errors}) or ({finished} * 0)) / {finished}"
+
+
+def panels(by: str) -> list[Panel]:
+    """The panels of one dashboard, their series split by the label list `by`."""
+    legend = "{{" + by.split(", ")[-1] + "}}"
+    return [
+        Panel(
+            "Request throughput",
+            "Finished requests per second, all finish reasons.",
+            "reqps",
+            (Query(_rate("radixserve_requests_total", by), legend),),
+        ),
+        Panel(
+            "Token throughput",
+            "Prompt tokens read and generation tokens written per second.",
+            "short",
+            (
+                Query(_rate("radixserve_prompt_tokens_total", by), f"prompt {legend}"),
+                Query(_rate("radixserve_generation_tokens_total", by), f"generated {legend}"),
+            ),
+        ),
+        _latency_panel(
+            "Time to first token",
+            "radixserve_time_to_first_token_seconds",
+            by,
+            "From request arrival to the first generated token: queueing plus prefill.",
+        ),
+        _latency_panel(
+            "Inter-token latency",
+            "radixserve_inter_token_latency_seconds",
+            by,
+            "Time between two generated tokens of one request: the decode step as users feel it.",
+        ),
+        _latency_panel(
+            "End-to-end request latency",
+            "radixserve_e2e_request_latency_seconds",
+            by,
+            "From request arrival to the last token.",
+        ),
+        _latency_panel(
+            "Queue time",
+            "radixserve_queue_time_seconds",
+            by,
+            "Time a request waits for admission into the running batch.",
+        ),
+        Panel(
+            "Prefix cache hit rate",
+            "Prompt tokens found in the radix cache / prompt tokens looked up.",
+            "percentunit",
+            (
+                Query(
+                    f"{_rate('radixserve_prefix_cache_hits_tokens_total', by)}"
+                    f" / {_rate('radixserve_prefix_cache_queries_tokens_total', by)}",
+                    legend,
+                ),
+            ),
+            extra={"min": 0, "max": 1},
+        ),
+        Panel(
+            "Running and queued requests",
+            "Requests in the running batch and requests waiting for admission.",
+            "short",
+            (
+                Query(
+                    f"sum by ({by}) (radixserve_num_running_requests{{{SELECTOR}}})",
+                    f"running {legend}",
+                ),
+                Query(
+                    f"sum by ({by}) (radixserve_num_queued_requests{{{SELECTOR}}})",
+                    f"queued {legend}",
+                ),
+            ),
+        ),
+        Panel(
+            "KV cache usage",
+            "Used KV slots / KV capacity of the fullest worker; near 1 means admission stalls "
+            "and decode retracts requests.",
+            "percentunit",
+            (
+                Query(
+                    f"max by ({by}) (radixserve_kv_cache_usage_ratio{{{SELECTOR}}})",
+                    legend,
+                ),
+            ),
+            extra={"min": 0, "max": 1},
+        ),
+        Panel(
+            "KV capacity",
+            "KV cache capacity in tokens, summed over workers.",
+            "short",
+            (Query(f"sum by ({by}) (radixserve_max_total_tokens{{{SELECTOR}}})", legend),),
+        ),
+        Panel(
+            "Retractions",
+            "Requests retracted per second because a decode step found no free KV slots.",
+            "short",
+            (Query(_rate("radixserve_retractions_total", by), legend),),
+        ),
+        Panel(
+            "Finish reasons",
+            "Finished requests per second by finish reason (stop, length, abort, error).",
+            "reqps",
+            (Query(_rate("radixserve_requests_total", "finish_reason"), "{{finish_reason}}"),),
+        ),
+        Panel(
+            "Error ratio",
+            "Requests that finished with an engine error / finished requests.",
+            "percentunit",
+            (Query(_error_ratio(by), legend),),
+        ),
+        Panel(
+            "Mean batch size by mode",
+            "Requests per forward step, averaged, for prefill, decode and mixed steps.",
+            "short",
+            (
+                Query(
+                    f"{_rate('radixserve_batch_size_sum', 'mode')}"
+                    f" / {_rate('radixserve_batch_size_count', 'mode')}",
+                    "{{mode}}",
+                ),
+            ),
+        ),
+        Panel(
+            "Forward step time by mode",
+            "Wall time of one forward step, p50 and p99, per mode.",
+            "s",
+            (
+                Query(_quantile(0.5, "radixserve_forward_step_seconds", "mode"), "p50 {{mode}}"),
+                Query(_quantile(0.99, "radixserve_forward_step_seconds", "mode"), "p99 {{mode}}"),
+            ),
+        ),
+        Panel(
+            "Batch size distribution: $mode",
+            "How many requests each forward step carried (radixserve_batch_size), one panel "
+            "per mode.",
+            "short",
+            (
+                Query(
+                    _rate("radixserve_batch_size_bucket", "le", 'mode=~"$mode"'),
+                    "{{le}}",
+                ),
+            ),
+            kind="heatmap",
+            repeat="mode",
+        ),
+    ]
+
+
+def _panel_json(panel_id: int, panel: Panel, x: int, y: int) -> dict[str, Any]:
+    targets = [
+        {
+            "refId": chr(ord("A") + i),
+            "datasource": DATASOURCE,
+            "expr": q.expr,
+            "legendFormat": q.legend,
+            "range": True,
+            **({"format": "heatmap"} if panel.kind == "heatmap" else {}),
+        }
+        for i, q in enumerate(panel.queries)
+    ]
+    body: dict[str, Any] = {
+        "id": panel_id,
+        "type": panel.kind,
+        "title": panel.title,
+        "description": panel.description,
+        "datasource": DATASOURCE,
+        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "targets": targets,
+        "fieldConfig": {"defaults": {"unit": panel.unit, **panel.extra}, "overrides": []},
+        "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
+    }
+    if panel.kind == "heatmap":
+        body["options"] = {"calculate": False, "yAxis": {"unit": panel.unit}}
+    if panel.repeat:
+        body["repeat"] = panel.repeat
+        body["repeatDirection"] = "h"
+        body["maxPerRow"] = 3
+    return body
+
+
+def _query_variable(name: str, label: str, query: str, *, multi: bool) -> dict[str, Any]:
+    return {
+        "name": name,
+        "label": label,
+        "type": "query",
+        "datasource": DATASOURCE,
+        "query": {"query": query, "refId": f"{name}-variable"},
+        "definition": query,
+        "refresh": 2,
+        "sort": 1,
+        "multi": multi,
+        "includeAll": multi,
+        **({"allValue": ".*"} if multi else {}),
+        "current": {},
+        "options": [],
+        "hide": 0,
+    }
+
+
+def _variables(*, multi_model: bool) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": "datasource",
+            "label": "Data source",
+            "type": "datasource",
+            "query": "prometheus",
+            "current": {},
+            "hide": 0,
+            "options": [],
+            "refresh": 1,
+        },
+        _query_variable(
+            "namespace",
+            "Namespace",
+            "label_values(radixserve_max_total_tokens, namespace)",
+            multi=True,
+        ),
+        _query_variable(
+            "model_name",
+            "Model",
+            'label_values(radixserve_max_total_tokens{namespace=~"$namespace"}, model_name)',
+            multi=multi_model,
+        ),
+        _query_variable(
+            "mode",
+            "Forward mode",
+            'label_values(radixserve_batch_size_count{namespace=~"$namespace", '
+            'model_name=~"$model_name"}, mode)',
+            multi=True,
+        ),
+    ]
+
+
+def dashboard(uid: str, title: str, description: str, by: str, *, multi_model: bool) -> dict:
+    """One complete Grafana dashboard document."""
+    body = []
+    for i, panel in enumerate(panels(by)):
+        body.append(_panel_json(i + 1, panel, x=(i % 2) * 12, y=(i // 2) * 8))
+    return {
+        "uid": uid,
+        "title": title,
+        "description": description,
+        "tags": ["radixserve", "llm"],
+        "timezone": "browser",
+        "editable": True,
+        "graphTooltip": 1,
+        "refresh": "30s",
+        "schemaVersion": SCHEMA_VERSION,
+        "version": 1,
+        "time": {"from": "now-1h", "to": "now"},
+        "annotations": {"list": []},
+        "links": [],
+        "templating": {"list": _variables(multi_model=multi_model)},
+        "panels": body,
+    }
+
+
+DASHBOARDS: dict[str, dict] = {
+    "radixserve-fleet.json": dashboard(
+        "radixserve-fleet",
+        "radixserve / Fleet",
+        "Every radixserve InferenceService side by side, one series per model.",
+        "namespace, model_name",
+        multi_model=True,
+    ),
+    "radixserve-service.json": dashboard(
+        "radixserve-service",
+        "radixserve / Service",
+        "One InferenceService, one series per worker pod.",
+        "instance",
+        multi_model=False,
+    ),
+}
+
+
+def render(document: dict) -> str:
+    """The exact text committed for a dashboard (stable key order, trailing newline)."""
+    return json.dumps(document, indent=2) + "\n"
+
+
+def main() -> None:
+    for filename, document in DASHBOARDS.items():
+        (DASHBOARD_DIR / filename).write_text(render(document))
+
+
+if __name__ == "__main__":
+    main()
