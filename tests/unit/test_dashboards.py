@@ -1,0 +1,130 @@
+"""The Grafana dashboards: generated as committed, well-formed, and querying only real metrics."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+generate = _load("radixserve_dashboards_generate", REPO_ROOT / "dashboards" / "generate.py")
+contract = _load("radixserve_promql_contract", REPO_ROOT / "prometheus" / "promql_contract.py")
+DOCUMENTS = {path.name: json.loads(path.read_text()) for path in contract.DASHBOARD_FILES}
+# What Grafana would put in each variable for a fleet-wide view.
+GRAFANA_VALUES = {
+    "datasource": "prometheus",
+    "namespace": ".*",
+    "model_name": ".*",
+    "mode": ".*",
+    "__rate_interval": "1m",
+}
+
+
+def test_committed_json_is_what_the_generator_writes() -> None:
+    assert set(DOCUMENTS) == set(generate.DASHBOARDS)
+    for filename, document in generate.DASHBOARDS.items():
+        committed = (REPO_ROOT / "dashboards" / filename).read_text()
+        assert committed == generate.render(document), f"run dashboards/generate.py ({filename})"
+
+
+def test_uids_and_titles_are_unique_across_dashboards() -> None:
+    uids = [d["uid"] for d in DOCUMENTS.values()]
+    titles = [d["title"] for d in DOCUMENTS.values()]
+    assert len(set(uids)) == len(uids) == 2
+    assert len(set(titles)) == len(titles)
+    assert all(0 < len(uid) <= 40 for uid in uids)
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_follows_grafana_schema_basics(filename: str) -> None:
+    document = DOCUMENTS[filename]
+    assert isinstance(document["schemaVersion"], int)
+    variables = {v["name"]: v for v in document["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    assert {"namespace", "model_name"} <= set(variables)
+    panel_ids = [panel["id"] for panel in document["panels"]]
+    assert len(set(panel_ids)) == len(panel_ids)
+    for panel in document["panels"]:
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}
+        grid = panel["gridPos"]
+        assert grid["x"] + grid["w"] <= 24 and grid["h"] > 0
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert ref_ids and len(set(ref_ids)) == len(ref_ids)
+        assert all(target["datasource"] == panel["datasource"] for target in panel["targets"])
+        if "repeat" in panel:
+            assert panel["repeat"] in variables
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_shows_every_required_signal(filename: str) -> None:
+    exprs = " ".join(t["expr"] for p in DOCUMENTS[filename]["panels"] for t in p["targets"])
+    for series in (
+        "radixserve_requests_total",
+        "radixserve_generation_tokens_total",
+        "radixserve_time_to_first_token_seconds_bucket",
+        "radixserve_inter_token_latency_seconds_bucket",
+        "radixserve_e2e_request_latency_seconds_bucket",
+        "radixserve_prefix_cache_hits_tokens_total",
+        "radixserve_batch_size_bucket",
+        "radixserve_num_running_requests",
+        "radixserve_num_queued_requests",
+        "radixserve_kv_cache_usage_ratio",
+        "radixserve_retractions_total",
+        "radixserve_forward_step_seconds_bucket",
+    ):
+        assert series in exprs, series
+    assert "histogram_quantile(0.99" in exprs and "histogram_quantile(0.5" in exprs
+    assert 'finish_reason="error"' in exprs and "sum by (finish_reason)" in exprs
+    heatmaps = [p for p in DOCUMENTS[filename]["panels"] if p["type"] == "heatmap"]
+    assert [p["repeat"] for p in heatmaps] == ["mode"]
+
+
+@pytest.mark.parametrize(
+    "query", contract.dashboard_queries() + contract.variable_queries(), ids=lambda q: q.where
+)
+def test_every_query_reads_only_exported_metrics(query) -> None:
+    used = contract.series_in(query.expr)
+    assert used, f"{query.where} reads no radixserve metric"
+    assert used <= contract.exported_series(), used - contract.exported_series()
+
+
+def test_every_query_is_valid_promql(tmp_path: Path) -> None:
+    """promtool parses each substituted expression as a recording rule: a real PromQL parser."""
+    queries = contract.dashboard_queries()
+    rules = [
+        {"record": f"dashboard_query_{i}", "expr": contract.substitute(q.expr, GRAFANA_VALUES)}
+        for i, q in enumerate(queries)
+    ]
+    rule_file = tmp_path / "dashboard-queries.yaml"
+    rule_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboards", "rules": rules}]}))
+    checked = subprocess.run(
+        ["promtool", "check", "rules", str(rule_file)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"SUCCESS: {len(rules)} rules found" in checked.stdout
+
+
+def test_substitute_fails_loudly_on_an_unknown_variable() -> None:
+    with pytest.raises(KeyError, match=r"\$pod"):
+        contract.substitute('up{pod="$pod"}', GRAFANA_VALUES)
+    assert contract.substitute('x{a=~"${namespace}"}[$__rate_interval]', GRAFANA_VALUES) == (
+        'x{a=~".*"}[1m]'
+    )
