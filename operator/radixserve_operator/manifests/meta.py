@@ -1,0 +1,64 @@
+"""Names, labels and owner references shared by every child object."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from radixserve_operator import API_VERSION, FIELD_MANAGER, KIND
+
+SERVICE_LABEL = "radixserve.io/inferenceservice"
+APP_NAME = "radixserve"
+HTTP_PORT_NAME = "http"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The InferenceService that owns the children: garbage collection follows its uid."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def selector_labels(owner: Owner) -> dict[str, str]:
+    """The immutable pod selector: only labels that never change for a service's lifetime."""
+    return {"app.kubernetes.io/name": APP_NAME, SERVICE_LABEL: owner.name}
+
+
+def selector_string(owner: Owner) -> str:
+    """The selector as the scale subresource's ``status.selector`` wants it."""
+    return ",".join(f"{key}={value}" for key, value in selector_labels(owner).items())
+
+
+def common_labels(owner: Owner, component: str = "worker") -> dict[str, str]:
+    return {
+        **selector_labels(owner),
+        "app.kubernetes.io/instance": owner.name,
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": APP_NAME,
+        "app.kubernetes.io/managed-by": FIELD_MANAGER,
+    }
+
+
+def object_meta(owner: Owner, name: str | None = None, component: str = "worker") -> dict[str, Any]:
+    return {
+        "name": name or owner.name,
+        "namespace": owner.namespace,
+        "labels": common_labels(owner, component),
+        "ownerReferences": [owner.reference()],
+    }
+
+
+def service_url(owner: Owner, port: int) -> str:
+    return f"http://{owner.name}.{owner.namespace}.svc:{port}"

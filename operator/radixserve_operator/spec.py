@@ -1,0 +1,287 @@
+"""The InferenceService spec as typed, validated Python values.
+
+The API server applies the CRD's defaults and CEL rules, but the operator must not trust that
+(an older CRD, a cluster without CEL, a test emulator): ``parse_spec`` re-applies the same
+defaults and refuses what the CRD refuses, raising ``InvalidSpecError`` with a message fit for
+a status condition. A unit test keeps these defaults equal to the CRD's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+DEFAULT_PORT = 8000
+BUILTIN_MODELS = frozenset({"smollm2-135m"})
+AUTOSCALING_METRICS = ("queued", "running", "kvCacheUsage")
+DEFAULT_AUTOSCALING_TARGETS = {"queued": 4.0, "running": 16.0, "kvCacheUsage": 0.8}
+ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+SCHEDULE_POLICIES = ("lpm", "fcfs")
+_PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
+_HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
+
+
+class InvalidSpecError(ValueError):
+    """A spec the operator refuses to apply; the message names the field and the fix."""
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where the worker loads weights from; ``scheme`` decides volumes and the --model value."""
+
+    uri: str
+    served_name: str
+    scheme: str  # hf | pvc | file | builtin
+    location: str  # repo id, claim path, absolute path or builtin name
+    claim: str | None = None
+
+
+@dataclass(frozen=True)
+class Autoscaling:
+    min_replicas: int
+    max_replicas: int
+    metric: str
+    target: float
+    polling_interval_seconds: int = 15
+    cooldown_seconds: int = 300
+
+
+@dataclass(frozen=True)
+class Engine:
+    """Worker flags; ``None`` means: leave the worker's own default."""
+
+    tensor_parallel_size: int | None = None
+    attention_backend: str = "auto"
+    dtype: str = "auto"
+    max_running_requests: int | None = None
+    max_total_tokens: int | None = None
+    max_queued_requests: int | None = None
+    chunked_prefill_size: int | None = None
+    mem_fraction_static: float | None = None
+    cuda_graph: bool = True
+    radix_cache: bool = True
+    overlap_schedule: bool = True
+    schedule_policy: str = "lpm"
+    extra_args: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Resources:
+    gpu: int
+    gpu_resource_name: str = "nvidia.com/gpu"
+    requests: Mapping[str, str] = field(default_factory=dict)
+    limits: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    max_surge: int | str
+    max_unavailable: int | str
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    startup_timeout_seconds: int = 1800
+    pre_stop_sleep_seconds: int = 10
+    drain_timeout_seconds: int = 30
+
+
+@dataclass(frozen=True)
+class Monitoring:
+    service_monitor: bool = False
+    interval: str = "15s"
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One InferenceService's desired state, defaults applied, cross-field rules checked."""
+
+    model: ModelSource
+    image: str
+    replicas: int | None
+    autoscaling: Autoscaling | None
+    resources: Resources
+    engine: Engine
+    rollout: Rollout
+    lifecycle: Lifecycle
+    monitoring: Monitoring
+    model_cache_claim: str | None = None
+    node_selector: Mapping[str, str] = field(default_factory=dict)
+    tolerations: tuple[Mapping[str, Any], ...] = ()
+    affinity: Mapping[str, Any] | None = None
+    runtime_class_name: str | None = None
+    env: tuple[Mapping[str, Any], ...] = ()
+
+    @property
+    def desired_replicas(self) -> int:
+        """Replicas for the Deployment: the user's count, or the autoscaler's via /scale."""
+        if self.replicas is not None:
+            return self.replicas
+        if self.autoscaling is not None:
+            return max(self.autoscaling.min_replicas, 1)
+        return 1
+
+
+def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> ServiceSpec:
+    """Validate and default a raw ``spec``; raises ``InvalidSpecError`` on what the CRD refuses."""
+    engine = _parse_engine(_mapping(raw, "engine"))
+    resources = _parse_resources(_mapping(raw, "resources"), engine)
+    autoscaling = _parse_autoscaling(raw.get("autoscaling"))
+    replicas = _optional_int(raw, "replicas", minimum=0)
+    lifecycle_raw = _mapping(raw, "lifecycle")
+    monitoring_raw = _mapping(raw, "monitoring")
+    cache_raw = raw.get("modelCache")
+    return ServiceSpec(
+        model=_parse_model(_mapping(raw, "model"), name),
+        image=str(raw.get("image") or default_image),
+        replicas=replicas,
+        autoscaling=autoscaling,
+        resources=resources,
+        engine=engine,
+        rollout=_parse_rollout(_mapping(raw, "rollout"), gpu=resources.gpu),
+        lifecycle=Lifecycle(
+            startup_timeout_seconds=_int(lifecycle_raw, "startupTimeoutSeconds", 1800, minimum=10),
+            pre_stop_sleep_seconds=_int(lifecycle_raw, "preStopSleepSeconds", 10, minimum=0),
+            drain_timeout_seconds=_int(lifecycle_raw, "drainTimeoutSeconds", 30, minimum=0),
+        ),
+        monitoring=Monitoring(
+            service_monitor=bool(monitoring_raw.get("serviceMonitor", False)),
+            interval=str(monitoring_raw.get("interval", "15s")),
+        ),
+        model_cache_claim=(cache_raw or {}).get("claimName"),
+        node_selector=dict(raw.get("nodeSelector") or {}),
+        tolerations=tuple(raw.get("tolerations") or ()),
+        affinity=raw.get("affinity"),
+        runtime_class_name=raw.get("runtimeClassName"),
+        env=tuple(raw.get("env") or ()),
+    )
+
+
+def _parse_model(raw: Mapping[str, Any], service_name: str) -> ModelSource:
+    uri = raw.get("uri")
+    if not isinstance(uri, str) or not uri:
+        raise InvalidSpecError("spec.model.uri is required (hf://, pvc://, file:// or builtin:)")
+    served_name = str(raw.get("name") or service_name)
+    if uri.startswith("builtin:"):
+        builtin = uri.removeprefix("builtin:")
+        if builtin not in BUILTIN_MODELS:
+            known = ", ".join(sorted(BUILTIN_MODELS))
+            raise InvalidSpecError(f"spec.model.uri: unknown builtin model {builtin!r} ({known})")
+        return ModelSource(uri, served_name, "builtin", uri)
+    if match := _HF_URI.match(uri):
+        return ModelSource(uri, served_name, "hf", match["repo"])
+    if match := _PVC_URI.match(uri):
+        return ModelSource(uri, served_name, "pvc", match["path"] or "/", claim=match["claim"])
+    if uri.startswith("file:///"):
+        return ModelSource(uri, served_name, "file", uri.removeprefix("file://"))
+    raise InvalidSpecError(
+        f"spec.model.uri {uri!r} is not hf://ORG/REPO, pvc://CLAIM/PATH, file:///PATH or builtin:NAME"
+    )
+
+
+def _parse_engine(raw: Mapping[str, Any]) -> Engine:
+    extra = raw.get("extraArgs") or ()
+    if not all(isinstance(arg, str) for arg in extra):
+        raise InvalidSpecError("spec.engine.extraArgs must be a list of strings")
+    fraction = raw.get("memFractionStatic")
+    if fraction is not None and not 0 < float(fraction) < 1:
+        raise InvalidSpecError("spec.engine.memFractionStatic must be between 0 and 1")
+    return Engine(
+        tensor_parallel_size=_optional_int(raw, "tensorParallelSize", minimum=1),
+        attention_backend=_choice(raw, "attentionBackend", ATTENTION_BACKENDS),
+        dtype=_choice(raw, "dtype", DTYPES),
+        max_running_requests=_optional_int(raw, "maxRunningRequests", minimum=1),
+        max_total_tokens=_optional_int(raw, "maxTotalTokens", minimum=1),
+        max_queued_requests=_optional_int(raw, "maxQueuedRequests", minimum=0),
+        chunked_prefill_size=_optional_int(raw, "chunkedPrefillSize", minimum=-1),
+        mem_fraction_static=None if fraction is None else float(fraction),
+        cuda_graph=bool(raw.get("cudaGraph", True)),
+        radix_cache=bool(raw.get("radixCache", True)),
+        overlap_schedule=bool(raw.get("overlapSchedule", True)),
+        schedule_policy=_choice(raw, "schedulePolicy", SCHEDULE_POLICIES),
+        extra_args=tuple(extra),
+    )
+
+
+def _parse_resources(raw: Mapping[str, Any], engine: Engine) -> Resources:
+    tp = engine.tensor_parallel_size
+    gpu = _optional_int(raw, "gpu", minimum=0)
+    if gpu is None:
+        gpu = tp or 0
+    if tp is not None and gpu < tp:
+        raise InvalidSpecError(
+            f"spec.resources.gpu ({gpu}) cannot hold engine.tensorParallelSize ({tp}):"
+            f" ask for at least {tp} GPUs"
+        )
+    return Resources(
+        gpu=gpu,
+        gpu_resource_name=str(raw.get("gpuResourceName", "nvidia.com/gpu")),
+        requests={k: str(v) for k, v in (raw.get("requests") or {}).items()},
+        limits={k: str(v) for k, v in (raw.get("limits") or {}).items()},
+    )
+
+
+def _parse_autoscaling(raw: Mapping[str, Any] | None) -> Autoscaling | None:
+    if raw is None:
+        return None
+    metric = _choice(raw, "metric", AUTOSCALING_METRICS)
+    if "maxReplicas" not in raw:
+        raise InvalidSpecError("spec.autoscaling.maxReplicas is required")
+    min_replicas = _int(raw, "minReplicas", 1, minimum=0)
+    max_replicas = _int(raw, "maxReplicas", 1, minimum=1)
+    if min_replicas > max_replicas:
+        raise InvalidSpecError(
+            f"spec.autoscaling.minReplicas ({min_replicas}) must not exceed"
+            f" maxReplicas ({max_replicas})"
+        )
+    target = float(raw.get("target", DEFAULT_AUTOSCALING_TARGETS[metric]))
+    if target <= 0 or (metric == "kvCacheUsage" and target > 1):
+        raise InvalidSpecError(f"spec.autoscaling.target {target} is out of range for {metric}")
+    return Autoscaling(
+        min_replicas=min_replicas,
+        max_replicas=max_replicas,
+        metric=metric,
+        target=target,
+        polling_interval_seconds=_int(raw, "pollingIntervalSeconds", 15, minimum=1),
+        cooldown_seconds=_int(raw, "cooldownSeconds", 300, minimum=0),
+    )
+
+
+def _parse_rollout(raw: Mapping[str, Any], *, gpu: int) -> Rollout:
+    """GPU pods never surge by default: a surge pod would wait for a GPU nobody has free."""
+    default_surge, default_unavailable = (0, 1) if gpu > 0 else ("25%", 0)
+    max_surge = raw.get("maxSurge", default_surge)
+    max_unavailable = raw.get("maxUnavailable", default_unavailable)
+    if max_surge in (0, "0", "0%") and max_unavailable in (0, "0", "0%"):
+        raise InvalidSpecError("spec.rollout: maxSurge and maxUnavailable cannot both be 0")
+    return Rollout(max_surge=max_surge, max_unavailable=max_unavailable)
+
+
+def _mapping(raw: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = raw.get(key) or {}
+    if not isinstance(value, Mapping):
+        raise InvalidSpecError(f"spec.{key} must be an object")
+    return value
+
+
+def _choice(raw: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str:
+    value = raw.get(key, allowed[0])
+    if value not in allowed:
+        raise InvalidSpecError(f"{key} {value!r} is not one of {', '.join(allowed)}")
+    return str(value)
+
+
+def _optional_int(raw: Mapping[str, Any], key: str, *, minimum: int) -> int | None:
+    if raw.get(key) is None:
+        return None
+    return _int(raw, key, 0, minimum=minimum)
+
+
+def _int(raw: Mapping[str, Any], key: str, default: int, *, minimum: int) -> int:
+    value = raw.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidSpecError(f"{key} must be an integer >= {minimum}, got {value!r}")
+    return value

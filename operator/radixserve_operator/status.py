@@ -1,0 +1,182 @@
+"""The InferenceService ``status``: conditions computed from the Deployment and the last reconcile.
+
+Pure: the reconcile handler and the Deployment watcher both call ``compute_status`` and patch
+the result, so the two paths cannot disagree about what "Ready" means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+READY = "Ready"
+PROGRESSING = "Progressing"
+DEGRADED = "Degraded"
+
+# Degraded reasons that only a reconcile can set or clear (the Deployment cannot show them).
+RECONCILE_PROBLEMS = frozenset({"InvalidSpec", "ApplyFailed", "AutoscalingUnavailable"})
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Why the last reconcile could not do everything: a Degraded reason and its message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class DeploymentState:
+    """The few Deployment fields the status is made of."""
+
+    desired: int
+    replicas: int
+    ready: int
+    updated: int
+    current_generation_observed: bool
+    deadline_exceeded: bool
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> DeploymentState:
+        status = body.get("status") or {}
+        generation = (body.get("metadata") or {}).get("generation", 0)
+        conditions = status.get("conditions") or []
+        return cls(
+            desired=int((body.get("spec") or {}).get("replicas", 1)),
+            replicas=int(status.get("replicas", 0)),
+            ready=int(status.get("readyReplicas", 0)),
+            updated=int(status.get("updatedReplicas", 0)),
+            current_generation_observed=status.get("observedGeneration", 0) >= generation,
+            deadline_exceeded=any(
+                c.get("type") == "Progressing" and c.get("reason") == "ProgressDeadlineExceeded"
+                for c in conditions
+            ),
+        )
+
+    @property
+    def rolled_out(self) -> bool:
+        return (
+            self.current_generation_observed
+            and self.updated >= self.desired
+            and self.ready >= self.desired
+            and self.replicas == self.desired
+        )
+
+
+def problem_from_status(status: Mapping[str, Any] | None) -> Problem | None:
+    """The reconcile problem a previous status recorded, to keep it across Deployment events."""
+    for condition in (status or {}).get("conditions") or []:
+        if (
+            condition.get("type") == DEGRADED
+            and condition.get("status") == "True"
+            and condition.get("reason") in RECONCILE_PROBLEMS
+        ):
+            return Problem(condition["reason"], condition.get("message", ""))
+    return None
+
+
+def compute_status(
+    *,
+    observed_generation: int | None,
+    deployment: DeploymentState | None,
+    problem: Problem | None,
+    selector: str,
+    url: str | None,
+    previous: Mapping[str, Any] | None,
+    now: str,
+) -> dict[str, Any]:
+    """The full ``status`` object; ``lastTransitionTime`` only moves when a condition flips."""
+    conditions = [
+        _ready(deployment, problem),
+        _progressing(deployment, problem),
+        _degraded(deployment, problem),
+    ]
+    previous_conditions = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+    status: dict[str, Any] = {
+        "replicas": deployment.replicas if deployment else 0,
+        "readyReplicas": deployment.ready if deployment else 0,
+        "selector": selector,
+        "conditions": [
+            _with_times(
+                condition, previous_conditions.get(condition["type"]), now, observed_generation
+            )
+            for condition in conditions
+        ],
+    }
+    if observed_generation is not None:
+        status["observedGeneration"] = observed_generation
+    if url is not None:
+        status["url"] = url
+    return status
+
+
+def _ready(deployment: DeploymentState | None, problem: Problem | None) -> dict[str, str]:
+    if deployment is None:
+        reason = problem.reason if problem else "DeploymentPending"
+        return _condition(READY, False, reason, "no worker Deployment yet")
+    counts = f"{deployment.ready}/{deployment.desired} replicas ready"
+    if deployment.desired == 0:
+        return _condition(READY, False, "ScaledToZero", "the service has 0 replicas")
+    if deployment.ready >= deployment.desired:
+        return _condition(READY, True, "ReplicasReady", counts)
+    return _condition(READY, False, "ReplicasNotReady", counts)
+
+
+def _progressing(deployment: DeploymentState | None, problem: Problem | None) -> dict[str, str]:
+    if deployment is None:
+        if problem is not None:
+            return _condition(PROGRESSING, False, problem.reason, problem.message)
+        return _condition(PROGRESSING, True, "Creating", "creating the worker Deployment")
+    if deployment.deadline_exceeded:
+        return _condition(
+            PROGRESSING, False, "ProgressDeadlineExceeded", "the rollout stopped progressing"
+        )
+    if deployment.rolled_out:
+        return _condition(
+            PROGRESSING, False, "RolloutComplete", "all replicas run the current spec"
+        )
+    message = (
+        f"{deployment.updated}/{deployment.desired} replicas updated, {deployment.ready} ready"
+    )
+    return _condition(PROGRESSING, True, "RollingOut", message)
+
+
+def _degraded(deployment: DeploymentState | None, problem: Problem | None) -> dict[str, str]:
+    if problem is not None:
+        return _condition(DEGRADED, True, problem.reason, problem.message)
+    if deployment is not None and deployment.deadline_exceeded:
+        return _condition(
+            DEGRADED,
+            True,
+            "ProgressDeadlineExceeded",
+            "worker pods did not become ready in time; see the pods' events and logs",
+        )
+    return _condition(DEGRADED, False, "AsExpected", "no problems found")
+
+
+def _condition(kind: str, status: bool, reason: str, message: str) -> dict[str, str]:
+    return {
+        "type": kind,
+        "status": "True" if status else "False",
+        "reason": reason,
+        "message": message,
+    }
+
+
+def _with_times(
+    condition: dict[str, Any],
+    previous: Mapping[str, Any] | None,
+    now: str,
+    observed_generation: int | None,
+) -> dict[str, Any]:
+    unchanged = previous is not None and previous.get("status") == condition["status"]
+    result = {
+        **condition,
+        "lastTransitionTime": previous["lastTransitionTime"]
+        if unchanged and previous.get("lastTransitionTime")
+        else now,
+    }
+    if observed_generation is not None:
+        result["observedGeneration"] = observed_generation
+    return result
