@@ -1,0 +1,249 @@
+"""The Helm chart, linted and rendered by Helm itself (helm-python-sdk bundles Helm's Go library).
+
+Rendered manifests are validated against the official Kubernetes OpenAPI schemas
+(kubernetes-validate) and the InferenceService against the CRD's own schema.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import helm_python
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CHART = REPO_ROOT / "charts" / "radixserve"
+KUBERNETES_VERSION = "1.30.0"
+EVERYTHING_ON = {
+    "serviceMonitor": {"enabled": True, "labels": {"release": "kube-prometheus-stack"}},
+    "prometheusRule": {"enabled": True},
+    "dashboards": {"enabled": True},
+    "inferenceService": {"enabled": True},
+}
+# (apiGroup, resource) -> verbs: every permission the operator holds, and no other.
+WORKLOAD_PERMISSIONS = {
+    ("radixserve.io", "inferenceservices"): {"get", "list", "watch", "patch", "update"},
+    ("radixserve.io", "inferenceservices/status"): {"get", "patch", "update"},
+    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("policy", "poddisruptionbudgets"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+        "delete",
+    },
+    ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "update", "delete"},
+    ("monitoring.coreos.com", "servicemonitors"): {
+        "get",
+        "list",
+        "watch",
+        "create",
+        "patch",
+        "update",
+        "delete",
+    },
+    ("", "events"): {"create", "patch"},
+}
+
+
+def render(values: dict[str, Any] | None = None, namespace: str = "radixserve") -> list[dict]:
+    """Every object the chart renders with `values`, NOTES.txt excluded."""
+    with helm_python.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name="rs", namespace=namespace, is_install=True)
+    objects = []
+    for path, text in manifests.items():
+        if path.endswith("NOTES.txt"):
+            continue
+        objects += [doc for doc in yaml.safe_load_all(text) if doc]
+    return objects
+
+
+def notes(values: dict[str, Any] | None = None) -> str:
+    with helm_python.Chart.load(CHART) as chart:
+        manifests = chart.render(values, name="rs", namespace="radixserve", is_install=True)
+    return manifests["radixserve/templates/NOTES.txt"]
+
+
+def by_kind(objects: list[dict], kind: str) -> list[dict]:
+    return [o for o in objects if o["kind"] == kind]
+
+
+def permissions(role: dict) -> dict[tuple[str, str], set[str]]:
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                granted.setdefault((group, resource), set()).update(rule["verbs"])
+    return granted
+
+
+@pytest.fixture(scope="module", autouse=True)
+def quiet_helm() -> None:
+    helm_python.disable_logging()
+
+
+def test_helm_lint_is_clean_in_strict_mode() -> None:
+    for values in (None, EVERYTHING_ON):
+        report = helm_python.lint(CHART, values, strict=True)
+        assert report["errors"] == []
+        # Severity 1 is INFO (only "icon is recommended"); 2 WARNING and 4 ERROR must not occur.
+        assert all(m["severity"] <= 1 for m in report["messages"]), report["messages"]
+
+
+def test_values_yaml_satisfies_values_schema() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    jsonschema.Draft7Validator.check_schema(schema)
+    jsonschema.validate(yaml.safe_load((CHART / "values.yaml").read_text()), schema)
+
+
+@pytest.mark.parametrize(
+    "bad_values",
+    [
+        {"operator": {"logLevel": "loud"}},
+        {"serviceMonitor": {"enabled": "yes"}},
+        {"dashboards": {"enabeld": True}},
+        {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
+        {"inferenceService": {"enabled": True, "spec": {"model": {"uri": ""}}}},
+    ],
+)
+def test_values_schema_rejects_bad_values_at_render_time(bad_values: dict) -> None:
+    with pytest.raises(helm_python.HelmValuesError):
+        render(bad_values)
+
+
+@pytest.mark.parametrize("values", [None, EVERYTHING_ON], ids=["defaults", "everything-on"])
+def test_rendered_builtin_kinds_match_official_kubernetes_schemas(values: dict | None) -> None:
+    objects = render(values)
+    builtin = [
+        o
+        for o in objects
+        if o["apiVersion"].split("/")[0] in {"v1", "apps", "rbac.authorization.k8s.io"}
+    ]
+    assert {o["kind"] for o in builtin} >= {
+        "Deployment",
+        "ServiceAccount",
+        "ClusterRole",
+        "ClusterRoleBinding",
+    }
+    for obj in builtin:
+        kubernetes_validate.validate(obj, KUBERNETES_VERSION, strict=True)
+
+
+def test_defaults_render_only_the_operator_and_its_rbac() -> None:
+    kinds = sorted(o["kind"] for o in render())
+    assert kinds == sorted(
+        ["Deployment", "ServiceAccount", "ClusterRole", "ClusterRole"]
+        + ["ClusterRoleBinding", "ClusterRoleBinding"]
+    )
+
+
+def test_chart_crds_are_the_repository_crds() -> None:
+    with helm_python.Chart.load(CHART) as chart:
+        shipped = {Path(crd["name"]).name: crd["data"] for crd in chart.crds}
+    source = {path.name: path.read_text() for path in (REPO_ROOT / "crds").glob("*.yaml")}
+    assert "radixserve.io_inferenceservices.yaml" in shipped
+    assert shipped == source
+
+
+def test_operator_runs_non_root_and_read_only_and_watches_all_namespaces() -> None:
+    (deployment,) = by_kind(render(), "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert container["image"] == "ghcr.io/radixserve/radixserve-operator:0.1.0"
+    assert "--all-namespaces" in container["args"]
+    assert container["livenessProbe"]["httpGet"]["port"] == "health"
+
+
+def test_cluster_wide_rbac_is_least_privilege() -> None:
+    objects = render()
+    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    assert permissions(roles["rs-radixserve-operator-cluster"]) == {
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
+    }
+    assert permissions(roles["rs-radixserve-operator-workloads"]) == WORKLOAD_PERMISSIONS
+    bindings = {b["roleRef"]["name"] for b in by_kind(objects, "ClusterRoleBinding")}
+    assert bindings == set(roles)
+    assert by_kind(objects, "RoleBinding") == []
+
+
+def test_namespaced_mode_binds_workload_permissions_per_namespace_only() -> None:
+    objects = render({"operator": {"watchNamespaces": ["team-a", "team-b"]}})
+    (deployment,) = by_kind(objects, "Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert {"--namespace=team-a", "--namespace=team-b"} <= set(args)
+    assert "--all-namespaces" not in args
+    role_bindings = by_kind(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
+    assert {b["roleRef"]["name"] for b in role_bindings} == {"rs-radixserve-operator-workloads"}
+    cluster_bindings = {b["roleRef"]["name"] for b in by_kind(objects, "ClusterRoleBinding")}
+    assert cluster_bindings == {"rs-radixserve-operator-cluster"}
+    roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
+    workloads = permissions(roles["rs-radixserve-operator-workloads"])
+    assert workloads[("kopf.dev", "kopfpeerings")] == {"get", "list", "watch", "patch"}
+    assert ("kopf.dev", "clusterkopfpeerings") not in permissions(
+        roles["rs-radixserve-operator-cluster"]
+    )
+
+
+def test_prometheus_rule_carries_exactly_the_promtool_tested_rules() -> None:
+    (rule,) = by_kind(render(EVERYTHING_ON), "PrometheusRule")
+    expected = []
+    for name in ("recording-rules.yaml", "alert-rules.yaml"):
+        expected += yaml.safe_load((REPO_ROOT / "prometheus" / name).read_text())["groups"]
+    assert rule["spec"]["groups"] == expected
+
+
+def test_dashboard_configmaps_carry_every_dashboard_for_the_grafana_sidecar() -> None:
+    config_maps = by_kind(render(EVERYTHING_ON), "ConfigMap")
+    shipped = {}
+    for config_map in config_maps:
+        assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+        shipped.update(config_map["data"])
+    source = {p.name: json.loads(p.read_text()) for p in (REPO_ROOT / "dashboards").glob("*.json")}
+    assert {name: json.loads(text) for name, text in shipped.items()} == source
+    for config_map in config_maps:
+        kubernetes_validate.validate(config_map, KUBERNETES_VERSION, strict=True)
+
+
+def test_service_monitor_selects_worker_services_on_their_http_port() -> None:
+    (monitor,) = by_kind(render(EVERYTHING_ON), "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
+    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert monitor["spec"]["namespaceSelector"] == {"any": True}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint == {
+        "port": "http",
+        "path": "/metrics",
+        "interval": "15s",
+        "scrapeTimeout": "10s",
+    }
+
+
+def test_inference_service_from_values_satisfies_the_crd_schema() -> None:
+    (service,) = by_kind(render(EVERYTHING_ON), "InferenceService")
+    crd = yaml.safe_load((REPO_ROOT / "crds" / "radixserve.io_inferenceservices.yaml").read_text())
+    (version,) = crd["spec"]["versions"]
+    assert service["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
+    jsonschema.Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(service)
+    assert service["spec"]["model"]["uri"] == "builtin:smollm2-135m"
+
+
+def test_notes_tell_the_user_what_to_do_next() -> None:
+    text = notes()
+    assert "kubectl apply -f examples/service.yaml" in text
+    assert "kubectl port-forward" in text and "/v1/chat/completions" in text
+    assert "docs/operations.md" in text
+    assert "dashboards.enabled=true" in text
+    assert "Grafana's sidecar loads" in notes(EVERYTHING_ON)
