@@ -1,0 +1,31 @@
+"""Turn the final hidden states into next-token logits for the rows that need them.
+
+An extend pass computes hidden states for every prompt token but samples only at each request's
+last one, so the LM head runs on `bs` rows instead of `num_tokens`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:
+    from radixserve.model_executor.forward_batch_info import ForwardBatch
+
+
+class LogitsProcessor(nn.Module):
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(
+        self, hidden: torch.Tensor, lm_head_weight: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        if forward_batch.forward_mode.is_extend():
+            last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            hidden = hidden[last]
+        logits = F.linear(hidden, lm_head_weight)
+        return logits[:, : self.vocab_size].float()

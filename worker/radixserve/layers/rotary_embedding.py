@@ -1,0 +1,57 @@
+"""Rotary position embedding (neox/"rotate half" layout, as Llama-family checkpoints use).
+
+Inverse frequencies come from transformers' own RoPE initialisers, so every scaling type a
+config names (default, llama3, linear, yarn, ...) matches the reference exactly; cos/sin are
+precomputed once for all positions and indexed per token.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_parameters(config: PretrainedConfig) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return params
+    scaling = getattr(config, "rope_scaling", None) or {}
+    return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), **scaling}
+
+
+def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    params = _rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        return inv_freq, 1.0
+    return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int) -> None:
+        super().__init__()
+        inv_freq, scaling = compute_inv_freq(config, head_dim)
+        positions = torch.arange(max_position, dtype=torch.float)
+        freqs = positions[:, None] * inv_freq[None, :]
+        self.register_buffer("cos_cache", freqs.cos() * scaling, persistent=False)
+        self.register_buffer("sin_cache", freqs.sin() * scaling, persistent=False)
+        self.head_dim = head_dim
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """q: [tokens, heads, head_dim], k: [tokens, kv_heads, head_dim]."""
+        cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
+        sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    # == x * cat(cos, cos) + rotate_half(x) * cat(sin, sin), the reference's arithmetic
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -1,0 +1,120 @@
+"""Which waiting requests run next, and how many fit.
+
+`SchedulePolicy` orders the waiting queue: LPM (longest cached prefix first, so requests that
+share a prefix run while it is still cached) or FCFS. `PrefillAdder` admits requests in that
+order under three budgets: the prefill token budget of one pass, the chunk size (a prompt longer
+than what is left is cut into chunks), and the KV budget, which reserves room for the future
+tokens of everything already running so admission rarely forces a retraction.
+"""
+
+from __future__ import annotations
+
+from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+from radixserve.managers.schedule_batch import Req
+
+if TYPE_CHECKING:
+    from radixserve.mem_cache.allocator import TokenSlotAllocator
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
+
+# Past this many waiting requests LPM's per-request prefix match costs more than it saves.
+LPM_MAX_QUEUE = 128
+# Future tokens reserved per request are capped: long max_new_tokens rarely all get used.
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+class SchedulePolicy:
+    def __init__(self, policy: str, tree_cache: BasePrefixCache) -> None:
+        if policy not in ("lpm", "fcfs"):
+            raise ValueError(f"unknown schedule policy {policy!r}")
+        self.policy = policy
+        self.tree_cache = tree_cache
+
+    def order(self, waiting: list[Req]) -> list[Req]:
+        """Match every waiting request's prefix (it is needed for admission anyway) and sort."""
+        for req in waiting:
+            req.init_next_round_input(self.tree_cache)
+        if (
+            self.policy == "lpm"
+            and not self.tree_cache.disabled
+            and len(waiting) <= LPM_MAX_QUEUE
+        ):
+            # stable sort: equal prefixes keep arrival order
+            return sorted(waiting, key=lambda r: -len(r.prefix_indices))
+        return list(waiting)
+
+
+class AddResult(Enum):
+    CONTINUE = auto()  # admitted, room for more
+    NO_TOKEN = auto()  # the KV budget is spent
+    OTHER = auto()  # the pass's token budget is spent
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        tree_cache: BasePrefixCache,
+        allocator: TokenSlotAllocator,
+        running_reqs: list[Req],
+        new_token_ratio: float,
+        max_prefill_tokens: int,
+        chunked_prefill_size: int,
+    ) -> None:
+        self.tree_cache = tree_cache
+        self.new_token_ratio = new_token_ratio
+        self.nothing_running = not running_reqs
+        reserved = sum(self._future_tokens(r) for r in running_reqs)
+        self.rem_total_tokens = allocator.available_size() + tree_cache.evictable_size() - reserved
+        self.rem_input_tokens = max_prefill_tokens
+        self.rem_chunk_tokens = chunked_prefill_size
+        self.can_run_list: list[Req] = []
+        self.new_chunked_req: Req | None = None
+
+    def _future_tokens(self, req: Req) -> int:
+        left = req.sampling_params.max_new_tokens - len(req.output_ids)
+        return int(min(max(left, 0), CLIP_MAX_NEW_TOKENS) * self.new_token_ratio)
+
+    def add_chunked_req(self, req: Req) -> None:
+        """Continue a request whose prompt is prefilled chunk by chunk. Its prefix (everything
+        computed so far) is already locked by `cache_unfinished_req`."""
+        req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
+        self._take(req, self._chunk_of(req), locked_tokens=0)
+
+    def add_one_req(self, req: Req) -> AddResult:
+        if self.rem_total_tokens <= 0:
+            return AddResult.NO_TOKEN
+        if self.rem_input_tokens <= 0 or self.rem_chunk_tokens <= 0:
+            return AddResult.OTHER
+        if req.extend_input_len > self.rem_input_tokens and self.can_run_list:
+            return AddResult.OTHER
+        # Locking the matched prefix takes it out of the evictable pool: count what it costs.
+        before = self.tree_cache.evictable_size()
+        if req.last_node is not None:
+            self.tree_cache.inc_lock_ref(req.last_node)
+        locked = before - self.tree_cache.evictable_size()
+        chunk = self._chunk_of(req)
+        future = self._future_tokens(req) if chunk == req.extend_input_len else 0
+        alone = self.nothing_running and not self.can_run_list
+        fits = chunk + locked + future <= self.rem_total_tokens
+        if not fits and not (alone and chunk + locked <= self.rem_total_tokens):
+            if req.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.last_node)
+            return AddResult.NO_TOKEN
+        self._take(req, chunk, locked)
+        self.rem_total_tokens -= future
+        if self.new_chunked_req is not None or self.rem_input_tokens <= 0:
+            return AddResult.OTHER
+        return AddResult.CONTINUE
+
+    def _chunk_of(self, req: Req) -> int:
+        return min(req.extend_input_len, self.rem_chunk_tokens)
+
+    def _take(self, req: Req, chunk: int, locked_tokens: int) -> None:
+        if chunk < req.extend_input_len:
+            req.extend_input_len = chunk
+            self.new_chunked_req = req
+        self.can_run_list.append(req)
+        self.rem_total_tokens -= chunk + locked_tokens
+        self.rem_input_tokens -= chunk
+        self.rem_chunk_tokens -= chunk

@@ -1,0 +1,114 @@
+"""ModelRunner: the model, its KV memory and its attention backend on one device.
+
+It turns a `ModelWorkerBatch` into a `ForwardBatch`, runs the model and samples. Memory is
+sized here, after the weights are in place, because only then is it known what is left:
+`--max-total-tokens` if given, else a fraction of what the device has.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import torch
+
+from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
+from radixserve.layers.sampler import Sampler, SamplerOutput
+from radixserve.managers.schedule_batch import ModelWorkerBatch
+from radixserve.mem_cache.allocator import TokenSlotAllocator
+from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.model_executor.forward_batch_info import ForwardBatch
+from radixserve.model_loader.loader import ModelSource
+from radixserve.models.registry import get_model_class
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+GiB = 1 << 30
+# On the CPU there is no device to measure; cap the KV pool at a size that serves the
+# bundled model well without claiming a large share of host memory.
+CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+
+
+class ModelRunner:
+    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
+        self.server_args = server_args
+        self.model_config = source.config
+        self.device = torch.device(server_args.resolved_device())
+        self.dtype = source.config.dtype
+        torch.manual_seed(server_args.random_seed)
+
+        self.model = self._load_model(source)
+        self.max_total_tokens = self._kv_capacity()
+        self.max_running_requests = server_args.max_running_requests or (
+            256 if self.device.type == "cuda" else 64
+        )
+        cfg = self.model_config
+        self.req_to_token_pool = ReqToTokenPool(
+            self.max_running_requests + 2, cfg.context_len + 8, self.device
+        )
+        self.token_to_kv_pool = TokenToKVPool(
+            self.max_total_tokens,
+            cfg.num_hidden_layers,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.allocator = TokenSlotAllocator(self.max_total_tokens)
+        self.attention_backend_name = resolve_backend_name(
+            server_args.attention_backend, self.device.type
+        )
+        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
+        self.sampler = Sampler()
+
+    def _load_model(self, source: ModelSource) -> torch.nn.Module:
+        model_cls = get_model_class(self.model_config.architecture)
+        default_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)
+        try:
+            with torch.device(self.device):
+                model = model_cls(self.model_config.hf_config)
+        finally:
+            torch.set_default_dtype(default_dtype)
+        model.load_weights(source.weights())
+        return model.eval()
+
+    def _kv_capacity(self) -> int:
+        cfg = self.model_config
+        per_token = TokenToKVPool.bytes_per_token(
+            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype
+        )
+        if self.device.type == "cuda":
+            free, total = torch.cuda.mem_get_info(self.device)
+            budget = free - total * (1.0 - self.server_args.mem_fraction_static)
+        else:
+            pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+            budget = pages * self.server_args.mem_fraction_static * 0.5
+        fits = int(budget // per_token)
+        requested = self.server_args.max_total_tokens
+        if requested is None:
+            requested = fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+        if fits < requested or requested < 1:
+            raise RuntimeError(
+                f"not enough memory for the KV cache: {requested} tokens need "
+                f"{requested * per_token / GiB:.2f} GiB, {max(budget, 0) / GiB:.2f} GiB left after "
+                f"the weights at --mem-fraction-static {self.server_args.mem_fraction_static}; "
+                "lower --max-total-tokens or raise --mem-fraction-static"
+            )
+        return requested
+
+    def forward(self, batch: ModelWorkerBatch) -> tuple[torch.Tensor, ForwardBatch]:
+        forward_batch = ForwardBatch.init_new(
+            batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
+        )
+        logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        return logits, forward_batch
+
+    def sample(self, logits: torch.Tensor, forward_batch: ForwardBatch) -> SamplerOutput:
+        return self.sampler(
+            logits,
+            forward_batch.sampling_info,
+            forward_batch.return_logprob,
+            forward_batch.top_logprobs_nums,
+        )
