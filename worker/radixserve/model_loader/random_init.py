@@ -1,0 +1,143 @@
+"""Random weights from a config: tiny models for tests, real shapes for memory and speed work.
+
+Each tensor gets its own generator seeded from (seed, parameter name), so the weights depend only
+on the seed, not on the order they are read in, and tensors are made one at a time: an 8B shape
+never needs two copies of the model in memory.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoConfig, AutoModelForCausalLM
+
+INIT_STD = 0.02
+_ATTENTION_BIAS_SUFFIXES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
+
+_TINY_SHAPE: dict[str, Any] = {
+    "vocab_size": 1024,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+    "tie_word_embeddings": False,
+}
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny-llama": {"model_type": "llama", **_TINY_SHAPE},
+    "tiny-mistral": {"model_type": "mistral", **_TINY_SHAPE, "sliding_window": None},
+    # Qwen2 always has q/k/v biases: the preset exists to exercise them.
+    "tiny-qwen2": {"model_type": "qwen2", **_TINY_SHAPE, "tie_word_embeddings": True},
+    # Qwen3: per-head q_norm/k_norm and a head_dim that is not hidden_size / heads.
+    "tiny-qwen3": {"model_type": "qwen3", **_TINY_SHAPE, "head_dim": 32},
+    "llama-3.2-1b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "num_hidden_layers": 16,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 64,
+        "max_position_embeddings": 131072,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "tie_word_embeddings": True,
+    },
+    "llama-3-8b": {
+        "model_type": "llama",
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "bos_token_id": 128000,
+        "eos_token_id": 128001,
+        "tie_word_embeddings": False,
+    },
+    "qwen3-0.6b": {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "tie_word_embeddings": True,
+    },
+}
+
+
+def random_hf_config(spec: str) -> transformers.PretrainedConfig:
+    """`spec` is a preset name or the path of a config.json."""
+    if spec in PRESETS:
+        values = dict(PRESETS[spec])
+    elif spec.endswith(".json") and Path(spec).is_file():
+        values = json.loads(Path(spec).read_text())
+        if "model_type" not in values:
+            raise ValueError(f"{spec} has no model_type")
+    else:
+        raise ValueError(
+            f"random:{spec}: expected a preset ({', '.join(PRESETS)}) or the path of a config.json"
+        )
+    return AutoConfig.for_model(values.pop("model_type"), **values)
+
+
+def parameter_shapes(hf_config: transformers.PretrainedConfig) -> list[tuple[str, torch.Size]]:
+    """HF parameter names and shapes, from the transformers model built on the meta device (so
+    names always match what `from_pretrained` would expect; tied weights appear once)."""
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    return [(name, param.shape) for name, param in model.named_parameters()]
+
+
+def _tensor_seed(seed: int, name: str) -> int:
+    return (seed * 1_000_003 + zlib.crc32(name.encode())) % (2**63)
+
+
+def random_tensor(name: str, shape: torch.Size, seed: int) -> torch.Tensor:
+    """normal(0, 0.02) for matrices, embeddings and q/k/v biases; ones for norm weights; zeros
+    for other biases. Always drawn in float32 so a seed gives the same model in every dtype."""
+    if name.endswith(_ATTENTION_BIAS_SUFFIXES) or len(shape) > 1:
+        generator = torch.Generator().manual_seed(_tensor_seed(seed, name))
+        return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
+    if name.endswith(".weight"):
+        return torch.ones(shape)
+    return torch.zeros(shape)
+
+
+def random_weights(
+    shapes: list[tuple[str, torch.Size]], seed: int, dtype: torch.dtype
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, shape in shapes:
+        yield name, random_tensor(name, shape, seed).to(dtype)

