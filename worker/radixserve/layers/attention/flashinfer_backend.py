@@ -1,0 +1,270 @@
+"""The FlashInfer attention backend (the `gpu` extra): FlashInfer's paged kernels, page size 1.
+
+FlashInfer splits the work into `plan` (host-side scheduling from the lengths, once per
+forward) and `run` (per layer). So `init_forward_metadata` builds the page table of the pass
+(kv_indptr from the lengths on the host, kv_indices gathered from req_to_token on the GPU by
+a Triton kernel) and plans one wrapper; each layer then only stores its K/V and runs.
+
+Extend passes use the paged prefill wrapper over prefix and new tokens alike (the new tokens'
+K/V are stored first), causal with the mask aligned to the end of each request's KV, which is
+exactly "query i sits at position prefix_len + i". Decode with CUDA graphs keeps one wrapper
+per captured batch size over static index buffers; replay re-plans into those buffers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from radixserve.layers.attention.base import AttentionBackend
+from radixserve.layers.attention.triton_backend import attention_shape, split_heads
+from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices
+
+if TYPE_CHECKING:
+    from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+_WORKSPACE_BYTES = 128 * 1024 * 1024
+# From this many query heads per kv head on, FlashInfer's tensor-core (prefill-style) decode
+# beats its CUDA-core decode.
+_TENSOR_CORE_DECODE_MIN_GROUP = 4
+
+
+def _import_flashinfer() -> Any:
+    try:
+        import flashinfer
+    except ImportError as exc:
+        raise ImportError(
+            "--attention-backend flashinfer needs the flashinfer-python package "
+            "(pip install 'radixserve[gpu]'); or use --attention-backend triton"
+        ) from exc
+    return flashinfer
+
+
+@dataclass
+class FlashInferMetadata:
+    wrapper: Any  # the planned decode or prefill wrapper of this pass
+
+
+def host_indptr(lengths: list[int] | torch.Tensor) -> torch.Tensor:
+    """[0, l0, l0 + l1, ...] as int32 on the CPU: FlashInfer's plan reads it on the host."""
+    lengths = torch.as_tensor(lengths, dtype=torch.int32)
+    indptr = torch.zeros(lengths.numel() + 1, dtype=torch.int32)
+    torch.cumsum(lengths, 0, out=indptr[1:])
+    return indptr
+
+
+class FlashInferAttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        self._flashinfer = _import_flashinfer()
+        self.device = torch.device(model_runner.device)
+        self.dtype = model_runner.dtype
+        self.kv_dtype = model_runner.token_to_kv_pool.dtype
+        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model_runner)
+        self.sm_scale = self.head_dim**-0.5
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.use_tensor_core_decode = (
+            self.num_heads // self.num_kv_heads >= _TENSOR_CORE_DECODE_MIN_GROUP
+        )
+        self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        self.decode_wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace, "NHD", use_tensor_cores=self.use_tensor_core_decode
+        )
+        self.prefill_wrapper = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+            self.workspace, "NHD"
+        )
+        self.forward_metadata: FlashInferMetadata | None = None
+        self._graph_wrappers: dict[int, Any] = {}
+        self._graph_kv_indptr: torch.Tensor | None = None
+        self._graph_kv_indices: torch.Tensor | None = None
+        self._graph_last_page_len: torch.Tensor | None = None
+
+    def _page_table(
+        self,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        kv_indptr_host: torch.Tensor,
+        kv_indptr: torch.Tensor | None = None,
+        kv_indices: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Gather the slots of every request into kv_indices (allocated if not given)."""
+        if kv_indptr is None:
+            kv_indptr = kv_indptr_host.to(self.device, non_blocking=True)
+        if kv_indices is None:
+            kv_indices = torch.empty(int(kv_indptr_host[-1]), dtype=torch.int32, device=self.device)
+        gather_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
+        return kv_indices
+
+    def _plan_decode(
+        self,
+        wrapper: Any,
+        kv_indptr_host: torch.Tensor,
+        kv_indices: torch.Tensor,
+    ) -> None:
+        bs = kv_indptr_host.numel() - 1
+        wrapper.plan(
+            kv_indptr_host,
+            kv_indices,
+            torch.ones(bs, dtype=torch.int32),
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            1,
+            q_data_type=self.dtype,
+            kv_data_type=self.kv_dtype,
+            sm_scale=self.sm_scale,
+        )
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        kv_indptr_host = host_indptr(forward_batch.seq_lens_cpu)
+        kv_indices = self._page_table(
+            forward_batch.req_pool_indices, forward_batch.seq_lens, kv_indptr_host
+        )
+        if forward_batch.forward_mode.is_decode():
+            self._plan_decode(self.decode_wrapper, kv_indptr_host, kv_indices)
+            self.forward_metadata = FlashInferMetadata(self.decode_wrapper)
+            return
+        bs = forward_batch.batch_size
+        self.prefill_wrapper.plan(
+            host_indptr(forward_batch.extend_seq_lens_cpu),
+            kv_indptr_host,
+            kv_indices,
+            torch.ones(bs, dtype=torch.int32),
+            self.num_heads,
+            self.num_kv_heads,
+            self.head_dim,
+            1,
+            causal=True,
+            sm_scale=self.sm_scale,
+            q_data_type=self.dtype,
+            kv_data_type=self.kv_dtype,
+        )
+        self.forward_metadata = FlashInferMetadata(self.prefill_wrapper)
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        max_context_len = self.req_to_token.shape[1]
+        self._graph_kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device)
+        self._graph_kv_indices = torch.zeros(
+            max_bs * max_context_len, dtype=torch.int32, device=self.device
+        )
+        self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
+
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        forward_mode: ForwardMode,
+    ) -> None:
+        if not forward_mode.is_decode():
+            raise NotImplementedError("the flashinfer backend captures decode passes only")
+        if self._graph_kv_indptr is None:
+            raise RuntimeError("init_cuda_graph_state must run before capture")
+        wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+            self.workspace,
+            "NHD",
+            use_cuda_graph=True,
+            use_tensor_cores=self.use_tensor_core_decode,
+            paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
+            paged_kv_indices_buffer=self._graph_kv_indices,
+            paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
+        )
+        self._graph_wrappers[bs] = wrapper
+        self._replan_graph_decode(bs, req_pool_indices, seq_lens, seq_lens.cpu())
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_sum: int,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> None:
+        """seq_lens_cpu (the padded lengths, on the host) spares a device-to-host sync."""
+        if seq_lens_cpu is None:
+            seq_lens_cpu = seq_lens[:bs].cpu()
+        self._replan_graph_decode(bs, req_pool_indices, seq_lens, seq_lens_cpu[:bs])
+
+    def _replan_graph_decode(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_cpu: torch.Tensor,
+    ) -> None:
+        """Plan the captured size's wrapper and refill its static page table in place."""
+        wrapper = self._graph_wrappers[bs]
+        kv_indptr_host = host_indptr(seq_lens_cpu)
+        assert self._graph_kv_indices is not None and self._graph_kv_indptr is not None
+        kv_indices = self._graph_kv_indices[: int(kv_indptr_host[-1])]
+        # plan copies kv_indptr into the static buffer (the gather below reads it there) and
+        # leaves kv_indices alone: it is that buffer already.
+        self._plan_decode(wrapper, kv_indptr_host, kv_indices)
+        self._page_table(
+            req_pool_indices[:bs],
+            seq_lens[:bs],
+            kv_indptr_host,
+            kv_indptr=self._graph_kv_indptr[: bs + 1],
+            kv_indices=kv_indices,
+        )
+        self.forward_metadata = FlashInferMetadata(wrapper)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def _attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool,
+    ) -> torch.Tensor:
+        if not math.isclose(layer.scaling, self.sm_scale, rel_tol=1e-6):
+            raise ValueError(
+                f"flashinfer backend plans with scale head_dim**-0.5={self.sm_scale}, "
+                f"layer {layer.layer_id} wants {layer.scaling}"
+            )
+        if not save_kv_cache:
+            raise NotImplementedError("the flashinfer backend reads new K/V from the pool")
+        pool = forward_batch.token_to_kv_pool
+        pool.set_kv_buffer(
+            layer.layer_id,
+            forward_batch.out_cache_loc,
+            split_heads(k, layer.tp_k_head_num, layer.head_dim),
+            split_heads(v, layer.tp_v_head_num, layer.head_dim),
+        )
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        assert self.forward_metadata is not None, "init_forward_metadata did not run"
+        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim).contiguous()
+        # page size 1: [slots, kv_heads, d] is [pages, page_size=1, kv_heads, d] in NHD
+        out = self.forward_metadata.wrapper.run(
+            q_heads, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1))
+        )
+        return out.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)

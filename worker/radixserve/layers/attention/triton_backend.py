@@ -1,0 +1,208 @@
+"""The Triton attention backend: paged decode and extend kernels of our own (`triton_ops/`).
+
+Per forward pass it only sizes scratch space and picks the number of KV splits; the kernels
+read req_to_token, seq_lens and the extend offsets straight from the ForwardBatch tensors.
+That is what makes CUDA graphs cheap here: capture points the kernels at the graph runner's
+static tensors, and replay has nothing to recompute (the split count depends on the batch
+size only, never on the lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixserve.layers.attention.base import AttentionBackend
+from radixserve.layers.attention.triton_ops.decode_attention import (
+    MAX_KV_SPLITS,
+    choose_num_kv_splits,
+    decode_attention_fwd,
+)
+from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+
+if TYPE_CHECKING:
+    from radixserve.layers.radix_attention import RadixAttention
+    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+# Stands in for the SM count where there is no CUDA device (the Triton interpreter on a CPU).
+_SMS_WITHOUT_CUDA = 8
+
+
+@dataclass
+class DecodeMetadata:
+    """Split-KV scratch for one decode pass: partial outputs and their log-sum-exp."""
+
+    mid_o: torch.Tensor  # [bs, q_heads, splits, head_dim] float32
+    mid_lse: torch.Tensor  # [bs, q_heads, splits] float32
+    num_kv_splits: int
+
+
+@dataclass
+class ExtendMetadata:
+    max_extend_len: int  # sizes the kernel grid; known on the host from the scheduler
+
+
+def attention_shape(model_runner) -> tuple[int, int, int]:
+    """(q heads, kv heads, head_dim) of one tensor-parallel rank."""
+    config = model_runner.model_config
+    tp_size = getattr(model_runner.server_args, "tp_size", 1) or 1
+    num_heads = config.num_attention_heads // tp_size
+    num_kv_heads = max(1, config.num_key_value_heads // tp_size)
+    return num_heads, num_kv_heads, config.head_dim
+
+
+def split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """[tokens, heads * head_dim] -> [tokens, heads, head_dim], unit stride on the last axis."""
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    return x.view(-1, num_heads, head_dim)
+
+
+class TritonAttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        self.device = torch.device(model_runner.device)
+        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model_runner)
+        if self.device.type == "cuda":
+            props = torch.cuda.get_device_properties(self.device)
+            self.num_sms = props.multi_processor_count
+        else:
+            self.num_sms = _SMS_WITHOUT_CUDA
+        self.forward_metadata: DecodeMetadata | ExtendMetadata | None = None
+        self._graph_mid_o: torch.Tensor | None = None
+        self._graph_mid_lse: torch.Tensor | None = None
+
+    def _decode_metadata(
+        self, bs: int, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None
+    ) -> DecodeMetadata:
+        splits = choose_num_kv_splits(bs, self.num_kv_heads, self.num_sms)
+        if mid_o is None or mid_lse is None:
+            mid_o = torch.empty(
+                (bs, self.num_heads, splits, self.head_dim),
+                dtype=torch.float32,
+                device=self.device,
+            )
+            mid_lse = torch.empty(
+                (bs, self.num_heads, splits), dtype=torch.float32, device=self.device
+            )
+        return DecodeMetadata(mid_o=mid_o[:bs], mid_lse=mid_lse[:bs], num_kv_splits=splits)
+
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
+        if forward_batch.forward_mode.is_decode():
+            self.forward_metadata = self._decode_metadata(forward_batch.batch_size)
+        else:
+            self.forward_metadata = ExtendMetadata(
+                max_extend_len=max(forward_batch.extend_seq_lens_cpu, default=0)
+            )
+
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        self._graph_mid_o = torch.empty(
+            (max_bs, self.num_heads, MAX_KV_SPLITS, self.head_dim),
+            dtype=torch.float32,
+            device=self.device,
+        )
+        self._graph_mid_lse = torch.empty(
+            (max_bs, self.num_heads, MAX_KV_SPLITS), dtype=torch.float32, device=self.device
+        )
+
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        forward_mode: ForwardMode,
+    ) -> None:
+        if not forward_mode.is_decode():
+            raise NotImplementedError("the triton backend captures decode passes only")
+        if self._graph_mid_o is None:
+            raise RuntimeError("init_cuda_graph_state must run before capture")
+        self.forward_metadata = self._decode_metadata(bs, self._graph_mid_o, self._graph_mid_lse)
+
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        seq_lens_sum: int,
+        seq_lens_cpu: torch.Tensor | None = None,
+    ) -> None:
+        # The captured kernels read the runner's static req_pool_indices/seq_lens themselves,
+        # and the split count is a function of bs: nothing to refill.
+        self.forward_metadata = self._decode_metadata(bs, self._graph_mid_o, self._graph_mid_lse)
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        return 1
+
+    def forward_decode(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(
+                layer.layer_id,
+                forward_batch.out_cache_loc,
+                split_heads(k, layer.tp_k_head_num, layer.head_dim),
+                split_heads(v, layer.tp_v_head_num, layer.head_dim),
+            )
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        meta = self.forward_metadata
+        assert isinstance(meta, DecodeMetadata), "init_forward_metadata did not run for decode"
+        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
+        out = torch.empty_like(q_heads)
+        decode_attention_fwd(
+            q_heads,
+            k_buffer,
+            v_buffer,
+            out,
+            forward_batch.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            meta.mid_o,
+            meta.mid_lse,
+            meta.num_kv_splits,
+            layer.scaling,
+        )
+        return out.view(-1, layer.tp_q_head_num * layer.head_dim)
+
+    def forward_extend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        forward_batch: ForwardBatch,
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        k_heads = split_heads(k, layer.tp_k_head_num, layer.head_dim)
+        v_heads = split_heads(v, layer.tp_v_head_num, layer.head_dim)
+        pool = forward_batch.token_to_kv_pool
+        if save_kv_cache:
+            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k_heads, v_heads)
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        meta = self.forward_metadata
+        assert isinstance(meta, ExtendMetadata), "init_forward_metadata did not run for extend"
+        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
+        out = torch.empty_like(q_heads)
+        extend_attention_fwd(
+            q_heads,
+            k_heads,
+            v_heads,
+            out,
+            k_buffer,
+            v_buffer,
+            forward_batch.req_to_token_pool.req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.extend_prefix_lens,
+            forward_batch.extend_seq_lens,
+            forward_batch.extend_start_loc,
+            meta.max_extend_len,
+            layer.scaling,
+        )
+        return out.view(-1, layer.tp_q_head_num * layer.head_dim)

@@ -1,0 +1,270 @@
+"""Paged decode attention in Triton: one new query token per request against its whole KV.
+
+Decode is bound by reading the KV cache, and with few requests there are too few (request, kv
+head) pairs to fill the GPU. So the KV of each request is cut into `num_kv_splits` pieces
+(split-KV, "flash decoding"): stage 1 runs one program per (request, kv head, split) and writes
+a partial output with its log-sum-exp; stage 2 merges the splits of each (request, head).
+
+Grouped-query attention: a stage-1 program loads every query head that shares its kv head
+(padded to 16 rows so `tl.dot` can use the tensor cores), so each K/V tile is read once per
+group instead of once per query head. KV slots are looked up through
+`req_to_token[req_pool_index, position]`, so the pool's slots can lie anywhere.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Smallest piece of KV a split gets: shorter splits would spend more on the merge than they save.
+_MIN_SPLIT_TOKENS = 64
+_BLOCK_N = 64
+MAX_KV_SPLITS = 16
+
+
+@triton.jit
+def _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT: tl.constexpr):
+    """[start, end) of one split; stage 1 and stage 2 must agree on it."""
+    split_len = tl.cdiv(seq_len, num_kv_splits)
+    split_len = tl.cdiv(split_len, MIN_SPLIT) * MIN_SPLIT
+    start = split_len * split_id
+    end = tl.minimum(start + split_len, seq_len)
+    return start, end
+
+
+@triton.jit
+def _decode_grouped_split_kernel(
+    Q,
+    K_Buffer,
+    V_Buffer,
+    Req_to_token,
+    Req_pool_indices,
+    Seq_lens,
+    Mid_O,
+    Mid_Lse,
+    sm_scale,
+    num_kv_splits,
+    stride_r2t,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    GROUP_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split_id = tl.program_id(2)
+
+    offs_g = tl.arange(0, BLOCK_H)
+    mask_g = offs_g < GROUP_SIZE
+    heads = kv_head * GROUP_SIZE + offs_g
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+
+    seq_len = tl.load(Seq_lens + batch).to(tl.int32)
+    req_row = tl.load(Req_pool_indices + batch).to(tl.int64)
+    start, end = _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
+    if end > start:
+        q = tl.load(
+            Q + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_g[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], dtype=tl.float32)
+        for start_n in range(start, end, BLOCK_N):
+            offs_n = start_n + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            slots = tl.load(Req_to_token + req_row * stride_r2t + offs_n, mask=mask_n, other=0)
+            slots = slots.to(tl.int64)
+            k = tl.load(
+                K_Buffer + slots[None, :] * stride_kb + kv_head * stride_kh + offs_d[:, None],
+                mask=mask_n[None, :] & mask_d[:, None],
+                other=0.0,
+            )
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            v = tl.load(
+                V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
+                mask=mask_n[:, None] & mask_d[None, :],
+                other=0.0,
+            )
+            m_new = tl.maximum(m_i, tl.max(qk, 1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(qk - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, 1)
+            acc = acc * alpha[:, None] + tl.dot(
+                p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
+            )
+            m_i = m_new
+        out_mask = mask_g[:, None] & mask_d[None, :]
+        tl.store(
+            Mid_O
+            + batch * stride_mob
+            + heads[:, None] * stride_moh
+            + split_id * stride_mos
+            + offs_d[None, :],
+            acc / l_i[:, None],
+            mask=out_mask,
+        )
+        tl.store(
+            Mid_Lse + batch * stride_mlb + heads * stride_mlh + split_id,
+            m_i + tl.log(l_i),
+            mask=mask_g,
+        )
+
+
+@triton.jit
+def _decode_merge_splits_kernel(
+    Mid_O,
+    Mid_Lse,
+    Out,
+    Seq_lens,
+    num_kv_splits,
+    stride_mob,
+    stride_moh,
+    stride_mos,
+    stride_mlb,
+    stride_mlh,
+    stride_ob,
+    stride_oh,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    MIN_SPLIT: tl.constexpr,
+):
+    batch = tl.program_id(0)
+    head = tl.program_id(1)
+    offs_d = tl.arange(0, BLOCK_D)
+    mask_d = offs_d < HEAD_DIM
+    seq_len = tl.load(Seq_lens + batch).to(tl.int32)
+
+    m_i = float("-inf")
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
+    for split_id in range(0, num_kv_splits):
+        start, end = _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
+        if end > start:
+            part = tl.load(
+                Mid_O + batch * stride_mob + head * stride_moh + split_id * stride_mos + offs_d,
+                mask=mask_d,
+                other=0.0,
+            )
+            lse = tl.load(Mid_Lse + batch * stride_mlb + head * stride_mlh + split_id)
+            m_new = tl.maximum(m_i, lse)
+            alpha = tl.exp(m_i - m_new)
+            w = tl.exp(lse - m_new)
+            acc = acc * alpha + w * part
+            l_i = l_i * alpha + w
+            m_i = m_new
+    tl.store(
+        Out + batch * stride_ob + head * stride_oh + offs_d,
+        (acc / l_i).to(Out.dtype.element_ty),
+        mask=mask_d,
+    )
+
+
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 models are the exactness reference: keep their dots in IEEE float32, not tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def choose_num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
+    """Enough splits that (requests x kv heads x splits) covers the SMs about twice.
+
+    It depends on the batch size alone (not on sequence lengths), so a CUDA graph captured
+    for one batch size stays valid for any lengths replayed into it.
+    """
+    programs = max(1, batch_size * num_kv_heads)
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(2 * num_sms, programs)))
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    num_kv_splits: int,
+    sm_scale: float,
+) -> None:
+    """o[b, h] = softmax(q[b, h] . K[b]^T * sm_scale) V[b] over the first seq_lens[b] tokens.
+
+    q, o: [bs, q_heads, head_dim]; k_buffer, v_buffer: [slots, kv_heads, head_dim];
+    mid_o: [>= bs, q_heads, >= num_kv_splits, head_dim] float32 and mid_lse:
+    [>= bs, q_heads, >= num_kv_splits] float32 are scratch. Every seq_len must be >= 1.
+    """
+    bs, num_heads, head_dim = q.shape
+    num_kv_heads = k_buffer.shape[1]
+    group_size = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    block_h = max(16, triton.next_power_of_2(group_size))
+    _decode_grouped_split_kernel[(bs, num_kv_heads, num_kv_splits)](
+        q,
+        k_buffer,
+        v_buffer,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        mid_o,
+        mid_lse,
+        sm_scale,
+        num_kv_splits,
+        req_to_token.stride(0),
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        GROUP_SIZE=group_size,
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        BLOCK_H=block_h,
+        BLOCK_N=_BLOCK_N,
+        MIN_SPLIT=_MIN_SPLIT_TOKENS,
+        DOT_PRECISION=dot_precision(q.dtype),
+        num_warps=4,
+        num_stages=2,
+    )
+    _decode_merge_splits_kernel[(bs, num_heads)](
+        mid_o,
+        mid_lse,
+        o,
+        seq_lens,
+        num_kv_splits,
+        mid_o.stride(0),
+        mid_o.stride(1),
+        mid_o.stride(2),
+        mid_lse.stride(0),
+        mid_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        HEAD_DIM=head_dim,
+        BLOCK_D=block_d,
+        MIN_SPLIT=_MIN_SPLIT_TOKENS,
+        num_warps=4 if head_dim >= 128 else 2,
+    )
