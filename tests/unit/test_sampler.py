@@ -16,7 +16,7 @@ from radixserve.sampling.penalties import (
     MinNewTokensPenalizer,
     RepetitionPenalizer,
 )
-from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo, fmix32
 from radixserve.sampling.sampling_params import SamplingParams
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
@@ -381,3 +381,21 @@ def test_empty_batch(sampler):
     info = batch([])
     out = sampler(torch.empty(0, VOCAB), info)
     assert out.next_token_ids.shape == (0,)
+
+
+def reference_fmix32(value: int) -> int:
+    """MurmurHash3's finalizer on Python ints (unbounded, so masked by hand)."""
+    value ^= value >> 16
+    value = (value * 0x85EBCA6B) & 0xFFFFFFFF
+    value ^= value >> 13
+    value = (value * 0xC2B2AE35) & 0xFFFFFFFF
+    return value ^ (value >> 16)
+
+
+def test_int32_hash_is_murmur_fmix32_bit_for_bit():
+    """The noise hash relies on int32 products wrapping modulo 2**32 on this backend."""
+    values = [0, 1, 2, 12345, 0x7FFFFFFF, 0x80000000, 0x9E3779B9, 0xFFFFFFFF]
+    values += torch.randint(0, 2**32, (500,), generator=torch.Generator().manual_seed(0)).tolist()
+    as_int32 = torch.tensor([v - 2**32 if v >= 2**31 else v for v in values], dtype=torch.int32)
+    hashed = [h & 0xFFFFFFFF for h in fmix32(as_int32).tolist()]
+    assert hashed == [reference_fmix32(v) for v in values]

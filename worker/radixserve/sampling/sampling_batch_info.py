@@ -22,31 +22,41 @@ from radixserve.sampling.penalties import BatchedPenalizers, ReqLike
 from radixserve.sampling.sampling_params import SamplingParams
 
 _MASK32 = 0xFFFFFFFF
-_GOLDEN32 = 0x9E3779B9
 
 
-def _mul32(x: torch.Tensor, constant: int) -> torch.Tensor:
-    """`(x * constant) mod 2**32` for int64 `x` in [0, 2**32) without int64 overflow: the
-    constant is split in 16-bit halves so no partial product exceeds 2**49."""
-    low = x * (constant & 0xFFFF)
-    high = ((x * (constant >> 16)) & 0xFFFF) << 16
-    return (low + high) & _MASK32
+def _as_int32(value: int) -> int:
+    """The int32 with the same bit pattern as the 32-bit unsigned `value`."""
+    value &= _MASK32
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
-def _fmix32(x: torch.Tensor) -> torch.Tensor:
-    """MurmurHash3's 32-bit finalizer, a bijection with full avalanche, on int64 tensors."""
-    x = x ^ (x >> 16)
-    x = _mul32(x, 0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = _mul32(x, 0xC2B2AE35)
-    return x ^ (x >> 16)
+_GOLDEN32 = _as_int32(0x9E3779B9)
+_FMIX_C1 = _as_int32(0x85EBCA6B)
+_FMIX_C2 = _as_int32(0xC2B2AE35)
+
+
+def _shift_right(x: torch.Tensor, bits: int) -> torch.Tensor:
+    """Logical right shift of int32 bit patterns (torch's `>>` on int32 is arithmetic and
+    torch has no uint32 shift)."""
+    return (x >> bits) & ((1 << (32 - bits)) - 1)
+
+
+def fmix32(x: torch.Tensor) -> torch.Tensor:
+    """MurmurHash3's 32-bit finalizer (a bijection with full avalanche) on int32 tensors
+    holding uint32 bit patterns. int32 products wrap modulo 2**32 on every torch backend,
+    which is exactly uint32 multiplication; int32 keeps the [bs, vocab] work cheap."""
+    x = x ^ _shift_right(x, 16)
+    x = x * _FMIX_C1
+    x = x ^ _shift_right(x, 13)
+    x = x * _FMIX_C2
+    return x ^ _shift_right(x, 16)
 
 
 def _seed_keys(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
-    """Fold 64-bit seeds into well-mixed 32-bit row keys (held in int64)."""
-    low = torch.tensor([s & _MASK32 for s in seeds], dtype=torch.int64, device=device)
-    high = torch.tensor([s >> 32 for s in seeds], dtype=torch.int64, device=device)
-    return _fmix32(low ^ _fmix32(high ^ _GOLDEN32))
+    """Fold 64-bit seeds into well-mixed 32-bit row keys."""
+    low = torch.tensor([_as_int32(s) for s in seeds], dtype=torch.int32, device=device)
+    high = torch.tensor([_as_int32(s >> 32) for s in seeds], dtype=torch.int32, device=device)
+    return fmix32(low ^ fmix32(high ^ _GOLDEN32))
 
 
 @dataclass
@@ -62,7 +72,7 @@ class SamplingBatchInfo:
     top_ks: torch.Tensor  # [bs, 1] int64; vocab_size where top-k is off
     min_ps: torch.Tensor  # [bs, 1] float32
     greedy: torch.Tensor  # [bs] bool
-    seed_keys: torch.Tensor  # [bs] int64 holding 32-bit keys
+    seed_keys: torch.Tensor  # [bs] int32 holding 32-bit keys
     num_generated: torch.Tensor  # [bs] int64, tokens each request has generated so far
     penalizers: BatchedPenalizers
     is_all_greedy: bool = True
@@ -129,13 +139,13 @@ class SamplingBatchInfo:
     def gumbel_noise(self) -> torch.Tensor:
         """`[bs, vocab]` float32 standard Gumbel noise for this step, a pure function of
         (seed, tokens generated so far, vocab index) per row."""
-        step = _mul32(self.num_generated & _MASK32, _GOLDEN32)
-        step_keys = _fmix32(self.seed_keys ^ _fmix32(step))
-        vocab = torch.arange(self.vocab_size, dtype=torch.int64, device=self.device)
-        vocab_keys = _fmix32((vocab + _GOLDEN32) & _MASK32)
-        bits = _fmix32(vocab_keys.unsqueeze(0) ^ step_keys.unsqueeze(1))
+        step = self.num_generated.to(torch.int32) * _GOLDEN32
+        step_keys = fmix32(self.seed_keys ^ fmix32(step))
+        vocab = torch.arange(self.vocab_size, dtype=torch.int32, device=self.device)
+        vocab_keys = fmix32(vocab + _GOLDEN32)
+        bits = fmix32(vocab_keys.unsqueeze(0) ^ step_keys.unsqueeze(1))
         # 23 bits so (m + 0.5) * 2**-23 is exact in float32 and strictly inside (0, 1).
-        uniform = ((bits >> 9).to(torch.float32) + 0.5) * (2.0**-23)
+        uniform = (_shift_right(bits, 9).to(torch.float32) + 0.5) * (2.0**-23)
         return -torch.log(-torch.log(uniform))
 
     def filter_batch(self, keep_indices: list[int]) -> None:
