@@ -1,0 +1,59 @@
+"""`radixserve serve ...` and `radixserve bench <name> ...`.
+
+Serve flags are derived from `ServerArgs`, so the CLI cannot drift from the engine. Benchmarks
+are modules named in `BENCHMARKS`, each exposing `add_args(parser)` and `run(args) -> int`;
+they are imported only when chosen, so `serve` never pays for them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from radixserve.server_args import ServerArgs
+
+BENCHMARKS: dict[str, str] = {
+    "serving": "radixserve.entrypoints.bench_serving",
+}
+
+
+def configure_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(),
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+    )
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
+    ServerArgs.add_cli_args(serve)
+    bench = commands.add_parser("bench", help="run a benchmark")
+    names = bench.add_subparsers(dest="benchmark", required=True)
+    for name, module_path in BENCHMARKS.items():
+        sub = names.add_parser(name, help=f"the {name} benchmark")
+        # Only the chosen benchmark's module is imported (some pull in torch or the model).
+        if len(argv) >= 2 and argv[0] == "bench" and argv[1] == name:
+            importlib.import_module(module_path).add_args(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv).parse_args(argv)
+    if args.command == "serve":
+        server_args = ServerArgs.from_cli_args(args)
+        configure_logging(server_args.log_level)
+        from radixserve.entrypoints.http_server import run_server
+
+        run_server(server_args)
+        return 0
+    configure_logging(getattr(args, "log_level", "info"))
+    return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

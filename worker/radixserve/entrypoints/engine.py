@@ -1,0 +1,518 @@
+"""The in-process Engine: a scheduler subprocess plus a TokenizerManager, callable from Python.
+
+The HTTP server, the benchmarks and tests all go through this class. It starts the scheduler
+process (which loads the weights) while this process loads only the tokenizer, then runs the
+TokenizerManager on an asyncio loop: its own background thread by default, so plain synchronous
+code can call `generate`, or the caller's loop (`event_loop_thread=False` + `await start()`), as
+the aiohttp server does. Async methods called from another loop are bridged to the engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from radixserve.managers.io_struct import TokenLogprob
+from radixserve.managers.tokenizer_manager import (
+    GenerateChunk,
+    GenerateInput,
+    TokenizerManager,
+    load_tokenizer,
+)
+from radixserve.metrics.collectors import ServerMetrics
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+SCHEDULER_STOP_TIMEOUT_S = 10.0
+
+
+class EngineStartupError(RuntimeError):
+    """The scheduler process could not load the model."""
+
+
+@dataclasses.dataclass
+class ModelInfo:
+    """What the scheduler reported once the model was loaded."""
+
+    max_total_tokens: int
+    max_running_requests: int
+    context_len: int
+    vocab_size: int
+    model_description: str
+    device: str
+    attention_backend: str
+
+
+def launch_scheduler(
+    server_args: ServerArgs,
+) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
+    """Spawn the scheduler process and wait until it has loaded the model."""
+    from radixserve.managers.scheduler import PortArgs, run_scheduler_process
+
+    port_args = PortArgs.new()
+    context = multiprocessing.get_context("spawn")
+    parent_conn, child_conn = context.Pipe(duplex=False)
+    process = context.Process(
+        target=run_scheduler_process,
+        args=(server_args, port_args, child_conn),
+        name="radixserve-scheduler",
+    )
+    process.start()
+    child_conn.close()
+    try:
+        message = parent_conn.recv()
+    except EOFError:
+        process.join(timeout=SCHEDULER_STOP_TIMEOUT_S)
+        raise EngineStartupError(
+            f"the scheduler process exited while loading the model (exit code {process.exitcode})"
+        ) from None
+    finally:
+        parent_conn.close()
+    if message.get("status") != "ready":
+        stop_process(process)
+        raise EngineStartupError(f"the scheduler failed to start: {message.get('message')}")
+    fields = {f.name for f in dataclasses.fields(ModelInfo)}
+    info = ModelInfo(**{k: v for k, v in message.items() if k in fields})
+    return process, port_args, info
+
+
+def stop_process(process: multiprocessing.process.BaseProcess) -> None:
+    """SIGTERM, then SIGKILL if it lingers; never leaves an orphan behind."""
+    if process.is_alive():
+        process.terminate()
+        process.join(timeout=SCHEDULER_STOP_TIMEOUT_S)
+    if process.is_alive():
+        logger.warning("the scheduler ignored SIGTERM; killing it")
+        process.kill()
+        process.join()
+
+
+class Engine:
+    """Generate text with a scheduler subprocess; see the module docstring for threading."""
+
+    def __init__(
+        self,
+        server_args: ServerArgs | None = None,
+        *,
+        event_loop_thread: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        if server_args is None:
+            server_args = ServerArgs(**kwargs)
+        elif kwargs:
+            server_args = dataclasses.replace(server_args, **kwargs)
+        self.server_args = server_args
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._closed = False
+        started = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            # The tokenizer loads here while the scheduler process loads the weights.
+            tokenizer_future = pool.submit(load_tokenizer, server_args.model)
+            self._process, port_args, self.model_info = launch_scheduler(server_args)
+            try:
+                tokenizer = tokenizer_future.result()
+            except Exception:
+                stop_process(self._process)
+                raise
+        logger.info(
+            "loaded %s in %.1fs: %s on %s, attention %s, KV capacity %d tokens, "
+            "context %d, up to %d running requests",
+            server_args.model,
+            time.perf_counter() - started,
+            self.model_info.model_description,
+            self.model_info.device,
+            self.model_info.attention_backend,
+            self.model_info.max_total_tokens,
+            self.model_info.context_len,
+            self.model_info.max_running_requests,
+        )
+        self.metrics = ServerMetrics(server_args.served_model_name or server_args.model)
+        self.metrics.max_total_tokens.set(self.model_info.max_total_tokens)
+        self.tokenizer_manager = TokenizerManager(
+            tokenizer=tokenizer,
+            scheduler_input_ipc_name=port_args.scheduler_input_ipc_name,
+            tokenizer_ipc_name=port_args.tokenizer_ipc_name,
+            scheduler_process=self._process,
+            metrics=self.metrics,
+            max_queued_requests=server_args.max_queued_requests,
+        )
+        if event_loop_thread:
+            self._start_loop_thread()
+
+    # ------------------------------------------------------------------ loop plumbing
+
+    def _start_loop_thread(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(
+            target=loop.run_forever, name="radixserve-engine-loop", daemon=True
+        )
+        self._loop_thread.start()
+        self._loop = loop
+        asyncio.run_coroutine_threadsafe(self.tokenizer_manager.start(), loop).result()
+
+    async def start(self) -> None:
+        """Attach the engine to the running loop (only with `event_loop_thread=False`)."""
+        if self._loop is not None:
+            raise RuntimeError("the engine already runs on an event loop")
+        self._loop = asyncio.get_running_loop()
+        await self.tokenizer_manager.start()
+
+    def _require_loop(self) -> asyncio.AbstractEventLoop:
+        if self._loop is None:
+            raise RuntimeError("the engine has no event loop: call `await engine.start()` first")
+        return self._loop
+
+    def _run_sync(self, coroutine: Any) -> Any:
+        loop = self._require_loop()
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                coroutine.close()
+                raise RuntimeError("use the async methods from the engine's own event loop")
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result()
+
+    async def _on_engine_loop(self, coroutine: Any) -> Any:
+        loop = self._require_loop()
+        if asyncio.get_running_loop() is loop:
+            return await coroutine
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
+
+    async def _stream_on_engine_loop(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        loop = self._require_loop()
+        if asyncio.get_running_loop() is loop:
+            async with contextlib.aclosing(stream):
+                async for item in stream:
+                    yield item
+            return
+        caller_loop = asyncio.get_running_loop()
+        items: asyncio.Queue = asyncio.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        caller_loop.call_soon_threadsafe(items.put_nowait, item)
+            except Exception as exc:
+                caller_loop.call_soon_threadsafe(items.put_nowait, exc)
+            caller_loop.call_soon_threadsafe(items.put_nowait, done)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), loop)
+        try:
+            while (item := await items.get()) is not done:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    # ------------------------------------------------------------------ requests
+
+    def build_inputs(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | SamplingParams | list | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> tuple[list[GenerateInput], bool]:
+        """Tokenize and validate; returns one input per (prompt, sample) and whether the caller
+        passed a batch. Raises ValueError with a message fit for a 400."""
+        if (prompt is None) == (input_ids is None):
+            raise ValueError("give exactly one of text (prompt) and input_ids")
+        tm = self.tokenizer_manager
+        if prompt is not None:
+            batched = isinstance(prompt, list)
+            prompts = prompt if batched else [prompt]
+            if not all(isinstance(p, str) for p in prompts):
+                raise ValueError("text must be a string or a list of strings")
+            token_lists = [tm.encode(p) for p in prompts]
+        else:
+            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            token_lists = input_ids if batched else [input_ids]
+            if not all(
+                isinstance(ids, list) and all(_is_token_id(t) for t in ids) for ids in token_lists
+            ):
+                raise ValueError("input_ids must be a list of integers or a list of such lists")
+        if not token_lists:
+            raise ValueError("the batch of prompts is empty")
+        if isinstance(sampling_params, list):
+            if len(sampling_params) != len(token_lists):
+                raise ValueError("sampling_params must be one object or one per prompt")
+            params_list = [self._sampling_params(p) for p in sampling_params]
+        else:
+            params_list = [self._sampling_params(sampling_params) for _ in token_lists]
+        if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= 20:
+            raise ValueError("top_logprobs_num must be an integer in [0, 20]")
+        inputs = []
+        for ids, params in zip(token_lists, params_list, strict=True):
+            self.check_prompt_length(len(ids), params.max_new_tokens)
+            for sample in range(params.n):
+                copy = dataclasses.replace(params, n=1)
+                if params.seed is not None and params.n > 1:
+                    copy.seed = (params.seed + sample) % 2**64
+                inputs.append(
+                    GenerateInput(
+                        input_ids=list(ids),
+                        sampling_params=copy,
+                        return_logprob=return_logprob,
+                        top_logprobs_num=top_logprobs_num,
+                    )
+                )
+        return inputs, batched or len(inputs) > 1
+
+    def _sampling_params(self, params: dict | SamplingParams | None) -> SamplingParams:
+        if params is None:
+            params = SamplingParams()
+        elif isinstance(params, dict):
+            params = SamplingParams.from_dict(params)
+        elif not isinstance(params, SamplingParams):
+            raise ValueError("sampling_params must be an object")
+        params.verify(self.model_info.vocab_size)
+        return params
+
+    @property
+    def max_request_tokens(self) -> int:
+        """A request's prompt plus its new tokens must fit the context and the KV cache."""
+        return min(self.model_info.context_len, self.model_info.max_total_tokens)
+
+    def check_prompt_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
+        limit = self.max_request_tokens
+        if prompt_tokens == 0:
+            raise ValueError("the prompt is empty")
+        if prompt_tokens >= limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has "
+                f"{prompt_tokens} tokens. Please shorten the prompt."
+            )
+        if prompt_tokens + max_new_tokens > limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{max_new_tokens} for the completion). Please reduce the prompt or max tokens."
+            )
+
+    async def _generate_results(self, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
+        results = [_ResultBuilder(i) for i in inputs]
+        async for index, chunk in self.tokenizer_manager.generate_many(inputs):
+            results[index].add(chunk)
+        return [r.result() for r in results]
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | SamplingParams | list | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> dict | list[dict]:
+        inputs, batched = self.build_inputs(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        )
+        results = await self._on_engine_loop(self._generate_results(inputs))
+        return results if batched else results[0]
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | SamplingParams | list | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> dict | list[dict]:
+        """Generate for one prompt (a dict back) or a batch (a list back), with `n` samples per
+        prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
+        "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
+        "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
+        inputs, batched = self.build_inputs(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        )
+        results = self._run_sync(self._generate_results(inputs))
+        return results if batched else results[0]
+
+    async def async_generate_stream(
+        self,
+        prompt: str | None = None,
+        sampling_params: dict | SamplingParams | None = None,
+        input_ids: list[int] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Stream one request: each dict carries the *new* text and output ids and the
+        meta_info so far; the last one has a finish_reason."""
+        inputs, batched = self.build_inputs(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        )
+        if batched:
+            raise ValueError("streaming takes one prompt with n = 1")
+        self.tokenizer_manager.check_capacity(1)
+        builder = _ResultBuilder(inputs[0])
+        stream = self.tokenizer_manager.generate(inputs[0])
+        async for chunk in self._stream_on_engine_loop(stream):
+            yield builder.stream_item(chunk)
+
+    def generate_stream(
+        self,
+        prompt: str | None = None,
+        sampling_params: dict | SamplingParams | None = None,
+        input_ids: list[int] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+    ) -> Iterator[dict[str, Any]]:
+        """The synchronous form of `async_generate_stream`; closing it early aborts the request."""
+        stream = self.async_generate_stream(
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        )
+        items: queue.Queue = queue.Queue()
+        done = object()
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        items.put(item)
+            except Exception as exc:
+                items.put(exc)
+            items.put(done)
+
+        future = asyncio.run_coroutine_threadsafe(pump(), self._require_loop())
+        try:
+            while (item := items.get()) is not done:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            future.cancel()
+
+    # ------------------------------------------------------------------ control
+
+    async def async_get_server_info(self) -> dict[str, Any]:
+        scheduler_info = await self._on_engine_loop(self.tokenizer_manager.get_scheduler_info())
+        return {
+            **dataclasses.asdict(self.server_args),
+            **dataclasses.asdict(self.model_info),
+            "num_in_flight_requests": self.tokenizer_manager.num_in_flight,
+            "scheduler": scheduler_info,
+            **scheduler_info,
+        }
+
+    def get_server_info(self) -> dict[str, Any]:
+        """Server args, model info, and the scheduler's counters (at the top level too)."""
+        return self._run_sync(self.async_get_server_info())
+
+    async def async_flush_cache(self) -> bool:
+        reply = await self._on_engine_loop(self.tokenizer_manager.flush_cache())
+        if not reply.success:
+            logger.info("flush_cache refused: %s", reply.message)
+        return reply.success
+
+    def flush_cache(self) -> bool:
+        return self._run_sync(self.async_flush_cache())
+
+    def get_model_info(self) -> dict[str, Any]:
+        tokenizer = self.tokenizer_manager.tokenizer
+        return {
+            "model_path": self.server_args.model,
+            "served_model_name": self.server_args.served_model_name,
+            "tokenizer_path": getattr(tokenizer, "name_or_path", None),
+            "is_generation": True,
+            **dataclasses.asdict(self.model_info),
+        }
+
+    # ------------------------------------------------------------------ shutdown
+
+    async def async_shutdown(self) -> None:
+        """Close the TokenizerManager (on the engine's loop) and stop the scheduler."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._loop is not None:
+            await self._on_engine_loop(self.tokenizer_manager.close())
+        stop_process(self._process)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        if self._loop_thread is not None and self._loop is not None:
+            asyncio.run_coroutine_threadsafe(self.async_shutdown(), self._loop).result()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join()
+            self._loop.close()
+        else:
+            self._closed = True
+            stop_process(self._process)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+
+class PromptTooLongError(ValueError):
+    """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+class _ResultBuilder:
+    """Accumulates one request's chunks into the native result dict."""
+
+    def __init__(self, request: GenerateInput) -> None:
+        self.request = request
+        self.started = time.perf_counter()
+        self.text_parts: list[str] = []
+        self.output_ids: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.last: GenerateChunk | None = None
+
+    def add(self, chunk: GenerateChunk) -> None:
+        self.text_parts.append(chunk.text)
+        self.output_ids.extend(chunk.token_ids)
+        self.logprobs.extend(chunk.logprobs)
+        self.last = chunk
+
+    def meta_info(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
+        chunk = self.last
+        assert chunk is not None
+        meta: dict[str, Any] = {
+            "id": self.request.rid,
+            "prompt_tokens": chunk.prompt_tokens,
+            "completion_tokens": chunk.completion_tokens,
+            "cached_tokens": chunk.cached_tokens,
+            "finish_reason": chunk.finish_reason,
+            "e2e_latency": time.perf_counter() - self.started,
+        }
+        if self.request.return_logprob:
+            meta["output_token_logprobs"] = [
+                [entry.logprob, entry.token_id, [list(t) for t in entry.top]] for entry in logprobs
+            ]
+        return meta
+
+    def result(self) -> dict[str, Any]:
+        return {
+            "text": "".join(self.text_parts),
+            "output_ids": self.output_ids,
+            "meta_info": self.meta_info(self.logprobs),
+        }
+
+    def stream_item(self, chunk: GenerateChunk) -> dict[str, Any]:
+        self.last = chunk
+        return {
+            "text": chunk.text,
+            "output_ids": chunk.token_ids,
+            "meta_info": self.meta_info(chunk.logprobs),
+        }

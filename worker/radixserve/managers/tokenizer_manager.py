@@ -1,0 +1,562 @@
+"""The front end's side of the scheduler: tokenize, send, track, detokenize, measure.
+
+One `TokenizerManager` lives in the front-end process, on one asyncio loop. It pushes
+`TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives `BatchReqOutput`
+deltas on a background task and routes them to per-request queues, which `generate` turns into
+text chunks. A request whose consumer goes away (client disconnect, cancelled task, closed
+generator) is aborted in the scheduler so that its KV slots are freed. The scheduler process is
+watched through its sentinel: when it dies every waiting request fails at once instead of
+hanging, and `scheduler_alive` turns false for `/health`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import hashlib
+import logging
+import multiprocessing.process
+import os
+import shutil
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import transformers
+import zmq
+import zmq.asyncio
+
+from radixserve.managers.detokenizer import IncrementalDetokenizer, StopStringTrimmer
+from radixserve.managers.io_struct import (
+    AbortReq,
+    BatchReqOutput,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetServerInfoReq,
+    GetServerInfoReqOutput,
+    ReqOutput,
+    TokenizedGenerateReqInput,
+    TokenLogprob,
+)
+from radixserve.metrics.collectors import ServerMetrics
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import BUILTIN_SMOLLM2
+
+logger = logging.getLogger(__name__)
+
+Tokenizer = transformers.PreTrainedTokenizerBase
+
+
+class SchedulerUnavailableError(RuntimeError):
+    """The scheduler process is gone; nothing can be generated any more."""
+
+
+class QueueFullError(RuntimeError):
+    """More requests wait for admission than `--max-queued-requests` allows."""
+
+
+class RequestAbortedError(RuntimeError):
+    """The scheduler aborted the request (drain timeout, flush, an explicit abort)."""
+
+
+class GenerationError(RuntimeError):
+    """The scheduler finished the request with an error."""
+
+
+@dataclass
+class GenerateInput:
+    """One validated request, ready for the scheduler: token ids and sampling parameters."""
+
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
+    # Readiness probes: kept out of the request metrics.
+    internal: bool = False
+
+
+@dataclass
+class GenerateChunk:
+    """What one request produced since its previous chunk."""
+
+    rid: str
+    text: str
+    token_ids: list[int]
+    # One entry per released token; tokens cut with a stop string are dropped.
+    logprobs: list[TokenLogprob]
+    finish_reason: dict[str, Any] | None
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class _RequestState:
+    input: GenerateInput
+    outputs: asyncio.Queue
+    detokenizer: IncrementalDetokenizer | None
+    trimmer: StopStringTrimmer
+    created: float = field(default_factory=time.perf_counter)
+    last_token_time: float | None = None
+    got_first_output: bool = False
+    # Start offset of each output token's text, kept when logprobs are asked for.
+    token_offsets: list[int] = field(default_factory=list)
+    pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+class TokenizerManager:
+    def __init__(
+        self,
+        tokenizer: Tokenizer | None,
+        scheduler_input_ipc_name: str,
+        tokenizer_ipc_name: str,
+        scheduler_process: multiprocessing.process.BaseProcess,
+        metrics: ServerMetrics,
+        max_queued_requests: int,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.metrics = metrics
+        self.max_queued_requests = max_queued_requests
+        self._scheduler_input_ipc_name = scheduler_input_ipc_name
+        self._tokenizer_ipc_name = tokenizer_ipc_name
+        self._scheduler_process = scheduler_process
+        self._states: dict[str, _RequestState] = {}
+        self._flush_replies: deque[asyncio.Future] = deque()
+        self._info_replies: deque[asyncio.Future] = deque()
+        self._scheduler_error: str | None = None
+        self._recv_task: asyncio.Task | None = None
+        self.last_output_time = 0.0
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def start(self) -> None:
+        """Open the sockets and start routing outputs; call on the loop that will use it."""
+        loop = asyncio.get_running_loop()
+        self._context = zmq.Context()
+        self._send_socket = self._context.socket(zmq.PUSH)
+        self._send_socket.setsockopt(zmq.LINGER, 0)
+        self._send_socket.connect(self._scheduler_input_ipc_name)
+        self._recv_socket = zmq.asyncio.Socket.from_socket(self._context.socket(zmq.PULL))
+        self._recv_socket.setsockopt(zmq.LINGER, 0)
+        self._recv_socket.bind(self._tokenizer_ipc_name)
+        self._recv_task = loop.create_task(self._receive_loop())
+        loop.add_reader(self._scheduler_process.sentinel, self._on_scheduler_exit)
+        if not self._scheduler_process.is_alive():
+            self._on_scheduler_exit()
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._scheduler_process.sentinel)
+        if self._recv_task is not None:
+            self._recv_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recv_task
+        self._recv_socket.close(linger=0)
+        self._send_socket.close(linger=0)
+        self._context.term()
+
+    @property
+    def scheduler_alive(self) -> bool:
+        recv_running = self._recv_task is not None and not self._recv_task.done()
+        return self._scheduler_error is None and recv_running
+
+    @property
+    def num_in_flight(self) -> int:
+        return sum(1 for s in self._states.values() if not s.input.internal)
+
+    @property
+    def num_waiting_first_output(self) -> int:
+        """Client requests not yet answered by the scheduler: a bound on its queue."""
+        return sum(
+            1 for s in self._states.values() if not s.got_first_output and not s.input.internal
+        )
+
+    def _on_scheduler_exit(self) -> None:
+        with contextlib.suppress(Exception):
+            asyncio.get_running_loop().remove_reader(self._scheduler_process.sentinel)
+        self._scheduler_process.join(timeout=0)
+        self._fail_everything(
+            f"the scheduler process exited (exit code {self._scheduler_process.exitcode})"
+        )
+
+    def _fail_everything(self, message: str) -> None:
+        if self._scheduler_error is None:
+            logger.error("%s; failing %d in-flight requests", message, len(self._states))
+            self._scheduler_error = message
+        for state in self._states.values():
+            state.outputs.put_nowait(SchedulerUnavailableError(message))
+        for future in (*self._flush_replies, *self._info_replies):
+            if not future.done():
+                future.set_exception(SchedulerUnavailableError(message))
+
+    def _send(self, message: object) -> None:
+        if self._scheduler_error is not None:
+            raise SchedulerUnavailableError(self._scheduler_error)
+        try:
+            self._send_socket.send_pyobj(message, flags=zmq.NOBLOCK)
+        except zmq.Again as exc:
+            raise SchedulerUnavailableError("the scheduler is not taking requests") from exc
+
+    async def _receive_loop(self) -> None:
+        try:
+            while True:
+                message = await self._recv_socket.recv_pyobj()
+                self._dispatch(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # a broken socket or an unpicklable message
+            logger.exception("receiving from the scheduler failed")
+            self._fail_everything(f"receiving from the scheduler failed: {exc!r}")
+
+    def _dispatch(self, message: object) -> None:
+        if isinstance(message, BatchReqOutput):
+            now = time.perf_counter()
+            for output in message.outputs:
+                state = self._states.get(output.rid)
+                if state is not None:
+                    state.outputs.put_nowait(output)
+                    if output.new_token_ids:
+                        self.last_output_time = now
+            if message.stats is not None:
+                self.metrics.apply_scheduler_stats(message.stats)
+        elif isinstance(message, FlushCacheReqOutput):
+            _resolve_next(self._flush_replies, message)
+        elif isinstance(message, GetServerInfoReqOutput):
+            _resolve_next(self._info_replies, message)
+        else:
+            logger.warning("ignoring unexpected message from the scheduler: %r", type(message))
+
+    # ---------------------------------------------------------------- requests
+
+    def check_capacity(self, num_requests: int) -> None:
+        """Refuse work up front instead of letting the scheduler's queue grow without bound."""
+        if self._scheduler_error is not None:
+            raise SchedulerUnavailableError(self._scheduler_error)
+        if self.num_waiting_first_output + num_requests > self.max_queued_requests:
+            raise QueueFullError(
+                f"{self.num_waiting_first_output} requests are already queued "
+                f"(--max-queued-requests {self.max_queued_requests})"
+            )
+
+    async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
+        """Stream the request's chunks; leaving the iteration early aborts it in the scheduler."""
+        if request.rid in self._states:
+            raise ValueError(f"request id {request.rid!r} is already in flight")
+        params = request.sampling_params
+        state = _RequestState(
+            input=request,
+            outputs=asyncio.Queue(),
+            detokenizer=None
+            if self.tokenizer is None
+            else IncrementalDetokenizer(
+                self.tokenizer, request.input_ids, params.skip_special_tokens
+            ),
+            trimmer=StopStringTrimmer(params.stop),
+        )
+        self._states[request.rid] = state
+        finished = False
+        try:
+            self._send(
+                TokenizedGenerateReqInput(
+                    rid=request.rid,
+                    input_ids=request.input_ids,
+                    sampling_params=params,
+                    stream=True,
+                    return_logprob=request.return_logprob,
+                    top_logprobs_num=request.top_logprobs_num,
+                    arrival_time=time.time(),
+                )
+            )
+            while not finished:
+                output = await state.outputs.get()
+                if isinstance(output, Exception):
+                    finished = True
+                    raise output
+                chunk = self._process_output(state, output)
+                finished = chunk.finished
+                yield chunk
+        finally:
+            del self._states[request.rid]
+            if not finished and self._scheduler_error is None:
+                self._count_finished(state, "abort", len(request.input_ids))
+                with contextlib.suppress(SchedulerUnavailableError):
+                    self._send(AbortReq(rid=request.rid))
+
+    def _process_output(self, state: _RequestState, output: ReqOutput) -> GenerateChunk:
+        now = time.perf_counter()
+        reason = output.finished_reason
+        internal = state.input.internal
+        if not internal:
+            self._record_latencies(state, output, now)
+        state.got_first_output = True
+        if reason is not None and reason["type"] == "abort":
+            self._count_finished(state, "abort", output.prompt_tokens)
+            raise RequestAbortedError("the request was aborted by the server")
+        if reason is not None and reason["type"] == "error":
+            self._count_finished(state, "error", output.prompt_tokens)
+            raise GenerationError(reason.get("message", "generation failed"))
+        text = self._detokenize(state, output, final=reason is not None)
+        logprobs = self._release_logprobs(state, output, final=reason is not None)
+        if reason is not None:
+            self._count_finished(state, reason["type"], output.prompt_tokens)
+        return GenerateChunk(
+            rid=state.input.rid,
+            text=text,
+            token_ids=list(output.new_token_ids),
+            logprobs=logprobs,
+            finish_reason=reason,
+            prompt_tokens=output.prompt_tokens,
+            completion_tokens=output.completion_tokens,
+            cached_tokens=output.cached_tokens,
+        )
+
+    def _detokenize(self, state: _RequestState, output: ReqOutput, final: bool) -> str:
+        if state.detokenizer is None:
+            return ""
+        if not state.input.return_logprob:
+            delta = state.detokenizer.feed(output.new_token_ids, final=final)
+            return state.trimmer.push(delta, final=final)
+        # Token by token, to know where each token's text starts (logprobs are cut with it).
+        released = []
+        last = len(output.new_token_ids) - 1
+        for i, token_id in enumerate(output.new_token_ids):
+            state.token_offsets.append(len(state.trimmer.text))
+            delta = state.detokenizer.feed([token_id], final=final and i == last)
+            released.append(state.trimmer.push(delta, final=final and i == last))
+        if not output.new_token_ids and final:
+            released.append(state.trimmer.push("", final=True))
+        return "".join(released)
+
+    def _release_logprobs(
+        self, state: _RequestState, output: ReqOutput, final: bool
+    ) -> list[TokenLogprob]:
+        if not state.input.return_logprob or not output.logprobs:
+            return []
+        if state.detokenizer is None:
+            return list(output.logprobs)
+        state.pending_logprobs.extend(output.logprobs)
+        first_index = len(state.token_offsets) - len(state.pending_logprobs)
+        released: list[TokenLogprob] = []
+        keep: list[TokenLogprob] = []
+        for i, logprob in enumerate(state.pending_logprobs):
+            offset = state.token_offsets[first_index + i]
+            if state.trimmer.stopped and offset >= len(state.trimmer.text):
+                continue  # the token belongs to the stop string or what followed it
+            if offset < state.trimmer.released or final:
+                released.append(logprob)
+            else:
+                keep.append(logprob)
+        state.pending_logprobs = [] if final or state.trimmer.stopped else keep
+        return released
+
+    def _record_latencies(self, state: _RequestState, output: ReqOutput, now: float) -> None:
+        metrics = self.metrics
+        if output.queue_time is not None:
+            metrics.queue_time.observe(output.queue_time)
+        num_new = len(output.new_token_ids)
+        if num_new:
+            metrics.generation_tokens.inc(num_new)
+            if state.last_token_time is None:
+                metrics.time_to_first_token.observe(now - state.created)
+                num_gaps = num_new - 1
+            else:
+                num_gaps = num_new
+            if num_gaps and state.last_token_time is not None:
+                gap = (now - state.last_token_time) / num_gaps
+                for _ in range(num_gaps):
+                    metrics.inter_token_latency.observe(gap)
+            state.last_token_time = now
+        if output.finished_reason is not None:
+            metrics.e2e_request_latency.observe(now - state.created)
+
+    def _count_finished(self, state: _RequestState, reason: str, prompt_tokens: int) -> None:
+        if not state.input.internal:
+            self.metrics.count_finished_request(reason, prompt_tokens)
+
+    async def generate_many(
+        self, requests: Sequence[GenerateInput]
+    ) -> AsyncIterator[tuple[int, GenerateChunk]]:
+        """Run several requests at once, yielding (index, chunk) as chunks arrive.
+
+        Requests with the same prompt (`n > 1`) first prefill that prompt once with
+        `max_new_tokens=0`, so the copies find it in the radix cache instead of each computing it.
+        """
+        self.check_capacity(len(requests))
+        prompts = [tuple(r.input_ids) for r in requests]
+        shared = {p for p in prompts if prompts.count(p) > 1}
+        prefill_cached: dict[tuple[int, ...], int] = {}
+        for prompt in shared:
+            first = requests[prompts.index(prompt)]
+            prefill_cached[prompt] = await self.prefill_only(first)
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int, request: GenerateInput) -> None:
+            try:
+                async for chunk in self.generate(request):
+                    queue.put_nowait((index, chunk))
+            except Exception as exc:
+                queue.put_nowait((index, exc))
+
+        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(requests)]
+        remaining = len(requests)
+        try:
+            while remaining:
+                index, item = await queue.get()
+                if isinstance(item, Exception):
+                    raise item
+                if item.finished:
+                    remaining -= 1
+                    cached = prefill_cached.get(prompts[index])
+                    if cached is not None:
+                        item.cached_tokens = cached
+                yield index, item
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def prefill_only(self, request: GenerateInput) -> int:
+        """Put the prompt into the prefix cache; returns how many of its tokens were cached."""
+        params = copy.copy(request.sampling_params)
+        params.max_new_tokens = 0
+        params.min_new_tokens = 0
+        params.n = 1
+        prefill = GenerateInput(input_ids=request.input_ids, sampling_params=params, internal=True)
+        cached = 0
+        async for chunk in self.generate(prefill):
+            cached = chunk.cached_tokens
+        return cached
+
+    # ---------------------------------------------------------------- control
+
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        future = asyncio.get_running_loop().create_future()
+        self._flush_replies.append(future)
+        try:
+            self._send(FlushCacheReq())
+        except SchedulerUnavailableError:
+            self._flush_replies.remove(future)
+            raise
+        return await future
+
+    async def get_scheduler_info(self) -> dict[str, Any]:
+        future = asyncio.get_running_loop().create_future()
+        self._info_replies.append(future)
+        try:
+            self._send(GetServerInfoReq())
+        except SchedulerUnavailableError:
+            self._info_replies.remove(future)
+            raise
+        reply: GetServerInfoReqOutput = await future
+        return reply.info
+
+    async def abort_all(self) -> None:
+        """Abort every in-flight request (end of a drain)."""
+        for rid in list(self._states):
+            with contextlib.suppress(SchedulerUnavailableError):
+                self._send(AbortReq(rid=rid))
+
+    # ---------------------------------------------------------------- text
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer: send token ids instead of text")
+        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer, so chat requests cannot be served")
+        if not self.tokenizer.chat_template:
+            raise ValueError("this model has no chat template; use /v1/completions")
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return self.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        """The text of one token, as OpenAI logprobs show it (may be part of a character)."""
+        if self.tokenizer is None:
+            return f"<{token_id}>"
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _resolve_next(futures: deque[asyncio.Future], message: object) -> None:
+    while futures:
+        future = futures.popleft()
+        if not future.done():
+            future.set_result(message)
+            return
+    logger.warning("a %s arrived that nobody waits for", type(message).__name__)
+
+
+# -------------------------------------------------------------------- tokenizer loading
+
+
+def tokenizer_cache_dir() -> Path:
+    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
+    return Path(root) / "tokenizers"
+
+
+def load_tokenizer(model: str) -> Tokenizer | None:
+    """The tokenizer for `--model`, without loading any weights (the front end needs no model).
+
+    Converting a GGUF vocabulary takes many seconds, so the converted tokenizer is saved under
+    `tokenizer_cache_dir()` keyed by the file's path, size and mtime and reloaded from there.
+    Returns None for random-weight models too small for a real vocabulary (token ids only).
+    """
+    from radixserve.model_loader import tokenizer as loader_tokenizer
+
+    if model == BUILTIN_SMOLLM2:
+        return _load_gguf_tokenizer_cached(loader_tokenizer.bundled_gguf_path())
+    if model.startswith("random:"):
+        from radixserve.model_loader.random_init import random_hf_config
+        from radixserve.model_loader.tokenizer import BUNDLED_VOCAB_SIZE
+
+        # The same rule as the model loader: big random models borrow the bundled vocabulary.
+        if random_hf_config(model.removeprefix("random:")).vocab_size < BUNDLED_VOCAB_SIZE:
+            return None
+        return _load_gguf_tokenizer_cached(loader_tokenizer.bundled_gguf_path())
+    path = Path(model.removeprefix("file://"))
+    if path.suffix == ".gguf":
+        return _load_gguf_tokenizer_cached(path)
+    if path.is_dir():
+        return loader_tokenizer.load_directory_tokenizer(path)
+    return transformers.AutoTokenizer.from_pretrained(model)
+
+
+def _load_gguf_tokenizer_cached(gguf_path: Path) -> Tokenizer:
+    from radixserve.model_loader.tokenizer import load_gguf_tokenizer
+
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    cache_dir = tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:16]
+    if (cache_dir / "tokenizer_config.json").is_file():
+        with contextlib.suppress(Exception):
+            return transformers.AutoTokenizer.from_pretrained(str(cache_dir))
+        logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
+    logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    staging = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.tmp")
+    try:
+        tokenizer.save_pretrained(str(staging))
+        staging.rename(cache_dir)
+    except OSError as exc:  # a read-only home or a concurrent writer: just skip the cache
+        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return tokenizer

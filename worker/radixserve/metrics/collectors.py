@@ -1,0 +1,141 @@
+"""Prometheus collectors of one worker, fed by the front end.
+
+The scheduler process never touches Prometheus: it sends `SchedulerStats` deltas with its
+outputs and the front end applies them here, so one process owns every series and `/metrics`
+needs no multiprocess mode. Latencies (TTFT, ITL, E2E) are measured where the client sees them,
+in the front end. Each `ServerMetrics` has its own registry so that several engines in one
+process (tests, benchmarks) do not collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from radixserve.managers.io_struct import SchedulerStats
+
+# `_created` series double the exposition size and no dashboard reads them.
+disable_created_metrics()
+
+PREFIX = "radixserve_"
+FINISH_REASONS = ("stop", "length", "abort", "error")
+FORWARD_MODES = ("prefill", "decode", "mixed")
+
+LATENCY_BUCKETS = (
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
+)  # fmt: skip
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+BATCH_TOKENS_BUCKETS = (1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
+
+METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServerMetrics:
+    """Every metric of the architecture page, labelled with the served model name."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self._model_name = model_name
+        labels = ["model_name"]
+        reg = self.registry
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+
+        def counter(name: str, doc: str):
+            return Counter(PREFIX + name, doc, labels, registry=reg).labels(model_name)
+
+        def histogram(name: str, doc: str, buckets=LATENCY_BUCKETS):
+            return Histogram(PREFIX + name, doc, labels, buckets=buckets, registry=reg).labels(
+                model_name
+            )
+
+        self.num_running_requests = gauge("num_running_requests", "Requests in the running batch")
+        self.num_queued_requests = gauge("num_queued_requests", "Requests waiting for admission")
+        self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Used KV slots / total slots")
+        self.prefix_cache_hit_rate = gauge(
+            "prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens over a recent window"
+        )
+        self.max_total_tokens = gauge("max_total_tokens", "KV cache capacity in tokens")
+        self.prefix_cache_queries_tokens = counter(
+            "prefix_cache_queries_tokens", "Prompt tokens looked up in the radix cache"
+        )
+        self.prefix_cache_hits_tokens = counter(
+            "prefix_cache_hits_tokens", "Prompt tokens found in the radix cache"
+        )
+        self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
+        self.generation_tokens = counter("generation_tokens", "Generated tokens")
+        self.retractions = counter("retractions", "Requests retracted for lack of KV slots")
+        self._requests = Counter(
+            PREFIX + "requests",
+            "Finished requests by finish reason",
+            ["model_name", "finish_reason"],
+            registry=reg,
+        )
+        for reason in FINISH_REASONS:
+            self._requests.labels(model_name, reason)
+        self.time_to_first_token = histogram(
+            "time_to_first_token_seconds", "Arrival to first generated token"
+        )
+        self.inter_token_latency = histogram(
+            "inter_token_latency_seconds", "Time between consecutive generated tokens"
+        )
+        self.e2e_request_latency = histogram(
+            "e2e_request_latency_seconds", "Arrival to the last token"
+        )
+        self.queue_time = histogram("queue_time_seconds", "Arrival at the scheduler to admission")
+        by_mode = ["model_name", "mode"]
+        self._batch_size = Histogram(
+            PREFIX + "batch_size",
+            "Requests per forward step",
+            by_mode,
+            buckets=BATCH_SIZE_BUCKETS,
+            registry=reg,
+        )
+        self._batch_tokens = Histogram(
+            PREFIX + "batch_tokens",
+            "Tokens per forward step",
+            by_mode,
+            buckets=BATCH_TOKENS_BUCKETS,
+            registry=reg,
+        )
+        self._forward_step_seconds = Histogram(
+            PREFIX + "forward_step_seconds",
+            "Wall time of one forward step",
+            by_mode,
+            buckets=LATENCY_BUCKETS,
+            registry=reg,
+        )
+        for mode in FORWARD_MODES:
+            self._batch_size.labels(model_name, mode)
+            self._batch_tokens.labels(model_name, mode)
+            self._forward_step_seconds.labels(model_name, mode)
+
+    def apply_scheduler_stats(self, stats: SchedulerStats) -> None:
+        self.num_running_requests.set(stats.num_running_requests)
+        self.num_queued_requests.set(stats.num_queued_requests)
+        self.kv_cache_usage_ratio.set(stats.kv_cache_usage_ratio)
+        self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
+        self.max_total_tokens.set(stats.max_total_tokens)
+        self.prefix_cache_queries_tokens.inc(stats.prefix_cache_queries_tokens)
+        self.prefix_cache_hits_tokens.inc(stats.prefix_cache_hits_tokens)
+        self.retractions.inc(stats.retractions)
+        for mode, batch_size, batch_tokens, seconds in stats.steps:
+            self._batch_size.labels(self._model_name, mode).observe(batch_size)
+            self._batch_tokens.labels(self._model_name, mode).observe(batch_tokens)
+            self._forward_step_seconds.labels(self._model_name, mode).observe(seconds)
+
+    def count_finished_request(self, finish_reason: str, prompt_tokens: int) -> None:
+        self._requests.labels(self._model_name, finish_reason).inc()
+        self.prompt_tokens.inc(prompt_tokens)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
