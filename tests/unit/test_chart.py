@@ -107,7 +107,8 @@ def test_values_yaml_satisfies_values_schema() -> None:
 @pytest.mark.parametrize(
     "bad_values",
     [
-        {"operator": {"logLevel": "loud"}},
+        {"operator": {"verbose": "yes"}},
+        {"operator": {"logLevel": "debug"}},
         {"serviceMonitor": {"enabled": "yes"}},
         {"dashboards": {"enabeld": True}},
         {"operator": {"watchNamespaces": ["Not_A_Namespace"]}},
@@ -141,7 +142,7 @@ def test_defaults_render_only_the_operator_and_its_rbac() -> None:
     kinds = sorted(o["kind"] for o in render())
     assert kinds == sorted(
         ["Deployment", "ServiceAccount", "ClusterRole", "ClusterRole"]
-        + ["ClusterRoleBinding", "ClusterRoleBinding"]
+        + ["ClusterRoleBinding", "ClusterRoleBinding", "ClusterKopfPeering"]
     )
 
 
@@ -162,6 +163,8 @@ def test_operator_runs_non_root_and_read_only_and_watches_all_namespaces() -> No
     assert container["securityContext"]["capabilities"]["drop"] == ["ALL"]
     assert container["image"] == "ghcr.io/radixserve/radixserve-operator:0.1.0"
     assert "--all-namespaces" in container["args"]
+    assert "--peering=rs-radixserve-operator" in container["args"]
+    assert "--worker-image=ghcr.io/radixserve/radixserve:0.1.0" in container["args"]
     assert container["livenessProbe"]["httpGet"]["port"] == "health"
 
 
@@ -184,6 +187,9 @@ def test_namespaced_mode_binds_workload_permissions_per_namespace_only() -> None
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert {"--namespace=team-a", "--namespace=team-b"} <= set(args)
     assert "--all-namespaces" not in args
+    peerings = by_kind(objects, "KopfPeering")
+    assert sorted(p["metadata"]["namespace"] for p in peerings) == ["team-a", "team-b"]
+    assert by_kind(objects, "ClusterKopfPeering") == []
     role_bindings = by_kind(objects, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in role_bindings) == ["team-a", "team-b"]
     assert {b["roleRef"]["name"] for b in role_bindings} == {"rs-radixserve-operator-workloads"}

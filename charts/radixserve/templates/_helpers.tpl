@@ -40,5 +40,9 @@ app.kubernetes.io/component: operator
 {{- end -}}
 
 {{- define "radixserve.defaultWorkerImage" -}}
-{{- default (printf "ghcr.io/radixserve/radixserve-worker:%s" .Chart.AppVersion) .Values.operator.defaultWorkerImage -}}
+{{- default (printf "ghcr.io/radixserve/radixserve:%s" .Chart.AppVersion) .Values.operator.defaultWorkerImage -}}
+{{- end -}}
+
+{{- define "radixserve.peeringName" -}}
+{{- include "radixserve.operatorName" . -}}
 {{- end -}}
