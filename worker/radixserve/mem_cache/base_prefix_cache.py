@@ -1,0 +1,95 @@
+"""The interface the scheduler programs against for prefix caching.
+
+Two implementations: `RadixCache` (shares KV of common prefixes across requests) and
+`ChunkCache` (`--disable-radix-cache`: no sharing, but the same calls, so the scheduler has a
+single code path).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.mem_cache.radix_cache import TreeNode
+
+
+class CacheableReq(Protocol):
+    """The fields of the scheduler's `Req` that the caches read and write (duck-typed)."""
+
+    req_pool_idx: int
+    origin_input_ids: list[int]
+    output_ids: list[int]
+    kv_len: int
+    prefix_indices: torch.Tensor
+    last_node: Any
+
+
+@dataclass
+class MatchResult:
+    """The cached prefix of a key: its KV slots and the tree node that ends it."""
+
+    indices: torch.Tensor  # CPU int64 KV slots of the matched prefix (len = matched tokens)
+    last_node: TreeNode | None
+
+
+def empty_slots() -> torch.Tensor:
+    """A CPU int64 tensor of no KV slots."""
+    return torch.empty(0, dtype=torch.int64)
+
+
+class BasePrefixCache(ABC):
+    """Prefix cache over KV slots; see RadixCache for the semantics of each call."""
+
+    disabled: bool
+
+    @abstractmethod
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        """The longest cached prefix of `key`."""
+
+    @abstractmethod
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """Cache `value` (KV slots) under `key`; return how many leading tokens were already cached.
+
+        The caller owns value[:returned]: those slots duplicate the cache's and are the caller's
+        to free (unless they are the cache's own, i.e. a locked prefix).
+        """
+
+    @abstractmethod
+    def cache_finished_req(self, req: CacheableReq) -> None:
+        """Hand a finished request's KV to the cache and release its row and its lock."""
+
+    @abstractmethod
+    def cache_unfinished_req(self, req: CacheableReq) -> None:
+        """Cache a running request's KV so far (after a prefill chunk); it keeps its row."""
+
+    @abstractmethod
+    def inc_lock_ref(self, node: TreeNode | None) -> None:
+        """Pin `node` and its ancestors so eviction cannot take them."""
+
+    @abstractmethod
+    def dec_lock_ref(self, node: TreeNode | None) -> None:
+        """Undo one inc_lock_ref(node)."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots if possible; return how many were freed."""
+
+    @abstractmethod
+    def evictable_size(self) -> int:
+        """Tokens in the cache that no running request pins."""
+
+    @abstractmethod
+    def protected_size(self) -> int:
+        """Tokens in the cache pinned by running requests."""
+
+    @abstractmethod
+    def total_size(self) -> int:
+        """Tokens in the cache."""
+
+    @abstractmethod
+    def reset(self) -> None:
+        """Forget everything cached (the caller clears the allocator and the request pool)."""
