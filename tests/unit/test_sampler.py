@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
-from radixserve.layers.sampler import Sampler
+from radixserve.layers.sampler import Sampler, allowed_tokens
 from radixserve.sampling.penalties import (
     FrequencyPresencePenalizer,
     MinNewTokensPenalizer,
@@ -399,3 +399,17 @@ def test_int32_hash_is_murmur_fmix32_bit_for_bit():
     as_int32 = torch.tensor([v - 2**32 if v >= 2**31 else v for v in values], dtype=torch.int32)
     hashed = [h & 0xFFFFFFFF for h in fmix32(as_int32).tolist()]
     assert hashed == [reference_fmix32(v) for v in values]
+
+
+def test_top_k_filter_is_the_same_whether_or_not_the_batch_sorts_for_top_p():
+    """Top-k alone takes a cheap topk path, with top-p in the batch a sort path: a row's
+    allowed set must not depend on which one its neighbours caused."""
+    logits = torch.tensor([3.0, 2.0, 1.0, 1.0, 1.0, 0.0, -1.0, -2.0])  # ties at rank 3..5
+    row = FakeReq(SamplingParams(top_k=3, seed=0))
+    alone = batch([row], vocab=8)
+    with_top_p = batch([row, FakeReq(SamplingParams(top_p=0.5, seed=1))], vocab=8)
+    assert alone.need_top_k and not alone.need_top_p and with_top_p.need_top_p
+    fast = allowed_tokens(logits[None, :].clone(), alone)
+    sorted_path = allowed_tokens(logits.expand(2, -1).clone(), with_top_p)[:1]
+    assert torch.equal(fast, sorted_path)
+    assert fast[0].tolist() == [True] * 5 + [False] * 3  # ties at the boundary all stay

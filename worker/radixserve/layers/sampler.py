@@ -30,25 +30,30 @@ class SamplerOutput:
 def allowed_tokens(scaled_logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """`[bs, vocab]` bool: the tokens each row may sample after top-k, top-p and min-p.
 
-    Top-p is taken over the top-k survivors renormalized (as transformers and vLLM do); min-p
-    is relative to the most likely token, so renormalizing does not change it. The most likely
-    token always survives."""
+    Top-k keeps every token at least as likely as the k-th most likely one (ties at the
+    boundary all stay), so it needs only `topk`, not a sort of the vocabulary (slow on CPU);
+    the sort is paid only for top-p. Top-p is taken over the top-k survivors renormalized (as
+    transformers and vLLM do); min-p is relative to the most likely token, so renormalizing
+    does not change it. The most likely token always survives."""
     probs = torch.softmax(scaled_logits, dim=-1)
     vocab_size = probs.shape[-1]
+    top_k_on = info.top_ks < vocab_size  # [bs, 1]
     keep = torch.ones_like(probs, dtype=torch.bool)
-    if info.need_top_k or info.need_top_p:
+    if info.need_top_p:
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
-        ranks = torch.arange(vocab_size, device=probs.device).unsqueeze(0)
-        keep_sorted = ranks < info.top_ks
-        if info.need_top_p:
-            top_k_on = info.top_ks < vocab_size
-            kept_probs = sorted_probs.masked_fill(~keep_sorted, 0.0)
-            renormalized = torch.where(
-                top_k_on, kept_probs / kept_probs.sum(dim=-1, keepdim=True), kept_probs
-            )
-            mass_before = renormalized.cumsum(dim=-1) - renormalized
-            keep_sorted &= ~((mass_before >= info.top_ps) & (info.top_ps < 1.0))
-        keep = torch.zeros_like(keep_sorted).scatter_(1, order, keep_sorted)
+        kth_prob = sorted_probs.gather(1, info.top_ks.clamp(max=vocab_size) - 1)
+        in_top_k = sorted_probs >= kth_prob
+        kept_probs = sorted_probs.masked_fill(~in_top_k, 0.0)
+        renormalized = torch.where(
+            top_k_on, kept_probs / kept_probs.sum(dim=-1, keepdim=True), kept_probs
+        )
+        mass_before = renormalized.cumsum(dim=-1) - renormalized
+        beyond_top_p = (mass_before >= info.top_ps) & (info.top_ps < 1.0)
+        keep = torch.zeros_like(keep).scatter_(1, order, in_top_k & ~beyond_top_p)
+    elif info.need_top_k:
+        top_probs = probs.topk(min(info.max_top_k, vocab_size), dim=-1).values
+        kth_prob = top_probs.gather(1, info.top_ks.clamp(max=top_probs.shape[-1]) - 1)
+        keep = (probs >= kth_prob) | ~top_k_on
     if info.need_min_p:
         max_probs = probs.max(dim=-1, keepdim=True).values
         keep &= probs >= max_probs * info.min_ps

@@ -287,12 +287,12 @@ class BatchedPenalizers:
         for kind in PENALIZER_KINDS:
             if kind not in self.active and kind not in other.active:
                 continue
-            left = self.active.get(kind) or kind.neutral(
-                self.batch_size, self.vocab_size, self.device
-            )
-            right = other.active.get(kind) or kind.neutral(
-                other.batch_size, self.vocab_size, self.device
-            )
+            left = self.active.get(kind)
+            if left is None:
+                left = kind.neutral(self.batch_size, self.vocab_size, self.device)
+            right = other.active.get(kind)
+            if right is None:
+                right = kind.neutral(other.batch_size, self.vocab_size, self.device)
             left.merge(right)
             merged[kind] = left
         self.active = merged

@@ -76,7 +76,7 @@ class SamplingBatchInfo:
     num_generated: torch.Tensor  # [bs] int64, tokens each request has generated so far
     penalizers: BatchedPenalizers
     is_all_greedy: bool = True
-    need_top_k: bool = False
+    max_top_k: int = 0  # largest top_k among sampled rows with top-k on; 0: top-k unused
     need_top_p: bool = False
     need_min_p: bool = False
 
@@ -116,11 +116,15 @@ class SamplingBatchInfo:
     def batch_size(self) -> int:
         return len(self.sampling_params)
 
+    @property
+    def need_top_k(self) -> bool:
+        return self.max_top_k > 0
+
     def _refresh_flags(self) -> None:
         """Host-side flags that let the Sampler skip whole ops (no device sync to decide)."""
         sampled = [p for p in self.sampling_params if not p.is_greedy]
         self.is_all_greedy = not sampled
-        self.need_top_k = any(0 < p.top_k < self.vocab_size for p in sampled)
+        self.max_top_k = max((p.top_k for p in sampled if 0 < p.top_k < self.vocab_size), default=0)
         self.need_top_p = any(p.top_p < 1.0 for p in sampled)
         self.need_min_p = any(p.min_p > 0.0 for p in sampled)
 
