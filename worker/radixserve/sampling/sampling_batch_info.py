@@ -82,7 +82,11 @@ class SamplingBatchInfo:
 
     @classmethod
     def from_reqs(
-        cls, reqs: Sequence[ReqLike], vocab_size: int, device, eos_token_ids: set[int]
+        cls,
+        reqs: Sequence[ReqLike],
+        vocab_size: int,
+        device: torch.device | str,
+        eos_token_ids: set[int],
     ) -> SamplingBatchInfo:
         device = torch.device(device)
         params = [r.sampling_params for r in reqs]
