@@ -1,0 +1,301 @@
+"""Every dashboard query and recording rule, answered by a real Prometheus scraping a real worker.
+
+The worker serves the bundled SmolLM2-135M on the CPU; Debian's `prometheus` scrapes it every
+second with the project's rule files loaded; OpenAI-client traffic (shared prefixes, streaming,
+concurrency) makes every histogram and counter move. Then each PromQL expression of each
+dashboard panel (Grafana variables substituted as Grafana would, repeated panels once per
+value) and of each recording rule must return data with at least one finite sample.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import openai
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NAMESPACE = "radixserve-live"
+JOB = "radixserve"
+STARTUP_DEADLINE_S = 600
+SCRAPE_DEADLINE_S = 120
+SYSTEM_PROMPT = "You are a terse assistant. Answer in one short sentence. " * 4
+QUESTIONS = [
+    "What is a radix tree?",
+    "Why batch requests?",
+    "What is a KV cache?",
+    "Name a prime number.",
+    "What colour is the sky?",
+    "Why stream tokens?",
+    "What is Kubernetes?",
+    "What does Prometheus scrape?",
+]
+
+pytestmark = pytest.mark.slow
+
+
+def _load(name: str, path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+contract = _load("radixserve_promql_contract", REPO_ROOT / "prometheus" / "promql_contract.py")
+
+
+@dataclass(frozen=True)
+class Worker:
+    url: str
+    model: str
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=30) as response:
+        return json.loads(response.read())
+
+
+def wait_until(what: str, ready, process: subprocess.Popen, deadline_s: float) -> None:
+    """Poll `ready()` until it is true; fail if the process dies or the deadline passes."""
+    deadline = time.monotonic() + deadline_s
+    while time.monotonic() < deadline:
+        assert process.poll() is None, f"{what}: the process exited with {process.returncode}"
+        try:
+            if ready():
+                return
+        except OSError:
+            pass
+        time.sleep(0.5)
+    raise AssertionError(f"{what} not reached within {deadline_s} s")
+
+
+def stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    radixserve = Path(sys.executable).parent / "radixserve"
+    command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-total-tokens", "4096", "--device", "cpu"]
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            "worker ready",
+            lambda: urllib.request.urlopen(f"{url}/ready", timeout=5).status == 200,
+            process,
+            STARTUP_DEADLINE_S,
+        )
+        (model,) = [m["id"] for m in get_json(f"{url}/v1/models")["data"]]
+        yield Worker(url, model)
+    except AssertionError:
+        print(log_path.read_text()[-5000:])
+        raise
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
+def prometheus(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    binary = shutil.which("prometheus")
+    assert binary, "Debian's prometheus package is required: apt-get install -y prometheus"
+    home = tmp_path_factory.mktemp("prometheus")
+    config = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "rule_files": [str(path) for path in contract.RULE_FILES],
+        "scrape_configs": [
+            {
+                "job_name": JOB,
+                "scrape_interval": "1s",
+                "static_configs": [
+                    {
+                        "targets": [worker.url.removeprefix("http://")],
+                        # What the Kubernetes service discovery would attach.
+                        "labels": {"namespace": NAMESPACE},
+                    }
+                ],
+            }
+        ],
+    }
+    (home / "prometheus.yml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    command = [
+        binary,
+        f"--config.file={home / 'prometheus.yml'}",
+        f"--storage.tsdb.path={home / 'data'}",
+        f"--web.listen-address=127.0.0.1:{port}",
+    ]
+    with (home / "prometheus.log").open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=home)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            "Prometheus scraping the worker",
+            lambda: any(
+                sample["value"][1] == "1" for sample in instant(url, f'up{{job="{JOB}"}}')["result"]
+            ),
+            process,
+            SCRAPE_DEADLINE_S,
+        )
+        yield url
+    except AssertionError:
+        print((home / "prometheus.log").read_text()[-5000:])
+        raise
+    finally:
+        stop(process)
+
+
+def instant(prometheus_url: str, expr: str) -> dict:
+    query = urllib.parse.urlencode({"query": expr})
+    answer = get_json(f"{prometheus_url}/api/v1/query?{query}")
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def label_values(prometheus_url: str, label: str, series_selector: str) -> list[str]:
+    """Grafana's label_values(selector, label), through the same API Grafana calls."""
+    query = urllib.parse.urlencode({"match[]": series_selector})
+    answer = get_json(f"{prometheus_url}/api/v1/label/{label}/values?{query}")
+    assert answer["status"] == "success", answer
+    return answer["data"]
+
+
+def send_traffic(worker: Worker) -> int:
+    """Concurrent chat completions sharing a long system prompt, half of them streamed."""
+    client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
+
+    def ask(index: int) -> None:
+        messages = [
+            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]},
+        ]
+        if index % 2:
+            stream = client.chat.completions.create(
+                model=worker.model, messages=messages, max_tokens=12, stream=True
+            )
+            assert any(chunk.choices and chunk.choices[0].delta.content for chunk in stream)
+        else:
+            reply = client.chat.completions.create(
+                model=worker.model, messages=messages, max_tokens=12
+            )
+            assert reply.usage.completion_tokens > 0
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(ask, range(len(QUESTIONS))))
+    return len(QUESTIONS)
+
+
+@pytest.fixture(scope="module")
+def scraped_traffic(worker: Worker, prometheus: str) -> dict[str, str]:
+    """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
+    sent = send_traffic(worker)
+    selector = f'radixserve_requests_total{{job="{JOB}"}}'
+    deadline = time.monotonic() + SCRAPE_DEADLINE_S
+    while time.monotonic() < deadline:
+        result = instant(prometheus, f"sum({selector})")["result"]
+        if result and float(result[0]["value"][1]) >= sent:
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError("Prometheus never saw the finished requests")
+    # A few more scrapes and rule evaluations after the last request.
+    time.sleep(3)
+    return {
+        "datasource": "prometheus",
+        "namespace": NAMESPACE,
+        "model_name": worker.model,
+        "__rate_interval": "1m",
+    }
+
+
+def _assert_returns_data(prometheus: str, where: str, expr: str) -> None:
+    result = instant(prometheus, expr)["result"]
+    assert result, f"{where}: no data for {expr}"
+    values = [float(sample["value"][1]) for sample in result]
+    assert any(math.isfinite(v) for v in values), f"{where}: only NaN/Inf {values} for {expr}"
+
+
+def test_dashboard_variables_list_the_live_namespace_model_and_modes(
+    prometheus: str, worker: Worker, scraped_traffic: dict[str, str]
+) -> None:
+    for query in contract.variable_queries():
+        # label_values(<selector>, <label>) as Grafana's Prometheus data source runs it.
+        inner = query.expr.removeprefix("label_values(").removesuffix(")")
+        selector, label = (part.strip() for part in inner.rsplit(",", 1))
+        values = label_values(prometheus, label, contract.substitute(selector, scraped_traffic))
+        expected = {
+            "namespace": NAMESPACE,
+            "model_name": worker.model,
+            "mode": "decode",
+        }[label]
+        assert expected in values, f"{query.where}: {values}"
+
+
+def test_every_dashboard_panel_query_returns_data(
+    prometheus: str, scraped_traffic: dict[str, str]
+) -> None:
+    modes = label_values(prometheus, "mode", "radixserve_batch_size_count")
+    assert {"prefill", "decode"} <= set(modes)
+    queries = contract.dashboard_queries()
+    assert len(queries) >= 40
+    for query in queries:
+        # Repeated panels run once per value of their variable, as Grafana repeats them.
+        for mode in modes if "$mode" in query.expr else [".*"]:
+            expr = contract.substitute(query.expr, {**scraped_traffic, "mode": mode})
+            _assert_returns_data(prometheus, f"{query.where} (mode={mode})", expr)
+
+
+def test_every_recording_rule_expression_returns_data(
+    prometheus: str, scraped_traffic: dict[str, str]
+) -> None:
+    queries = contract.rule_queries("record")
+    assert queries
+    for query in queries:
+        _assert_returns_data(prometheus, query.where, query.expr)
+
+
+def test_prometheus_loaded_and_evaluates_every_rule_healthily(
+    prometheus: str, scraped_traffic: dict[str, str]
+) -> None:
+    groups = get_json(f"{prometheus}/api/v1/rules")["data"]["groups"]
+    rules = [rule for group in groups for rule in group["rules"]]
+    expected = len(contract.rule_queries("record")) + len(contract.rule_queries("alert"))
+    assert len(rules) == expected
+    assert all(rule["health"] == "ok" for rule in rules), [
+        (rule["name"], rule.get("lastError")) for rule in rules if rule["health"] != "ok"
+    ]
+    recorded = instant(prometheus, "namespace_model_name:radixserve_requests:rate5m")["result"]
+    assert recorded and recorded[0]["metric"]["namespace"] == NAMESPACE
