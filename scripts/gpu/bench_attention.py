@@ -3,7 +3,10 @@
 Decode is bound by reading K/V: its figure is KV bytes read per call over the median time,
 against the device-to-device copy bandwidth measured in the same run. Extend is bound by
 matrix work: its figure is causal attention FLOPs over the time, against a measured bf16
-matmul rate. Several independent pools are rotated so repeated calls do not hit in L2.
+matmul rate. Several independent pools are rotated (at least 256 MB of KV in all) so
+repeated calls do not hit in L2, and the calls are captured in a CUDA graph and timed by
+replay, so the figure is GPU time without Python launch overhead (as the server's decode runs).
+The Triton extend kernel's tile configurations are swept on the same shapes.
 
 Usage (on the GPU machine, repo root): PYTHONPATH=worker:tests/gpu python scripts/gpu/bench_attention.py
 """
@@ -19,10 +22,13 @@ import torch
 import triton.testing
 from attention_cases import make_case, run_backend
 from radixserve.layers.attention.triton_backend import TritonAttnBackend
+from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from radixserve.model_executor.forward_batch_info import ForwardMode
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
-ROTATE = 3  # independent pools per setting, cycled per call
+KV_TOKEN_BYTES = 2 * KV_HEADS * HEAD_DIM * DTYPE.itemsize
+ROTATE_BYTES = 256 << 20  # KV bytes spread over the rotated pools of one setting
+EXTEND_TILES = [(128, 64, 8, 1), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 2), (64, 128, 4, 2)]
 
 
 def copy_bandwidth() -> float:
@@ -50,24 +56,61 @@ def backends() -> dict[str, type]:
     return found
 
 
-def time_backend(backend_cls: type, mode: ForwardMode, prefix: list[int], extend: list[int]):
+def graph_ms(calls: list) -> float:
+    """Median milliseconds per call, from replays of one graph that makes every call once."""
+    for call in calls:  # compile / plan outside the capture
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    ms = triton.testing.do_bench(graph.replay, warmup=20, rep=200, return_mode="median")
+    return ms / len(calls)
+
+
+def make_runs(backend_cls: type | None, mode: ForwardMode, prefix: list[int], extend: list[int]):
+    kv_bytes = sum(p + e for p, e in zip(prefix, extend, strict=True)) * KV_TOKEN_BYTES
     gen = torch.Generator().manual_seed(0)
     runs = []
-    for _ in range(ROTATE):
+    for _ in range(max(2, min(32, -(-ROTATE_BYTES // kv_bytes)))):
         case = make_case(mode, prefix, extend, HEADS, KV_HEADS, HEAD_DIM, DTYPE, "cuda", gen)
-        backend = backend_cls(case.model_runner)
-        run_backend(backend, case)  # metadata planned once, as per forward pass
+        case.dense_k.clear()  # the reference's copies are not needed here
+        case.dense_v.clear()
+        backend = backend_cls(case.model_runner) if backend_cls else None
+        if backend:
+            run_backend(backend, case)  # metadata planned once, as per forward pass
         runs.append((backend, case))
-    calls = itertools.cycle(runs)
+    return runs
 
-    def one_call() -> None:
-        backend, case = next(calls)
-        backend.forward(case.q, case.k, case.v, case.layer, case.forward_batch)
 
-    ms = triton.testing.do_bench(one_call, warmup=50, rep=300, return_mode="median")
-    del runs
-    torch.cuda.empty_cache()
-    return ms
+def time_backend(backend_cls: type, mode: ForwardMode, prefix: list[int], extend: list[int]):
+    """Graph-replay time per call; eager time (launch overhead included) if capture fails."""
+    runs = make_runs(backend_cls, mode, prefix, extend)
+    calls = [lambda b=b, c=c: b.forward(c.q, c.k, c.v, c.layer, c.forward_batch) for b, c in runs]
+    try:
+        return graph_ms(calls)
+    except RuntimeError as exc:
+        print(f"  capture failed ({str(exc)[:80]}); eager timing")
+        torch.cuda.synchronize()
+        return triton.testing.do_bench(calls[0], return_mode="median")
+
+
+def time_extend_tile(tile, prefix: list[int], extend: list[int]) -> float:
+    """The Triton extend kernel alone (no KV store) with one tile configuration."""
+    runs = make_runs(None, ForwardMode.EXTEND, prefix, extend)
+
+    def call(case) -> None:
+        fb, k_buf, v_buf = case.forward_batch, *case.forward_batch.token_to_kv_pool.get_kv_buffer(0)
+        q = case.q.view(-1, HEADS, HEAD_DIM)
+        extend_attention_fwd(
+            q, case.k.view(-1, KV_HEADS, HEAD_DIM), case.v.view(-1, KV_HEADS, HEAD_DIM),
+            torch.empty_like(q), k_buf, v_buf, fb.req_to_token_pool.req_to_token,
+            fb.req_pool_indices, fb.extend_prefix_lens, fb.extend_seq_lens, fb.extend_start_loc,
+            max(extend), HEAD_DIM**-0.5, tile=tile,
+        )  # fmt: skip
+
+    return graph_ms([lambda c=c: call(c) for _, c in runs])
 
 
 def main() -> None:
@@ -77,22 +120,29 @@ def main() -> None:
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"ceilings: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s")
     rows = []
-    kv_token_bytes = 2 * KV_HEADS * HEAD_DIM * DTYPE.itemsize
+    print(f"{'pass':7}{'backend':16}{'shape':28}{'ms':>9}  of limit")
+
+    def add(kind: str, name: str, shape: str, ms: float, frac: float) -> None:
+        rows.append((kind, name, shape, ms, frac))
+        print(f"{kind:7}{name:16}{shape:28}{ms:9.4f}  {frac:6.1%}", flush=True)
+
     for bs, ctx in itertools.product([1, 16, 64, 256], [1024, 4096]):
         for name, cls in backends().items():
             ms = time_backend(cls, ForwardMode.DECODE, [ctx - 1] * bs, [1] * bs)
-            rate = bs * ctx * kv_token_bytes / (ms * 1e-3)
-            rows.append(("decode", name, f"bs={bs} ctx={ctx}", ms, rate / bandwidth))
+            rate = bs * ctx * KV_TOKEN_BYTES / (ms * 1e-3)
+            add("decode", name, f"bs={bs} ctx={ctx}", ms, rate / bandwidth)
     for bs, prefix, new in [(1, 0, 4096), (8, 0, 1024), (8, 1024, 512)]:
+        # QK^T and PV: 2 matmuls of 2*d flops per visible (query, key) pair and head
+        pairs = bs * (new * prefix + new * (new + 1) / 2)
+        work = 4 * HEAD_DIM * HEADS * pairs
+        shape = f"bs={bs} prefix={prefix} new={new}"
         for name, cls in backends().items():
             ms = time_backend(cls, ForwardMode.EXTEND, [prefix] * bs, [new] * bs)
-            # QK^T and PV: 2 matmuls of 2*d flops per visible (query, key) pair and head
-            pairs = bs * (new * prefix + new * (new + 1) / 2)
-            rate = 4 * HEAD_DIM * HEADS * pairs / (ms * 1e-3)
-            rows.append(("extend", name, f"bs={bs} prefix={prefix} new={new}", ms, rate / flops))
-    print(f"{'pass':7}{'backend':12}{'shape':30}{'ms':>9}  of limit")
-    for kind, name, shape, ms, frac in rows:
-        print(f"{kind:7}{name:12}{shape:30}{ms:9.4f}  {frac:6.1%}")
+            add("extend", name, shape, ms, work / (ms * 1e-3) / flops)
+        for tile in EXTEND_TILES:
+            ms = time_extend_tile(tile, [prefix] * bs, [new] * bs)
+            label = "tile" + "/".join(map(str, tile))
+            add("extend", label, shape, ms, work / (ms * 1e-3) / flops)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"copy_Bps": bandwidth, "bf16_flops": flops, "rows": rows}, f, indent=1)

@@ -16,9 +16,9 @@ import torch
 
 from radixserve.layers.attention.base import AttentionBackend
 from radixserve.layers.attention.triton_ops.decode_attention import (
-    MAX_KV_SPLITS,
     choose_num_kv_splits,
     decode_attention_fwd,
+    scratch_rows,
 )
 from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
@@ -70,23 +70,25 @@ class TritonAttnBackend(AttentionBackend):
         else:
             self.num_sms = _SMS_WITHOUT_CUDA
         self.forward_metadata: DecodeMetadata | ExtendMetadata | None = None
-        self._graph_mid_o: torch.Tensor | None = None
-        self._graph_mid_lse: torch.Tensor | None = None
+        # flat split-KV scratch shared by every captured batch size (graphs replay one at a time)
+        self._graph_scratch_o: torch.Tensor | None = None
+        self._graph_scratch_lse: torch.Tensor | None = None
 
-    def _decode_metadata(
-        self, bs: int, mid_o: torch.Tensor | None = None, mid_lse: torch.Tensor | None = None
-    ) -> DecodeMetadata:
+    def _decode_metadata(self, bs: int, in_graph: bool = False) -> DecodeMetadata:
         splits = choose_num_kv_splits(bs, self.num_kv_heads, self.num_sms)
-        if mid_o is None or mid_lse is None:
-            mid_o = torch.empty(
-                (bs, self.num_heads, splits, self.head_dim),
-                dtype=torch.float32,
-                device=self.device,
-            )
-            mid_lse = torch.empty(
-                (bs, self.num_heads, splits), dtype=torch.float32, device=self.device
-            )
-        return DecodeMetadata(mid_o=mid_o[:bs], mid_lse=mid_lse[:bs], num_kv_splits=splits)
+        rows = bs * splits * self.num_heads
+        if in_graph:
+            if self._graph_scratch_o is None or self._graph_scratch_lse is None:
+                raise RuntimeError("init_cuda_graph_state must run before capture")
+            flat_o, flat_lse = self._graph_scratch_o[:rows], self._graph_scratch_lse[:rows]
+        else:
+            flat_o = torch.empty((rows, self.head_dim), dtype=torch.float32, device=self.device)
+            flat_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
+        return DecodeMetadata(
+            mid_o=flat_o.view(bs, self.num_heads, splits, self.head_dim),
+            mid_lse=flat_lse.view(bs, self.num_heads, splits),
+            num_kv_splits=splits,
+        )
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if forward_batch.forward_mode.is_decode():
@@ -97,14 +99,11 @@ class TritonAttnBackend(AttentionBackend):
             )
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
-        self._graph_mid_o = torch.empty(
-            (max_bs, self.num_heads, MAX_KV_SPLITS, self.head_dim),
-            dtype=torch.float32,
-            device=self.device,
+        rows = scratch_rows(max_bs, self.num_kv_heads, self.num_sms) * self.num_heads
+        self._graph_scratch_o = torch.empty(
+            (rows, self.head_dim), dtype=torch.float32, device=self.device
         )
-        self._graph_mid_lse = torch.empty(
-            (max_bs, self.num_heads, MAX_KV_SPLITS), dtype=torch.float32, device=self.device
-        )
+        self._graph_scratch_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
 
     def init_forward_metadata_capture_cuda_graph(
         self,
@@ -115,9 +114,7 @@ class TritonAttnBackend(AttentionBackend):
     ) -> None:
         if not forward_mode.is_decode():
             raise NotImplementedError("the triton backend captures decode passes only")
-        if self._graph_mid_o is None:
-            raise RuntimeError("init_cuda_graph_state must run before capture")
-        self.forward_metadata = self._decode_metadata(bs, self._graph_mid_o, self._graph_mid_lse)
+        self.forward_metadata = self._decode_metadata(bs, in_graph=True)
 
     def init_forward_metadata_replay_cuda_graph(
         self,
@@ -129,7 +126,7 @@ class TritonAttnBackend(AttentionBackend):
     ) -> None:
         # The captured kernels read the runner's static req_pool_indices/seq_lens themselves,
         # and the split count is a function of bs: nothing to refill.
-        self.forward_metadata = self._decode_metadata(bs, self._graph_mid_o, self._graph_mid_lse)
+        self.forward_metadata = self._decode_metadata(bs, in_graph=True)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1

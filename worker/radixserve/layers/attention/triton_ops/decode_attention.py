@@ -20,7 +20,11 @@ import triton.language as tl
 # Smallest piece of KV a split gets: shorter splits would spend more on the merge than they save.
 _MIN_SPLIT_TOKENS = 64
 _BLOCK_N = 64
-MAX_KV_SPLITS = 16
+MAX_KV_SPLITS = 64
+# Programs per SM the split count aims for: decode programs are latency-bound (a chain of
+# dependent gathers), so the SMs need several each to hide it.
+_PROGRAMS_PER_SM = 4
+_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -43,7 +47,7 @@ def _decode_grouped_split_kernel(
     Seq_lens,
     Mid_O,
     Mid_Lse,
-    sm_scale,
+    sm_scale_log2,
     num_kv_splits,
     stride_r2t,
     stride_qb,
@@ -97,7 +101,7 @@ def _decode_grouped_split_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             v = tl.load(
                 V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
@@ -105,8 +109,8 @@ def _decode_grouped_split_kernel(
                 other=0.0,
             )
             m_new = tl.maximum(m_i, tl.max(qk, 1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(qk - m_new[:, None])
+            alpha = tl.exp2(m_i - m_new)
+            p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
             acc = acc * alpha[:, None] + tl.dot(
                 p.to(q.dtype), v.to(q.dtype), input_precision=DOT_PRECISION
@@ -124,7 +128,7 @@ def _decode_grouped_split_kernel(
         )
         tl.store(
             Mid_Lse + batch * stride_mlb + heads * stride_mlh + split_id,
-            m_i + tl.log(l_i),
+            m_i + tl.log2(l_i),
             mask=mask_g,
         )
 
@@ -166,8 +170,8 @@ def _decode_merge_splits_kernel(
             )
             lse = tl.load(Mid_Lse + batch * stride_mlb + head * stride_mlh + split_id)
             m_new = tl.maximum(m_i, lse)
-            alpha = tl.exp(m_i - m_new)
-            w = tl.exp(lse - m_new)
+            alpha = tl.exp2(m_i - m_new)
+            w = tl.exp2(lse - m_new)
             acc = acc * alpha + w * part
             l_i = l_i * alpha + w
             m_i = m_new
@@ -184,13 +188,19 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def choose_num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """Enough splits that (requests x kv heads x splits) covers the SMs about twice.
+    """Enough splits that (requests x kv heads x splits) gives each SM a few programs.
 
     It depends on the batch size alone (not on sequence lengths), so a CUDA graph captured
     for one batch size stays valid for any lengths replayed into it.
     """
     programs = max(1, batch_size * num_kv_heads)
-    return max(1, min(MAX_KV_SPLITS, triton.cdiv(2 * num_sms, programs)))
+    return max(1, min(MAX_KV_SPLITS, triton.cdiv(_PROGRAMS_PER_SM * num_sms, programs)))
+
+
+def scratch_rows(max_bs: int, num_kv_heads: int, num_sms: int) -> int:
+    """The most (request, split) pairs any batch size up to max_bs needs: sizes one flat
+    scratch buffer that every captured batch size views."""
+    return max(bs * choose_num_kv_splits(bs, num_kv_heads, num_sms) for bs in range(1, max_bs + 1))
 
 
 def decode_attention_fwd(
@@ -210,7 +220,8 @@ def decode_attention_fwd(
 
     q, o: [bs, q_heads, head_dim]; k_buffer, v_buffer: [slots, kv_heads, head_dim];
     mid_o: [>= bs, q_heads, >= num_kv_splits, head_dim] float32 and mid_lse:
-    [>= bs, q_heads, >= num_kv_splits] float32 are scratch. Every seq_len must be >= 1.
+    [>= bs, q_heads, >= num_kv_splits] float32 are scratch (partial outputs and their base-2
+    log-sum-exp). Every seq_len must be >= 1.
     """
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_buffer.shape[1]
@@ -226,7 +237,7 @@ def decode_attention_fwd(
         seq_lens,
         mid_o,
         mid_lse,
-        sm_scale,
+        sm_scale * _LOG2E,
         num_kv_splits,
         req_to_token.stride(0),
         q.stride(0),

@@ -20,13 +20,16 @@ import triton.language as tl
 
 from radixserve.layers.attention.triton_ops.decode_attention import dot_precision
 
+_LOG2E = 1.4426950408889634
+
 
 @triton.jit
 def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
-    """Fold one [BLOCK_M, BLOCK_N] tile of scores and its values into the running state."""
+    """Fold one [BLOCK_M, BLOCK_N] tile of scores (base-2 logits) and its values into the
+    running state."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -45,7 +48,7 @@ def _extend_kernel(
     Prefix_lens,
     Extend_lens,
     Extend_start_loc,
-    sm_scale,
+    sm_scale_log2,
     stride_r2t,
     stride_qt,
     stride_qh,
@@ -103,7 +106,7 @@ def _extend_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             v = tl.load(
                 V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
@@ -123,7 +126,7 @@ def _extend_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
             visible = mask_n[None, :] & (offs_m[:, None] >= pos[None, :])
             qk = tl.where(visible, qk, float("-inf"))
             v = tl.load(
@@ -140,15 +143,16 @@ def _extend_kernel(
         )
 
 
-def _tile_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): bigger query tiles where registers allow (Hopper, d<=128)."""
+def tile_config(head_dim: int, dtype: torch.dtype) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): bigger query tiles where registers allow
+    (Hopper, head_dim <= 128)."""
     if torch.cuda.is_available():
         major, _ = torch.cuda.get_device_capability()
         if major >= 9 and head_dim <= 128 and dtype != torch.float32:
-            return 128, 64, 8
+            return 128, 64, 8, 1
     if head_dim > 128 or dtype == torch.float32:
-        return 32, 32, 4
-    return 64, 64, 4
+        return 32, 32, 4, 1
+    return 64, 64, 4, 1
 
 
 def extend_attention_fwd(
@@ -165,17 +169,19 @@ def extend_attention_fwd(
     extend_start_loc: torch.Tensor,
     max_extend_len: int,
     sm_scale: float,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
     q_extend, o_extend: [tokens, q_heads, head_dim]; k_extend, v_extend: [tokens, kv_heads,
     head_dim] (this pass's tokens, requests back to back from extend_start_loc);
     k_buffer, v_buffer: [slots, kv_heads, head_dim], read for the first prefix_lens[b] tokens.
+    tile overrides tile_config (for tuning).
     """
     _, num_heads, head_dim = q_extend.shape
     num_kv_heads = k_extend.shape[1]
     bs = extend_lens.shape[0]
-    block_m, block_n, num_warps = _tile_config(head_dim, q_extend.dtype)
+    block_m, block_n, num_warps, num_stages = tile or tile_config(head_dim, q_extend.dtype)
     grid = (bs, num_heads, triton.cdiv(max(max_extend_len, 1), block_m))
     _extend_kernel[grid](
         q_extend,
@@ -189,7 +195,7 @@ def extend_attention_fwd(
         prefix_lens,
         extend_lens,
         extend_start_loc,
-        sm_scale,
+        sm_scale * _LOG2E,
         req_to_token.stride(0),
         q_extend.stride(0),
         q_extend.stride(1),
@@ -210,5 +216,5 @@ def extend_attention_fwd(
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q_extend.dtype),
         num_warps=num_warps,
-        num_stages=1,
+        num_stages=num_stages,
     )
