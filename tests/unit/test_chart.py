@@ -252,4 +252,9 @@ def test_notes_tell_the_user_what_to_do_next() -> None:
     assert "kubectl port-forward" in text and "/v1/chat/completions" in text
     assert "docs/operations.md" in text
     assert "dashboards.enabled=true" in text
+    assert '"model": "smollm2"' in text
+    custom = {
+        "inferenceService": {"enabled": True, "name": "llama", "spec": {"model": {"name": "l3"}}}
+    }
+    assert '"model": "l3"' in notes(custom)
     assert "Grafana's sidecar loads" in notes(EVERYTHING_ON)
