@@ -3,10 +3,12 @@ random presets and the errors for model strings we cannot load."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,7 @@ from radixserve.model_loader.tokenizer import (
     bundled_tokenizer,
 )
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 TINY_PRESETS = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"]
@@ -98,12 +101,15 @@ def test_bundled_tokenizer_round_trips_and_renders_chat(bundled: ModelSource) ->
     assert len(tokenizer) == BUNDLED_VOCAB_SIZE
 
 
-def test_build_hf_reference_matches_source_and_transformers_logits(
+def test_build_hf_reference_matches_source_and_transformers(
     bundled: ModelSource,
     bundled_weights: dict[str, torch.Tensor],
     transformers_gguf_state: dict[str, torch.Tensor],
 ) -> None:
-    reference = build_hf_reference(bundled)
+    # Reuse the dequantized tensors: dequantizing 135M parameters again costs seconds.
+    reference = build_hf_reference(
+        dataclasses.replace(bundled, weights_factory=lambda: iter(bundled_weights.items()))
+    )
     assert not reference.training
     state = reference.state_dict()
     for name, tensor in bundled_weights.items():
@@ -152,6 +158,178 @@ def test_llama3_rope_freqs_match_transformers_llama3_rope() -> None:
     divisors = llama3_frequency_divisors(500000.0, head_dim, params)
     np.testing.assert_allclose(divisors, (plain / scaled.double()).numpy(), rtol=1e-5)
     assert divisors.max() == pytest.approx(32.0) and divisors.min() == pytest.approx(1.0)
+
+
+# --- a GGUF file written the way llama.cpp's converter writes one -----------------------------
+
+_TEST_SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_TEST_MERGES = ["h e", "l l", "he ll", "Ġ w"]
+_TEST_CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['content'] }}<|im_end|>{% endfor %}"
+_GGUF_BLOCK_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def _gguf_name(hf_name: str) -> str:
+    globals_ = {
+        "model.embed_tokens": "token_embd",
+        "model.norm": "output_norm",
+        "lm_head": "output",
+    }
+    stem, suffix = hf_name.rsplit(".", 1)
+    if stem in globals_:
+        return f"{globals_[stem]}.{suffix}"
+    _, _, layer, part = stem.split(".", 3)
+    return f"blk.{layer}.{_GGUF_BLOCK_NAMES[part]}.{suffix}"
+
+
+def _quant_type(hf_name: str) -> gguf.GGMLQuantizationType:
+    """A mix of storage types, as in real quantized files."""
+    if hf_name.endswith("norm.weight"):
+        return gguf.GGMLQuantizationType.F32
+    if "v_proj" in hf_name or "o_proj" in hf_name:
+        return gguf.GGMLQuantizationType.F16
+    if "q_proj" in hf_name or "k_proj" in hf_name:
+        return gguf.GGMLQuantizationType.F32  # exact, so the permutation is checked exactly
+    return gguf.GGMLQuantizationType.Q8_0
+
+
+def _write_llama_gguf(path: Path, config: LlamaConfig, state: dict[str, torch.Tensor]) -> None:
+    """A byte-level BPE vocabulary, the model's metadata and its tensors, Q/K permuted and
+    quantized like convert_hf_to_gguf.py does, plus Llama 3.1's `rope_freqs`."""
+    tokens = list(bytes_to_unicode().values())
+    tokens += [merge.replace(" ", "") for merge in _TEST_MERGES] + _TEST_SPECIAL_TOKENS
+    assert len(tokens) == config.vocab_size
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny llama 3.1 test")
+    writer.add_vocab_size(config.vocab_size)
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_freq_base(config.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_tokenizer_model("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([1] * (len(tokens) - 3) + [3, 3, 3])
+    writer.add_token_merges(_TEST_MERGES)
+    writer.add_bos_token_id(tokens.index("<|im_start|>"))
+    writer.add_eos_token_id(tokens.index("<|endoftext|>"))
+    writer.add_eot_token_id(tokens.index("<|im_end|>"))
+    writer.add_chat_template(_TEST_CHAT_TEMPLATE)
+    divisors = llama3_frequency_divisors(
+        config.rope_parameters["rope_theta"], config.head_dim, config.rope_parameters
+    )
+    writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    for name, tensor in state.items():
+        values = tensor.numpy()
+        if "q_proj" in name:
+            values = _llama_cpp_permute(values, config.num_attention_heads)
+        elif "k_proj" in name:
+            values = _llama_cpp_permute(values, config.num_key_value_heads)
+        qtype = _quant_type(name)
+        if qtype == gguf.GGMLQuantizationType.F16:
+            writer.add_tensor(_gguf_name(name), values.astype(np.float16))
+        elif qtype == gguf.GGMLQuantizationType.Q8_0:
+            quantized = gguf.quants.quantize(values, qtype)
+            writer.add_tensor(
+                _gguf_name(name), quantized, raw_shape=quantized.shape, raw_dtype=qtype
+            )
+        else:
+            writer.add_tensor(_gguf_name(name), values)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def _stored_value(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """What a GGUF reader must get back for `tensor` after it went through `_quant_type`."""
+    qtype = _quant_type(name)
+    if qtype == gguf.GGMLQuantizationType.F16:
+        return tensor.half().float()
+    if qtype == gguf.GGMLQuantizationType.Q8_0:
+        quantized = gguf.quants.quantize(tensor.numpy(), qtype)
+        return torch.from_numpy(gguf.quants.dequantize(quantized, qtype))
+    return tensor
+
+
+@pytest.fixture(scope="module")
+def written_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaConfig, dict]:
+    vocab_size = 256 + len(_TEST_MERGES) + len(_TEST_SPECIAL_TOKENS)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-5,
+        rope_scaling={
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+        tie_word_embeddings=False,
+    )
+    torch.manual_seed(0)
+    state = {k: v.clone() for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    directory = tmp_path_factory.mktemp("gguf_only")
+    _write_llama_gguf(directory / "tiny.Q8_0.gguf", config, state)
+    return directory / "tiny.Q8_0.gguf", config, state
+
+
+def test_written_gguf_round_trips_config_weights_and_tokenizer(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+) -> None:
+    path, hf_config, state = written_gguf
+    source = load_model_source(str(path))
+    config = source.config
+    assert config.architecture == "LlamaForCausalLM" and not config.tie_word_embeddings
+    assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (
+        hf_config.vocab_size,
+        64,
+        2,
+    )
+    assert (config.num_attention_heads, config.num_key_value_heads, config.head_dim) == (4, 2, 16)
+    assert config.context_len == 1024 and config.rope_theta == 500000.0
+    assert config.rope_scaling == {
+        key: value for key, value in hf_config.rope_parameters.items() if key != "rope_theta"
+    }
+    tokenizer = source.tokenizer
+    assert config.eos_token_ids == {
+        tokenizer.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_end|>")
+    }
+    weights = dict(source.weights())
+    assert set(weights) == set(state)
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, _stored_value(name, state[name])), name
+    assert (
+        tokenizer.decode(tokenizer.encode("hello world", add_special_tokens=False)) == "hello world"
+    )
+    assert tokenizer.chat_template == _TEST_CHAT_TEMPLATE
+
+
+def test_directory_with_one_gguf_loads_it(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+) -> None:
+    path, _, _ = written_gguf
+    source = load_model_source(f"file://{path.parent}")
+    assert str(path) in source.description and source.config.num_hidden_layers == 2
 
 
 # --- a Hugging Face directory -----------------------------------------------------------------

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import transformers
 from transformers import AutoModelForCausalLM
+from transformers.initialization import no_init_weights
 
 from radixserve.model_loader import hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
@@ -31,7 +32,7 @@ from radixserve.model_loader.tokenizer import (
     load_gguf_tokenizer,
 )
 
-BUILTIN_MODELS = {"builtin:smollm2-135m": bundled_gguf_path}
+BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
 RANDOM_PREFIX = "random:"
 ACCEPTED_FORMS = (
     "builtin:smollm2-135m, a path to a .gguf file, a Hugging Face directory "
@@ -66,8 +67,10 @@ def load_model_source(
     seed: int = 0,
 ) -> ModelSource:
     """Resolve a `--model` string; reads metadata and tokenizer now, tensors only on demand."""
-    if model in BUILTIN_MODELS:
-        return _from_gguf(BUILTIN_MODELS[model](), dtype, device, context_length, label=model)
+    if model == BUILTIN_SMOLLM2:
+        return _from_gguf(
+            bundled_gguf_path(), bundled_tokenizer(), dtype, device, context_length, label=model
+        )
     if model.startswith(RANDOM_PREFIX):
         return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
     if model.startswith("hf://"):
@@ -77,13 +80,16 @@ def load_model_source(
             f"its path. Accepted: {ACCEPTED_FORMS}"
         )
     path = Path(model.removeprefix("file://")).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return _from_gguf(path, dtype, device, context_length, label=str(path))
     if hf_dir.is_hf_directory(path):
         return _from_hf_directory(path, dtype, device, context_length)
-    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
-        return _from_gguf(ggufs[0], dtype, device, context_length, label=str(ggufs[0]))
-    raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+    if path.is_file() and path.suffix == ".gguf":
+        gguf_path = path
+    elif path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
+        gguf_path = ggufs[0]
+    else:
+        raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+    tokenizer = load_gguf_tokenizer(gguf_path)
+    return _from_gguf(gguf_path, tokenizer, dtype, device, context_length, label=str(gguf_path))
 
 
 def _tokenizer_eos(tokenizer: transformers.PreTrainedTokenizerBase | None) -> set[int]:
@@ -91,10 +97,14 @@ def _tokenizer_eos(tokenizer: transformers.PreTrainedTokenizerBase | None) -> se
 
 
 def _from_gguf(
-    path: Path, dtype: str, device: str, context_length: int | None, label: str
+    path: Path,
+    tokenizer: transformers.PreTrainedTokenizerBase,
+    dtype: str,
+    device: str,
+    context_length: int | None,
+    label: str,
 ) -> ModelSource:
     gguf_file = GGUFFile(path)
-    tokenizer = load_gguf_tokenizer(path)
     config = build_model_config(
         gguf_file.hf_config,
         dtype=dtype,
@@ -161,8 +171,10 @@ def _from_random(
 def build_hf_reference(source: ModelSource) -> transformers.PreTrainedModel:
     """A float32 transformers model holding the source's weights, in eval mode: the reference
     the worker's own model is checked against (greedy outputs, logits)."""
-    model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=torch.float32)
-    result = model.load_state_dict(dict(source.weights()), strict=False)
+    with no_init_weights():  # every parameter is overwritten below; random init is wasted time
+        model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=torch.float32)
+    # assign: the model takes the source's tensors instead of copying into fresh memory.
+    result = model.load_state_dict(dict(source.weights()), strict=False, assign=True)
     tied = {"lm_head.weight"} if source.config.tie_word_embeddings else set()
     if result.unexpected_keys or set(result.missing_keys) - tied:
         raise ValueError(
