@@ -139,3 +139,32 @@ def test_bad_input_ids_are_rejected_without_scheduling(tiny_llama, greedy):
     assert outs["bad"]["type"] == "error" and "input ids" in outs["bad"]["message"]
     assert outs["empty"]["type"] == "error"
     assert not scheduler.has_work()
+
+
+def test_mixed_chunk_joins_running_decode(tiny_llama, greedy):
+    """Requests arriving while others decode are prefilled in MIXED passes; outputs unchanged."""
+    from radixserve.managers.io_struct import TokenizedGenerateReqInput
+
+    source, hf = tiny_llama
+    prompts = random_prompts(12, source.config.vocab_size, 5, 50, seed=8)
+    scheduler = make_scheduler(
+        "random:tiny-llama", source, enable_mixed_chunk=True, chunked_prefill_size=16
+    )
+    results: dict[str, list[int]] = {}
+
+    def drain():
+        for out in scheduler.pop_outputs():
+            results.setdefault(out.rid, []).extend(out.new_token_ids)
+
+    for i, prompt in enumerate(prompts):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(rid=f"r{i}", input_ids=prompt, sampling_params=greedy(NEW))
+        )
+        scheduler.step()  # continuous batching: a new arrival every step
+        drain()
+    while scheduler.has_work():
+        scheduler.step()
+        drain()
+    assert scheduler.get_server_info()["forward_steps_by_mode"]["mixed"] > 0
+    for i, prompt in enumerate(prompts):
+        assert results[f"r{i}"] == hf_greedy(hf, prompt, NEW), f"request {i} differs"

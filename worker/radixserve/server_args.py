@@ -29,6 +29,9 @@ class ServerArgs:
     max_prefill_tokens: int = 16384
     mem_fraction_static: float = 0.85
     schedule_policy: str = "lpm"  # lpm | fcfs
+    # Run the running batch's decode step inside a prefill pass (ForwardMode.MIXED) instead of
+    # pausing decode while a long prompt is prefilled chunk by chunk.
+    enable_mixed_chunk: bool = False
     disable_radix_cache: bool = False
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int = 160

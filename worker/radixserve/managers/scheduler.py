@@ -96,7 +96,7 @@ class Scheduler:
         self.prefix_cache_query_tokens = 0
         self.prefix_cache_hit_tokens = 0
         self.computed_prefill_tokens = 0
-        self.num_forward_steps = 0
+        self.forward_steps_by_mode: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
         self.hit_window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
         self._stats_steps: list[tuple[str, int, int, float]] = []
         self._stats_deltas = [0, 0, 0]  # queries, hits, retractions
@@ -177,7 +177,7 @@ class Scheduler:
             "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
             "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
             "computed_prefill_tokens": self.computed_prefill_tokens,
-            "num_forward_steps": self.num_forward_steps,
+            "forward_steps_by_mode": dict(self.forward_steps_by_mode),
             "kv_cache_usage_ratio": self.kv_usage(),
             "free_slots": self.runner.allocator.available_size(),
             "evictable_size": self.tree_cache.evictable_size(),
@@ -200,9 +200,9 @@ class Scheduler:
         start = time.perf_counter()
         result = self.worker.forward_batch_generation(batch.get_model_worker_batch())
         elapsed = time.perf_counter() - start
-        self.num_forward_steps += 1
-        num_tokens = int(batch.input_ids.numel())
-        self._stats_steps.append((batch.forward_mode.metric_label, len(batch), num_tokens, elapsed))
+        mode = batch.forward_mode.metric_label
+        self.forward_steps_by_mode[mode] += 1
+        self._stats_steps.append((mode, len(batch), int(batch.input_ids.numel()), elapsed))
         if batch.forward_mode.is_decode():
             self.process_decode_result(batch, result)
         else:
@@ -213,6 +213,14 @@ class Scheduler:
         self._drop_aborted_running()
         prefill = self.get_new_batch_prefill()
         if prefill is not None:
+            running = self.running_batch
+            if (
+                self.server_args.enable_mixed_chunk
+                and running.reqs
+                and running.decode_slots_short() == 0
+            ):
+                prefill.mix_with_running(running)
+                self.running_batch = self._new_batch([])
             return prefill
         if not self.running_batch.reqs:
             return None
