@@ -5,14 +5,16 @@ Registered on import (``kopf run -m radixserve_operator.handlers`` or ``main.run
 
 from __future__ import annotations
 
+import collections
 import datetime
+import threading
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 import kubernetes
 
-from radixserve_operator import FIELD_MANAGER, GROUP, PLURAL, VERSION
+from radixserve_operator import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from radixserve_operator.kube import KubeApi
 from radixserve_operator.metrics import (
     ERRORS,
@@ -29,6 +31,12 @@ from radixserve_operator.reconcile import (
 )
 
 MANAGED_CHILDREN = {"app.kubernetes.io/managed-by": FIELD_MANAGER}
+# One lock per InferenceService: the reconcile and the Deployment watcher both write its status
+# (from kopf's worker threads); serialising them keeps a stale read from overwriting a new one.
+_status_locks: collections.defaultdict[tuple[str, str], threading.Lock] = collections.defaultdict(
+    threading.Lock
+)
+SERVICE_KIND = (API_VERSION, KIND)
 DEFAULT_WORKER_IMAGE = "ghcr.io/radixserve/radixserve:0.1.0"
 DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 
@@ -36,7 +44,10 @@ DEFAULT_PROMETHEUS_ADDRESS = "http://prometheus-operated.monitoring.svc:9090"
 @kopf.on.startup()
 def connect(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
     """Build the API client once; config comes from ``main`` (or defaults under ``kopf run``)."""
-    kubernetes.config.load_config()
+    try:
+        kubernetes.config.load_incluster_config()
+    except kubernetes.config.ConfigException:
+        kubernetes.config.load_kube_config()  # $KUBECONFIG or ~/.kube/config, as kopf's login
     memo.context = OperatorContext(
         api=KubeApi(kubernetes.client.ApiClient()),
         default_image=memo.get("worker_image", DEFAULT_WORKER_IMAGE),
@@ -49,27 +60,27 @@ def connect(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_service(
-    body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Apply the children and write the status; invalid specs end as Degraded, not retries."""
-    plain = plain_dict(body)
-    with RECONCILE_SECONDS.time():
+    context: OperatorContext = memo.context
+    with RECONCILE_SECONDS.time(), _status_locks[namespace, name]:
         try:
-            outcome = reconcile(memo.context, plain, now())
+            # The freshest status, not kopf's cached body: the watcher may have written since.
+            plain = context.api.get(*SERVICE_KIND, namespace, name) or plain_dict(body)
+            plain["spec"] = plain_dict(body.get("spec", {}))
+            outcome = reconcile(context, plain, now())
+            context.api.patch_status(namespace, name, outcome.status)
         except Exception:
             ERRORS.labels("reconcile").inc()
             RECONCILES.labels("failed").inc()
             raise
-    _publish(memo.context, plain, outcome)
-    patch.status.update(outcome.status)
+    _publish(context, plain, outcome)
     degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
     result = "applied" if degraded["status"] == "False" else degraded["reason"]
     RECONCILES.labels("invalid" if result == "InvalidSpec" else "applied").inc()
     if outcome.retry:
         ERRORS.labels("apply").inc()
-        memo.context.api.patch_status(
-            plain["metadata"]["namespace"], plain["metadata"]["name"], outcome.status
-        )
         raise kopf.TemporaryError(degraded["message"], delay=30)
     logger.info(f"reconciled generation {plain['metadata'].get('generation')}: {result}")
 
@@ -84,17 +95,19 @@ def deployment_changed(
     if event.get("type") == "DELETED":
         _recreate_if_owner_lives(context, deployment, logger)
         return
-    try:
-        refreshed = refresh_status(context, deployment, now())
-    except kubernetes.client.ApiException:
-        ERRORS.labels("status").inc()
-        raise
-    if refreshed is None:
+    owner = _owner_name(deployment)
+    if owner is None:
         return
-    parent, outcome = refreshed
-    meta = parent["metadata"]
-    context.api.patch_status(meta["namespace"], meta["name"], outcome.status)
-    _publish(context, parent, outcome)
+    with _status_locks[owner]:
+        try:
+            refreshed = refresh_status(context, deployment, now())
+            if refreshed is not None:
+                context.api.patch_status(*owner, refreshed[1].status)
+        except kubernetes.client.ApiException:
+            ERRORS.labels("status").inc()
+            raise
+    if refreshed is not None:
+        _publish(context, *refreshed)
 
 
 @kopf.on.event(GROUP, VERSION, PLURAL)
@@ -103,6 +116,7 @@ def service_event(event: Mapping[str, Any], **_: Any) -> None:
     if event.get("type") == "DELETED":
         meta = event["object"]["metadata"]
         forget_service(meta["namespace"], meta["name"])
+        _status_locks.pop((meta["namespace"], meta["name"]), None)
 
 
 @kopf.on.probe(id="reconciles")
@@ -113,26 +127,28 @@ def reconcile_count(**_: Any) -> float:
     )
 
 
+def _owner_name(deployment: Mapping[str, Any]) -> tuple[str, str] | None:
+    for ref in deployment["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION:
+            return deployment["metadata"]["namespace"], ref["name"]
+    return None
+
+
 def _recreate_if_owner_lives(
     context: OperatorContext, deployment: Mapping[str, Any], logger: kopf.Logger
 ) -> None:
     """A Deployment deleted by hand while its service lives is put back, not left missing."""
-    for ref in deployment["metadata"].get("ownerReferences") or []:
-        parent = (
-            context.api.get(
-                ref["apiVersion"], ref["kind"], deployment["metadata"]["namespace"], ref["name"]
-            )
-            if ref.get("kind") == "InferenceService"
-            else None
-        )
-        if parent and parent["metadata"].get("uid") == ref.get("uid"):
-            if parent["metadata"].get("deletionTimestamp"):
-                return
-            logger.warning(f"Deployment of {ref['name']} was deleted; re-applying")
-            outcome = reconcile(context, parent, now())
-            meta = parent["metadata"]
-            context.api.patch_status(meta["namespace"], meta["name"], outcome.status)
-            _publish(context, parent, outcome)
+    owner = _owner_name(deployment)
+    if owner is None:
+        return
+    with _status_locks[owner]:
+        parent = context.api.get(*SERVICE_KIND, *owner)
+        if parent is None or parent["metadata"].get("deletionTimestamp"):
+            return  # deleted with its owner: garbage collection at work
+        logger.warning(f"the Deployment of {owner[1]} was deleted; applying it again")
+        outcome = reconcile(context, parent, now())
+        context.api.patch_status(*owner, outcome.status)
+    _publish(context, parent, outcome)
 
 
 def _publish(context: OperatorContext, body: Mapping[str, Any], outcome: Outcome) -> None:

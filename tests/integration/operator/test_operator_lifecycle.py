@@ -1,0 +1,188 @@
+"""The real operator against an emulated API server: create, edit, ready, invalid, delete."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import kubernetes
+import pytest
+from conftest import ApiServer, OperatorThread, load_example, operator_config, wait_for
+from radixserve_operator import GROUP, PLURAL, VERSION
+from radixserve_operator.metrics import SERVICE_READY
+
+NS = "default"
+
+
+@pytest.fixture(scope="module")
+def operator(api_server: ApiServer) -> Iterator[OperatorThread]:
+    running = OperatorThread(operator_config()).start()
+    yield running
+    running.stop()
+
+
+def create_service(api: kubernetes.client.CustomObjectsApi, body: dict[str, Any]) -> dict:
+    api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    return get_service(api, body["metadata"]["name"])
+
+
+def get_service(api: kubernetes.client.CustomObjectsApi, name: str) -> dict:
+    return api.get_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+
+
+def condition(service: dict, kind: str) -> dict:
+    return next(
+        (c for c in service.get("status", {}).get("conditions", []) if c["type"] == kind), {}
+    )
+
+
+def events_for(api_server: ApiServer, name: str) -> list[dict]:
+    core = kubernetes.client.CoreV1Api()
+    events = core.list_namespaced_event(NS).items
+    return [e for e in events if e.involved_object.name == name]
+
+
+def read_deployment(apps: kubernetes.client.AppsV1Api, name: str) -> dict:
+    return apps.api_client.sanitize_for_serialization(apps.read_namespaced_deployment(name, NS))
+
+
+def test_create_edit_ready_delete(operator, api_server, custom_api, apps_api) -> None:
+    example = load_example("service.yaml")
+    created = create_service(custom_api, example)
+    name, uid = created["metadata"]["name"], created["metadata"]["uid"]
+
+    deployment = wait_for(lambda: read_deployment(apps_api, name), "the worker Deployment")
+    assert deployment["metadata"]["ownerReferences"][0]["uid"] == uid
+    assert deployment["metadata"]["labels"]["radixserve.io/inferenceservice"] == name
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "radixserve:test"
+    assert container["args"][:3] == ["serve", "--model", "builtin:smollm2-135m"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert deployment["spec"]["replicas"] == 1
+    service = wait_for(
+        lambda: kubernetes.client.CoreV1Api().read_namespaced_service(name, NS), "the Service"
+    )
+    assert service.spec.ports[0].port == 8000
+    pdb = kubernetes.client.PolicyV1Api().read_namespaced_pod_disruption_budget(name, NS)
+    assert pdb.spec.max_unavailable == 1
+
+    # Nothing is ready yet: the status says so, for the generation it saw.
+    status = wait_for(
+        lambda: (
+            get_service(custom_api, name).get("status", {}).get("conditions")
+            and get_service(custom_api, name)["status"]
+        ),
+        "a first status",
+    )
+    assert status["observedGeneration"] == 1
+    assert condition({"status": status}, "Ready")["status"] == "False"
+    assert status["url"] == f"http://{name}.{NS}.svc:8000"
+    assert (
+        status["selector"]
+        == f"app.kubernetes.io/name=radixserve,radixserve.io/inferenceservice={name}"
+    )
+
+    # Edit the spec: the Deployment follows, and so does observedGeneration.
+    custom_api.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        name,
+        {"spec": {"replicas": 2, "engine": {"maxRunningRequests": 4}}},
+    )
+    wait_for(lambda: read_deployment(apps_api, name)["spec"]["replicas"] == 2, "2 replicas")
+    args = read_deployment(apps_api, name)["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert args[args.index("--max-running-requests") + 1] == "4"
+    wait_for(
+        lambda: get_service(custom_api, name)["status"]["observedGeneration"] == 2,
+        "observedGeneration 2",
+    )
+
+    # The deployment controller reports ready pods: the service becomes Ready.
+    apps_api.patch_namespaced_deployment_status(
+        name,
+        NS,
+        {
+            "status": {
+                "observedGeneration": 2,
+                "replicas": 2,
+                "updatedReplicas": 2,
+                "readyReplicas": 2,
+                "availableReplicas": 2,
+            }
+        },
+    )
+    ready = wait_for(
+        lambda: (
+            condition(get_service(custom_api, name), "Ready").get("status") == "True"
+            and get_service(custom_api, name)
+        ),
+        "Ready=True",
+    )
+    assert ready["status"]["readyReplicas"] == 2
+    assert condition(ready, "Progressing")["reason"] == "RolloutComplete", ready["status"]
+    assert condition(ready, "Degraded")["status"] == "False"
+    wait_for(
+        lambda: any(e.reason == "Ready" for e in events_for(api_server, name)), "a Ready event"
+    )
+    assert SERVICE_READY.labels(NS, name)._value.get() == 1
+
+    # Delete: no finalizer holds it, children are garbage (owner-referenced), metrics forgotten.
+    custom_api.delete_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, name)
+    wait_for(
+        lambda: (
+            not any(k[2] == name and not o.deleted for k, o in api_server.emulator.objects.items())
+        ),
+        "the service and its children gone",
+    )
+    wait_for(
+        lambda: (
+            (NS, name) not in {tuple(s.labels.values()) for s in SERVICE_READY.collect()[0].samples}
+        ),
+        "the per-service metric removed",
+    )
+    assert operator.alive
+
+
+def test_invalid_spec_is_degraded_not_crashing(operator, api_server, custom_api, apps_api) -> None:
+    body = copy.deepcopy(load_example("gpu-llama.yaml"))
+    body["metadata"]["name"] = "too-few-gpus"
+    body["spec"]["engine"]["tensorParallelSize"] = 4
+    body["spec"]["resources"]["gpu"] = 2
+    create_service(custom_api, body)
+
+    degraded = wait_for(
+        lambda: (
+            condition(get_service(custom_api, "too-few-gpus"), "Degraded").get("status") == "True"
+            and condition(get_service(custom_api, "too-few-gpus"), "Degraded")
+        ),
+        "Degraded=True",
+    )
+    assert degraded["reason"] == "InvalidSpec"
+    assert "tensorParallelSize" in degraded["message"]
+    warning = wait_for(
+        lambda: [e for e in events_for(api_server, "too-few-gpus") if e.reason == "InvalidSpec"],
+        "an InvalidSpec event",
+    )
+    assert warning[0].type == "Warning"
+    with pytest.raises(kubernetes.client.ApiException) as missing:
+        apps_api.read_namespaced_deployment("too-few-gpus", NS)
+    assert missing.value.status == 404
+
+    # Fixing the spec recovers it; the operator never stopped.
+    custom_api.patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "too-few-gpus", {"spec": {"resources": {"gpu": 4}}}
+    )
+    deployment = wait_for(lambda: read_deployment(apps_api, "too-few-gpus"), "the Deployment")
+    limits = deployment["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["nvidia.com/gpu"] == "4"
+    wait_for(
+        lambda: (
+            condition(get_service(custom_api, "too-few-gpus"), "Degraded").get("reason")
+            != "InvalidSpec"
+        ),
+        "InvalidSpec cleared",
+    )
+    assert operator.alive
