@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import gguf
@@ -29,12 +30,24 @@ from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
     bundled_gguf_path,
     bundled_tokenizer,
+    convert_gguf_tokenizer,
+    gguf_tokenizer_cache_path,
+    load_gguf_tokenizer,
 )
 from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 TINY_PRESETS = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def private_tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Converted GGUF tokenizers are cached on disk; tests start from an empty cache of their own."""
+    cache = tmp_path_factory.mktemp("radixserve_cache")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RADIXSERVE_CACHE_DIR", str(cache))
+        yield cache
 
 
 @pytest.fixture(scope="module")
@@ -322,6 +335,29 @@ def test_written_gguf_round_trips_config_weights_and_tokenizer(
         tokenizer.decode(tokenizer.encode("hello world", add_special_tokens=False)) == "hello world"
     )
     assert tokenizer.chat_template == _TEST_CHAT_TEMPLATE
+
+
+def test_gguf_tokenizer_is_converted_once_then_read_from_the_cache(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    private_tokenizer_cache: Path,
+) -> None:
+    path, _, _ = written_gguf
+    cache = gguf_tokenizer_cache_path(path)
+    assert cache.is_relative_to(private_tokenizer_cache)
+    load_gguf_tokenizer(path)
+    assert (cache / "tokenizer_config.json").is_file()
+    cached, converted = load_gguf_tokenizer(path), convert_gguf_tokenizer(path)
+    text = "<|im_start|>hello world<|im_end|>"
+    assert cached.encode(text) == converted.encode(text)
+    assert cached.convert_tokens_to_ids("<|im_end|>") == converted.convert_tokens_to_ids(
+        "<|im_end|>"
+    )
+    assert len(cached.encode("<|im_end|>", add_special_tokens=False)) == 1
+    assert (cached.bos_token_id, cached.eos_token_id) == (
+        converted.bos_token_id,
+        converted.eos_token_id,
+    )
+    assert cached.chat_template == converted.chat_template == _TEST_CHAT_TEMPLATE
 
 
 def test_directory_with_one_gguf_loads_it(

@@ -6,8 +6,12 @@ does not have, so the file is located through the import system without importin
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
 import logging
+import os
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -42,12 +46,45 @@ def read_gguf_chat_template(gguf_path: Path) -> str | None:
     return None if field is None else field.contents()
 
 
-def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+def convert_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
     """Let transformers convert the GGUF vocabulary offline; the chat template comes from the
     GGUF metadata when transformers did not already pick it up."""
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
     if not tokenizer.chat_template:
         tokenizer.chat_template = read_gguf_chat_template(gguf_path)
+    return tokenizer
+
+
+def tokenizer_cache_dir() -> Path:
+    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
+    return Path(root) / "tokenizers"
+
+
+def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
+    """Keyed by the file's path, size and mtime and the transformers version that converted it."""
+    stat = gguf_path.stat()
+    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
+    return tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+    """The GGUF's tokenizer, converted once and then reloaded from `tokenizer_cache_dir()`:
+    conversion takes seconds and both the front end and the scheduler process need it."""
+    cache_dir = gguf_tokenizer_cache_path(gguf_path)
+    if (cache_dir / "tokenizer_config.json").is_file():
+        with contextlib.suppress(Exception):
+            return AutoTokenizer.from_pretrained(str(cache_dir))
+        logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
+    logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
+    tokenizer = convert_gguf_tokenizer(gguf_path)
+    staging = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.tmp")
+    try:
+        tokenizer.save_pretrained(str(staging))
+        staging.rename(cache_dir)  # atomic: a concurrent reader never sees half a tokenizer
+    except OSError as exc:  # a read-only home or a concurrent writer: just skip the cache
+        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return tokenizer
 
 
