@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +127,13 @@ def build_outside_docker(stage: Stage, root: Path, build_args: dict[str, str]) -
     return env
 
 
+@pytest.fixture
+def image_root(tmp_path: Path) -> Iterator[Path]:
+    """A scratch root for one stage's files and venv, removed afterwards (a venv is ~1 GB)."""
+    yield tmp_path
+    shutil.rmtree(tmp_path / "venv", ignore_errors=True)
+
+
 def test_two_stages_with_non_root_users_and_the_documented_entrypoints() -> None:
     assert set(STAGES) == {"worker", "operator"}
     worker, operator = STAGES["worker"], STAGES["operator"]
@@ -199,12 +207,12 @@ def test_operator_stage_installs_every_operator_import_with_pyproject_pins() -> 
 
 @pytest.mark.slow
 def test_operator_image_steps_install_in_a_clean_venv_and_the_entrypoint_starts(
-    tmp_path: Path,
+    image_root: Path,
 ) -> None:
     stage = STAGES["operator"]
-    env = build_outside_docker(stage, tmp_path, {})
-    venv_bin = tmp_path / "venv" / "bin"
-    assert not list((tmp_path / "venv").glob("lib/python*/site-packages/torch"))
+    env = build_outside_docker(stage, image_root, {})
+    venv_bin = image_root / "venv" / "bin"
+    assert not list((image_root / "venv").glob("lib/python*/site-packages/torch"))
     started = subprocess.run(
         [str(venv_bin / stage.entrypoint[0]), *stage.cmd, "--help"],
         env=env,
@@ -230,25 +238,27 @@ def _wait_healthy(url: str, server: subprocess.Popen) -> None:
 
 @pytest.mark.slow
 def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
-    tmp_path: Path,
+    image_root: Path,
 ) -> None:
     stage = STAGES["worker"]
-    env = build_outside_docker(stage, tmp_path, CPU_WORKER_ARGS)
+    env = build_outside_docker(stage, image_root, CPU_WORKER_ARGS)
     port = free_port()
     command = [
-        str(tmp_path / "venv" / "bin" / stage.entrypoint[0]),
+        str(image_root / "venv" / "bin" / stage.entrypoint[0]),
         *stage.cmd,
         # argparse keeps the last value: the CMD's port and host are overridden for the test.
         *["--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096"],
     ]
-    log = (tmp_path / "worker.log").open("w")
-    server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
+    log = (image_root / "worker.log").open("w")
+    server = subprocess.Popen(
+        command, env=env, cwd=image_root, stdout=log, stderr=subprocess.STDOUT
+    )
     try:
         _wait_healthy(f"http://127.0.0.1:{port}/health", server)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
             assert b"smollm2-135m" in response.read()
         server.send_signal(signal.SIGTERM)
-        assert server.wait(timeout=120) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+        assert server.wait(timeout=120) == 0, (image_root / "worker.log").read_text()[-3000:]
     finally:
         if server.poll() is None:
             server.kill()
