@@ -14,6 +14,10 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Config
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
 from radixserve.model_loader import random_init
 from radixserve.model_loader.config import resolve_dtype
 from radixserve.model_loader.gguf_file import (
@@ -34,9 +38,6 @@ from radixserve.model_loader.tokenizer import (
     gguf_tokenizer_cache_path,
     load_gguf_tokenizer,
 )
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
-from transformers.convert_slow_tokenizer import bytes_to_unicode
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 TINY_PRESETS = ["tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"]
 
@@ -184,6 +185,8 @@ _GGUF_BLOCK_NAMES = {
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
     "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
     "post_attention_layernorm": "ffn_norm",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
@@ -215,14 +218,19 @@ def _quant_type(hf_name: str) -> gguf.GGMLQuantizationType:
     return gguf.GGMLQuantizationType.Q8_0
 
 
-def _write_llama_gguf(path: Path, config: LlamaConfig, state: dict[str, torch.Tensor]) -> None:
-    """A byte-level BPE vocabulary, the model's metadata and its tensors, Q/K permuted and
-    quantized like convert_hf_to_gguf.py does, plus Llama 3.1's `rope_freqs`."""
+def _write_gguf(
+    path: Path, config: transformers.PretrainedConfig, state: dict[str, torch.Tensor]
+) -> None:
+    """A byte-level BPE vocabulary, the model's metadata and its tensors quantized like
+    convert_hf_to_gguf.py does; for llama also Q/K permuted and Llama 3.1's `rope_freqs`."""
+    is_llama = config.model_type == "llama"
     tokens = list(bytes_to_unicode().values())
     tokens += [merge.replace(" ", "") for merge in _TEST_MERGES] + _TEST_SPECIAL_TOKENS
     assert len(tokens) == config.vocab_size
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny llama 3.1 test")
+    writer = gguf.GGUFWriter(str(path), config.model_type)
+    writer.add_name(f"tiny {config.model_type} test")
+    writer.add_key_length(config.head_dim)
+    writer.add_value_length(config.head_dim)
     writer.add_vocab_size(config.vocab_size)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
@@ -240,15 +248,16 @@ def _write_llama_gguf(path: Path, config: LlamaConfig, state: dict[str, torch.Te
     writer.add_eos_token_id(tokens.index("<|endoftext|>"))
     writer.add_eot_token_id(tokens.index("<|im_end|>"))
     writer.add_chat_template(_TEST_CHAT_TEMPLATE)
-    divisors = llama3_frequency_divisors(
-        config.rope_parameters["rope_theta"], config.head_dim, config.rope_parameters
-    )
-    writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
+    if is_llama:
+        divisors = llama3_frequency_divisors(
+            config.rope_parameters["rope_theta"], config.head_dim, config.rope_parameters
+        )
+        writer.add_tensor("rope_freqs.weight", divisors.astype(np.float32))
     for name, tensor in state.items():
         values = tensor.numpy()
-        if "q_proj" in name:
+        if is_llama and "q_proj" in name:
             values = _llama_cpp_permute(values, config.num_attention_heads)
-        elif "k_proj" in name:
+        elif is_llama and "k_proj" in name:
             values = _llama_cpp_permute(values, config.num_key_value_heads)
         qtype = _quant_type(name)
         if qtype == gguf.GGMLQuantizationType.F16:
@@ -302,7 +311,7 @@ def written_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaC
     torch.manual_seed(0)
     state = {k: v.clone() for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
     directory = tmp_path_factory.mktemp("gguf_only")
-    _write_llama_gguf(directory / "tiny.Q8_0.gguf", config, state)
+    _write_gguf(directory / "tiny.Q8_0.gguf", config, state)
     return directory / "tiny.Q8_0.gguf", config, state
 
 
@@ -335,6 +344,38 @@ def test_written_gguf_round_trips_config_weights_and_tokenizer(
         tokenizer.decode(tokenizer.encode("hello world", add_special_tokens=False)) == "hello world"
     )
     assert tokenizer.chat_template == _TEST_CHAT_TEMPLATE
+
+
+def test_written_qwen3_gguf_keeps_qk_norm_and_head_dim(tmp_path: Path) -> None:
+    config = Qwen3Config(
+        vocab_size=256 + len(_TEST_MERGES) + len(_TEST_SPECIAL_TOKENS),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=512,
+        rope_theta=1000000.0,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(1)
+    model = AutoModelForCausalLM.from_config(config)
+    state = {k: v.clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    for name in (
+        "model.layers.0.self_attn.q_norm.weight",
+        "model.layers.0.self_attn.k_norm.weight",
+    ):
+        state[name] = torch.rand(32) + 0.5  # not all ones, so a swap would show
+    _write_gguf(tmp_path / "qwen3.gguf", config, state)
+    source = load_model_source(str(tmp_path / "qwen3.gguf"))
+    assert source.config.architecture == "Qwen3ForCausalLM"
+    assert source.config.qk_norm and source.config.tie_word_embeddings
+    assert (source.config.head_dim, source.config.rope_theta) == (32, 1000000.0)
+    weights = dict(source.weights())
+    assert set(weights) == set(state)
+    for name, tensor in weights.items():
+        assert torch.equal(tensor, _stored_value(name, state[name])), name
 
 
 def test_gguf_tokenizer_is_converted_once_then_read_from_the_cache(
