@@ -25,32 +25,19 @@ EVERYTHING_ON = {
     "dashboards": {"enabled": True},
     "inferenceService": {"enabled": True},
 }
-# (apiGroup, resource) -> verbs: every permission the operator holds, and no other.
+# (apiGroup, resource) -> verbs: every permission the operator holds, and no other. Derived
+# from operator/radixserve_operator (kube.py: server-side apply, get, delete, status patch;
+# handlers.py: the kopf watches) and kopf's own needs (events, peering, CRD observation).
+APPLIED = {"get", "create", "patch", "delete"}
 WORKLOAD_PERMISSIONS = {
-    ("radixserve.io", "inferenceservices"): {"get", "list", "watch", "patch", "update"},
-    ("radixserve.io", "inferenceservices/status"): {"get", "patch", "update"},
-    ("apps", "deployments"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("", "services"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("policy", "poddisruptionbudgets"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    ("keda.sh", "scaledobjects"): {"get", "list", "watch", "create", "patch", "update", "delete"},
-    ("monitoring.coreos.com", "servicemonitors"): {
-        "get",
-        "list",
-        "watch",
-        "create",
-        "patch",
-        "update",
-        "delete",
-    },
-    ("", "events"): {"create", "patch"},
+    ("radixserve.io", "inferenceservices"): {"get", "list", "watch", "patch"},
+    ("radixserve.io", "inferenceservices/status"): {"patch"},
+    ("apps", "deployments"): APPLIED | {"list", "watch"},
+    ("", "services"): APPLIED,
+    ("policy", "poddisruptionbudgets"): APPLIED,
+    ("keda.sh", "scaledobjects"): APPLIED,
+    ("monitoring.coreos.com", "servicemonitors"): APPLIED,
+    ("", "events"): {"create"},
 }
 
 
@@ -172,7 +159,7 @@ def test_cluster_wide_rbac_is_least_privilege() -> None:
     objects = render()
     roles = {r["metadata"]["name"]: r for r in by_kind(objects, "ClusterRole")}
     assert permissions(roles["rs-radixserve-operator-cluster"]) == {
-        ("apiextensions.k8s.io", "customresourcedefinitions"): {"get", "list", "watch"},
+        ("apiextensions.k8s.io", "customresourcedefinitions"): {"list", "watch"},
         ("kopf.dev", "clusterkopfpeerings"): {"get", "list", "watch", "patch"},
     }
     assert permissions(roles["rs-radixserve-operator-workloads"]) == WORKLOAD_PERMISSIONS
@@ -258,3 +245,14 @@ def test_notes_tell_the_user_what_to_do_next() -> None:
     }
     assert '"model": "l3"' in notes(custom)
     assert "Grafana's sidecar loads" in notes(EVERYTHING_ON)
+
+
+def test_rbac_covers_every_kind_the_operator_applies() -> None:
+    from radixserve_operator import KIND
+    from radixserve_operator.kube import PLURALS
+
+    for (api_version, kind), plural in PLURALS.items():
+        group = api_version.rpartition("/")[0]
+        verbs = WORKLOAD_PERMISSIONS[(group, plural)]
+        needed = {"get", "patch"} if kind == KIND else APPLIED
+        assert needed <= verbs, (kind, needed - verbs)
