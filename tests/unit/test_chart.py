@@ -7,6 +7,7 @@ Rendered manifests are validated against the official Kubernetes OpenAPI schemas
 from __future__ import annotations
 
 import json
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,17 @@ def test_rbac_covers_every_kind_the_operator_applies() -> None:
         verbs = WORKLOAD_PERMISSIONS[(group, plural)]
         needed = {"get", "patch"} if kind == KIND else APPLIED
         assert needed <= verbs, (kind, needed - verbs)
+
+
+def test_packaged_chart_is_self_contained_and_renders_the_same(tmp_path: Path) -> None:
+    """`helm package` resolves the crds/, dashboards/ and rules/ symlinks into real files."""
+    archive = helm_python.package(CHART, destination=tmp_path)
+    with tarfile.open(archive) as tar:
+        members = {Path(name).relative_to("radixserve").as_posix() for name in tar.getnames()}
+    assert {"crds/radixserve.io_inferenceservices.yaml", "rules/alert-rules.yaml"} <= members
+    assert {f"dashboards/{p.name}" for p in (REPO_ROOT / "dashboards").glob("*.json")} <= members
+    assert not [m for m in members if m.endswith(".py") or m.startswith("rules/tests")]
+    with helm_python.Chart.load(archive) as chart:
+        packaged = chart.render(EVERYTHING_ON, name="rs", namespace="radixserve")
+    with helm_python.Chart.load(CHART) as chart:
+        assert packaged == chart.render(EVERYTHING_ON, name="rs", namespace="radixserve")
