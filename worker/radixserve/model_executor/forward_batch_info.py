@@ -1,8 +1,9 @@
 """`ForwardMode` and `ForwardBatch`: the device-side description of one forward pass.
 
 `ForwardBatch` is built from a `ModelWorkerBatch` by `ForwardBatch.init_new`, moving the
-scheduler's CPU tensors to the device in one place. It lives for one pass; attention backends
-hang their per-pass metadata on it through `init_forward_metadata`.
+scheduler's CPU tensors to the device in one place. It lives for one pass. The model runner then
+asks the attention backend for the pass's metadata (`init_forward_metadata`), unless a captured
+CUDA graph replays the pass, whose metadata the graph runner refills instead.
 """
 
 from __future__ import annotations
@@ -131,5 +132,4 @@ class ForwardBatch:
                 return_logprob=batch.return_logprob,
                 top_logprobs_nums=batch.top_logprobs_nums,
             )
-        attn_backend.init_forward_metadata(fb)
         return fb

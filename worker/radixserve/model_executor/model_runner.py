@@ -17,6 +17,7 @@ from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.managers.schedule_batch import ModelWorkerBatch
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.model_executor.cuda_graph_runner import CudaGraphRunner
 from radixserve.model_executor.forward_batch_info import ForwardBatch
 from radixserve.model_loader.loader import ModelSource
 from radixserve.models.registry import get_model_class
@@ -61,6 +62,9 @@ class ModelRunner:
         )
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
+        self.cuda_graph_runner: CudaGraphRunner | None = None
+        if self.device.type == "cuda" and not server_args.disable_cuda_graph:
+            self.cuda_graph_runner = CudaGraphRunner(self)
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
         model_cls = get_model_class(self.model_config.architecture)
@@ -102,6 +106,10 @@ class ModelRunner:
         forward_batch = ForwardBatch.init_new(
             batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
         )
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(forward_batch):
+            return graphs.replay(forward_batch), forward_batch
+        self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return logits, forward_batch
 

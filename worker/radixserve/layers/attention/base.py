@@ -42,7 +42,9 @@ class AttentionBackend(ABC):
         req_pool_indices: torch.Tensor,
         seq_lens: torch.Tensor,
         seq_lens_sum: int,
+        seq_lens_cpu: torch.Tensor | None = None,
     ) -> None:
+        """seq_lens_cpu: the same padded lengths on the host, so planning needs no device sync."""
         raise NotImplementedError(f"{type(self).__name__} does not support CUDA graphs")
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
