@@ -194,6 +194,19 @@ def panels(by: str) -> list[Panel]:
             ),
         ),
         Panel(
+            "Mean tokens per step by mode",
+            "Tokens per forward step, averaged: prefill steps near the chunked prefill size "
+            "mean long prompts are being chunked.",
+            "short",
+            (
+                Query(
+                    f"{_rate('radixserve_batch_tokens_sum', 'mode')}"
+                    f" / {_rate('radixserve_batch_tokens_count', 'mode')}",
+                    "{{mode}}",
+                ),
+            ),
+        ),
+        Panel(
             "Forward step time by mode",
             "Wall time of one forward step, p50 and p99, per mode.",
             "s",
@@ -219,7 +232,7 @@ def panels(by: str) -> list[Panel]:
     ]
 
 
-def _panel_json(panel_id: int, panel: Panel, x: int, y: int) -> dict[str, Any]:
+def _panel_json(panel_id: int, panel: Panel, x: int, y: int, width: int) -> dict[str, Any]:
     targets = [
         {
             "refId": chr(ord("A") + i),
@@ -237,7 +250,7 @@ def _panel_json(panel_id: int, panel: Panel, x: int, y: int) -> dict[str, Any]:
         "title": panel.title,
         "description": panel.description,
         "datasource": DATASOURCE,
-        "gridPos": {"h": 8, "w": 12, "x": x, "y": y},
+        "gridPos": {"h": 8, "w": width, "x": x, "y": y},
         "targets": targets,
         "fieldConfig": {"defaults": {"unit": panel.unit, **panel.extra}, "overrides": []},
         "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True}},
@@ -307,8 +320,12 @@ def _variables(*, multi_model: bool) -> list[dict[str, Any]]:
 def dashboard(uid: str, title: str, description: str, by: str, *, multi_model: bool) -> dict:
     """One complete Grafana dashboard document."""
     body = []
+    x = y = 0
     for i, panel in enumerate(panels(by)):
-        body.append(_panel_json(i + 1, panel, x=(i % 2) * 12, y=(i // 2) * 8))
+        if panel.repeat and x:
+            x, y = 0, y + 8  # a repeated panel takes a row of its own: Grafana splits it
+        body.append(_panel_json(i + 1, panel, x=x, y=y, width=24 if panel.repeat else 12))
+        x, y = (x + 12, y) if x == 0 and not panel.repeat else (0, y + 8)
     return {
         "uid": uid,
         "title": title,

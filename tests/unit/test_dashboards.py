@@ -128,3 +128,17 @@ def test_substitute_fails_loudly_on_an_unknown_variable() -> None:
     assert contract.substitute('x{a=~"${namespace}"}[$__rate_interval]', GRAFANA_VALUES) == (
         'x{a=~".*"}[1m]'
     )
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_panels_do_not_overlap(filename: str) -> None:
+    occupied: set[tuple[int, int]] = set()
+    for panel in DOCUMENTS[filename]["panels"]:
+        grid = panel["gridPos"]
+        cells = {
+            (x, y)
+            for x in range(grid["x"], grid["x"] + grid["w"])
+            for y in range(grid["y"], grid["y"] + grid["h"])
+        }
+        assert not cells & occupied, panel["title"]
+        occupied |= cells
