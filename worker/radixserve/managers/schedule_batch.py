@@ -67,6 +67,8 @@ class Req:
         self.sent_len = 0  # output_ids already sent to the front end
         self.pending_logprobs: list[TokenLogprob] = []
         self.num_retractions = 0
+        # set while a launched batch's token for this request is unresolved (overlap)
+        self.future_slot: int | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -134,6 +136,7 @@ class ModelWorkerBatch:
     extend_prefix_lens: list[int] | None = None
     return_logprob: bool = False
     top_logprobs_nums: list[int] | None = None
+    has_future_ids: bool = False  # some input ids are -slot references to unresolved tokens
 
 
 class OutOfSlots(RuntimeError):
@@ -284,7 +287,10 @@ class ScheduleBatch:
 
     def prepare_for_decode(self) -> None:
         self.forward_mode = ForwardMode.DECODE
-        self.input_ids = torch.tensor([r.output_ids[-1] for r in self.reqs], dtype=torch.int64)
+        self.input_ids = torch.tensor(
+            [r.output_ids[-1] if r.future_slot is None else -r.future_slot for r in self.reqs],
+            dtype=torch.int64,
+        )
         slots = self.alloc_token_slots(len(self.reqs))
         self.req_to_token_pool.write_batch(
             [r.req_pool_idx for r in self.reqs],
@@ -327,4 +333,5 @@ class ScheduleBatch:
             extend_prefix_lens=list(self.prefix_lens) if extend else None,
             return_logprob=self.return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
+            has_future_ids=any(r.future_slot is not None for r in self.reqs),
         )

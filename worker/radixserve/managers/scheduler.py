@@ -33,9 +33,10 @@ from radixserve.managers.io_struct import (
 )
 from radixserve.managers.schedule_batch import Req, ScheduleBatch
 from radixserve.managers.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
-from radixserve.managers.tp_worker import GenerationBatchResult, ModelWorker
+from radixserve.managers.tp_worker import GenerationBatchResult, ModelWorker, PendingBatchResult
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.model_executor.forward_batch_info import ForwardMode
 from radixserve.model_loader.loader import ModelSource, load_model_source
 from radixserve.server_args import ServerArgs
 
@@ -46,6 +47,18 @@ RETRACT_RATIO_STEP = 0.15
 RATIO_DECAY_PER_STEP = 0.002
 # prefix cache hit rate gauge: over the prompts of the last this many admitted requests
 HIT_RATE_WINDOW = 256
+
+
+@dataclass
+class LaunchedBatch:
+    """What resolving a launched batch needs, frozen at launch (the ScheduleBatch moves on)."""
+
+    reqs: list[Req]
+    mode: ForwardMode
+    chunked_req: Req | None
+    num_tokens: int
+    pending: PendingBatchResult
+    start: float
 
 
 @dataclass
@@ -87,6 +100,9 @@ class Scheduler:
         self.waiting_queue: list[Req] = []
         self.running_batch = self._new_batch([])
         self.chunked_req: Req | None = None
+        self.last_batch: ScheduleBatch | None = None  # the batch launched last
+        self.in_flight: LaunchedBatch | None = None  # launched, not yet resolved (overlap)
+        self.overlap = not server_args.disable_overlap and self.runner.device.type == "cuda"
         self.reqs_by_rid: dict[str, Req] = {}
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = server_args.new_token_ratio
@@ -150,7 +166,7 @@ class Scheduler:
         self._emit(req)
 
     def flush_cache(self) -> bool:
-        if self.waiting_queue or self.running_batch.reqs or self.chunked_req is not None:
+        if self.has_work():
             return False
         self.tree_cache.reset()
         self.runner.allocator.clear()
@@ -189,28 +205,80 @@ class Scheduler:
         return 1.0 - self.runner.allocator.available_size() / self.max_total_tokens
 
     def has_work(self) -> bool:
-        return bool(self.waiting_queue or self.running_batch.reqs or self.chunked_req)
+        return bool(
+            self.waiting_queue
+            or self.running_batch.reqs
+            or self.chunked_req
+            or self.in_flight
+            or self.last_batch
+        )
 
     # -- one iteration -----------------------------------------------------------------------
     def step(self) -> bool:
-        """Schedule and run one batch; False when there was nothing to run."""
+        """One iteration: form the next batch and launch it, then resolve the batch before it.
+
+        With overlap the device runs batch N+1 while the host resolves batch N (and forms N+2);
+        without it (or on the CPU, where nothing runs asynchronously) a batch is resolved right
+        after its launch. False when nothing was launched or resolved.
+        """
         batch = self.get_next_batch_to_run()
-        if batch is None:
-            return False
+        launched = None
+        if batch is not None:
+            launched = self._launch(batch)
+            if not self.overlap:
+                self._resolve(launched)
+                launched = None
+        previous, self.in_flight = self.in_flight, launched
+        if previous is not None:
+            self._resolve(previous)
+        return batch is not None or previous is not None
+
+    def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
-        result = self.worker.forward_batch_generation(batch.get_model_worker_batch())
-        elapsed = time.perf_counter() - start
-        mode = batch.forward_mode.metric_label
+        pending = self.worker.launch(batch.get_model_worker_batch())
+        for i, req in enumerate(batch.reqs):
+            if batch.forward_mode.is_decode() or req is not self.chunked_req:
+                req.future_slot = pending.future_slot_start + i
+        self.last_batch = batch
+        return LaunchedBatch(
+            reqs=list(batch.reqs),
+            mode=batch.forward_mode,
+            chunked_req=self.chunked_req if batch.forward_mode.is_extend() else None,
+            num_tokens=int(batch.input_ids.numel()),
+            pending=pending,
+            start=start,
+        )
+
+    def _resolve(self, launched: LaunchedBatch) -> None:
+        result = launched.pending.resolve()
+        mode = launched.mode.metric_label
         self.forward_steps_by_mode[mode] += 1
-        self._stats_steps.append((mode, len(batch), int(batch.input_ids.numel()), elapsed))
-        if batch.forward_mode.is_decode():
-            self.process_decode_result(batch, result)
-        else:
-            self.process_prefill_result(batch, result)
-        return True
+        elapsed = time.perf_counter() - launched.start
+        self._stats_steps.append((mode, len(launched.reqs), launched.num_tokens, elapsed))
+        for i, req in enumerate(launched.reqs):
+            if req is launched.chunked_req:
+                continue  # an intermediate chunk samples nothing
+            if req.future_slot == launched.pending.future_slot_start + i:
+                req.future_slot = None
+            if req.finished():
+                # finished earlier (an overlap step past the end) or aborted meanwhile
+                if req.req_pool_idx is not None:
+                    self._release_finished(req)
+                continue
+            if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
+                self._append_token(req, result, i)
+            req.check_finished(self.context_len, self.tokenizer)
+            if not req.finished():
+                self._emit(req)
+            elif req.req_pool_idx is not None:
+                self._release_finished(req)
+            else:  # retracted while this batch ran, and that token was its last
+                self.waiting_queue.remove(req)
+                self._finish_waiting(req)
 
     def get_next_batch_to_run(self) -> ScheduleBatch | None:
-        self._drop_aborted_running()
+        self._absorb_last_batch()
+        self._drop_finished_running()
         prefill = self.get_new_batch_prefill()
         if prefill is not None:
             running = self.running_batch
@@ -226,14 +294,35 @@ class Scheduler:
             return None
         return self.update_running_batch()
 
-    def _drop_aborted_running(self) -> None:
+    def _absorb_last_batch(self) -> None:
+        """Requests of the last extend pass join the running batch; a chunked one instead caches
+        the chunk it computed and waits for its next chunk. Done here, not when results arrive,
+        because with overlap the next batch forms before the last one's tokens are known."""
+        last, self.last_batch = self.last_batch, None
+        if last is None or not last.forward_mode.is_extend():
+            return
+        chunked = self.chunked_req
+        if chunked is not None and chunked in last.reqs:
+            if chunked.finished():  # aborted mid-prompt
+                self.chunked_req = None
+                self._release_finished(chunked)
+            else:
+                self.tree_cache.cache_unfinished_req(chunked)
+        last.filter_batch([i for i, r in enumerate(last.reqs) if r is not chunked])
+        if last.forward_mode.is_mixed() or not self.running_batch.reqs:
+            self.running_batch = last
+        else:
+            self.running_batch.merge_batch(last)
+
+    def _drop_finished_running(self) -> None:
         batch = self.running_batch
-        gone = [i for i, r in enumerate(batch.reqs) if r.finished()]
+        gone = {i for i, r in enumerate(batch.reqs) if r.finished()}
         if not gone:
             return
         for i in gone:
-            self._release_finished(batch.reqs[i])
-        batch.filter_batch([i for i in range(len(batch.reqs)) if i not in set(gone)])
+            if batch.reqs[i].req_pool_idx is not None:
+                self._release_finished(batch.reqs[i])
+        batch.filter_batch([i for i in range(len(batch.reqs)) if i not in gone])
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
         if not self.waiting_queue and self.chunked_req is None:
@@ -292,7 +381,7 @@ class Scheduler:
                 # a single request that alone outgrows the KV cache cannot continue
                 for req in batch.reqs:
                     req.finished_reason = {"type": "length"}
-                self._drop_aborted_running()
+                self._drop_finished_running()
                 return None
         else:
             self.new_token_ratio = max(
@@ -302,49 +391,6 @@ class Scheduler:
         return batch
 
     # -- results -----------------------------------------------------------------------------
-    def process_prefill_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
-        keep: list[int] = []
-        for i, req in enumerate(batch.reqs):
-            if req.finished():  # aborted while its chunk ran
-                if req is self.chunked_req:
-                    self.chunked_req = None
-                self._release_finished(req)
-                continue
-            if req is self.chunked_req:
-                # more prompt to go: cache what is computed, keep the row and the lock
-                self.tree_cache.cache_unfinished_req(req)
-                continue
-            if req.sampling_params.max_new_tokens > 0:
-                self._append_token(req, result, i)
-            req.check_finished(self.context_len, self.tokenizer)
-            if req.finished():
-                self._release_finished(req)
-            else:
-                keep.append(i)
-                self._emit(req)
-        batch.filter_batch(keep)
-        if batch.forward_mode.is_mixed():
-            self.running_batch = batch
-        elif self.running_batch.reqs:
-            self.running_batch.merge_batch(batch)
-        else:
-            self.running_batch = batch
-
-    def process_decode_result(self, batch: ScheduleBatch, result: GenerationBatchResult) -> None:
-        keep: list[int] = []
-        for i, req in enumerate(batch.reqs):
-            if req.finished():  # aborted during the step
-                self._release_finished(req)
-                continue
-            self._append_token(req, result, i)
-            req.check_finished(self.context_len, self.tokenizer)
-            if req.finished():
-                self._release_finished(req)
-            else:
-                keep.append(i)
-                self._emit(req)
-        batch.filter_batch(keep)
-
     def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         token = result.next_token_ids[i]
         req.output_ids.append(token)

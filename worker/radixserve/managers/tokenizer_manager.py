@@ -249,28 +249,40 @@ class TokenizerManager:
             )
 
     async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
-        """Stream the request's chunks; leaving the iteration early aborts it in the scheduler."""
+        """Stream the request's chunks; leaving the iteration early aborts it in the scheduler.
+
+        No admission check: that is `generate_many`'s job (probes and prefills skip it)."""
+        async for chunk in self._run(self._register(request)):
+            yield chunk
+
+    def _register(self, request: GenerateInput) -> _RequestState:
+        """Track the request; from here on it counts as queued for admission control."""
         if request.rid in self._states:
             raise ValueError(f"request id {request.rid!r} is already in flight")
         params = request.sampling_params
+        detokenizer = None
+        if self.tokenizer is not None:
+            detokenizer = IncrementalDetokenizer(
+                self.tokenizer, request.input_ids, params.skip_special_tokens
+            )
         state = _RequestState(
             input=request,
             outputs=asyncio.Queue(),
-            detokenizer=None
-            if self.tokenizer is None
-            else IncrementalDetokenizer(
-                self.tokenizer, request.input_ids, params.skip_special_tokens
-            ),
+            detokenizer=detokenizer,
             trimmer=StopStringTrimmer(params.stop),
         )
         self._states[request.rid] = state
+        return state
+
+    async def _run(self, state: _RequestState) -> AsyncIterator[GenerateChunk]:
+        request = state.input
         finished = False
         try:
             self._send(
                 TokenizedGenerateReqInput(
                     rid=request.rid,
                     input_ids=request.input_ids,
-                    sampling_params=params,
+                    sampling_params=request.sampling_params,
                     stream=True,
                     return_logprob=request.return_logprob,
                     top_logprobs_num=request.top_logprobs_num,
@@ -282,11 +294,10 @@ class TokenizerManager:
                 if isinstance(output, Exception):
                     finished = True
                     raise output
-                chunk = self._process_output(state, output)
-                finished = chunk.finished
-                yield chunk
+                finished = output.finished_reason is not None
+                yield self._process_output(state, output)
         finally:
-            del self._states[request.rid]
+            self._states.pop(request.rid, None)
             if not finished and self._scheduler_error is None:
                 self._count_finished(state, "abort", len(request.input_ids))
                 with contextlib.suppress(SchedulerUnavailableError):
@@ -386,30 +397,32 @@ class TokenizerManager:
     async def generate_many(
         self, requests: Sequence[GenerateInput]
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
-        """Run several requests at once, yielding (index, chunk) as chunks arrive.
+        """Admit and run several requests at once, yielding (index, chunk) as chunks arrive.
 
-        Requests with the same prompt (`n > 1`) first prefill that prompt once with
-        `max_new_tokens=0`, so the copies find it in the radix cache instead of each computing it.
+        Admission and registration happen with no await in between, so requests arriving
+        together cannot all slip past `--max-queued-requests`. Requests with the same prompt
+        (`n > 1`) first prefill it once with `max_new_tokens=0`, so the copies find it in the
+        radix cache instead of each computing it.
         """
         self.check_capacity(len(requests))
+        states = [self._register(r) for r in requests]
         prompts = [tuple(r.input_ids) for r in requests]
-        shared = {p for p in prompts if prompts.count(p) > 1}
-        prefill_cached: dict[tuple[int, ...], int] = {}
-        for prompt in shared:
-            first = requests[prompts.index(prompt)]
-            prefill_cached[prompt] = await self.prefill_only(first)
         queue: asyncio.Queue = asyncio.Queue()
 
-        async def pump(index: int, request: GenerateInput) -> None:
+        async def pump(index: int, state: _RequestState) -> None:
             try:
-                async for chunk in self.generate(request):
+                async for chunk in self._run(state):
                     queue.put_nowait((index, chunk))
             except Exception as exc:
                 queue.put_nowait((index, exc))
 
-        tasks = [asyncio.ensure_future(pump(i, r)) for i, r in enumerate(requests)]
-        remaining = len(requests)
+        tasks: list[asyncio.Future] = []
         try:
+            prefill_cached: dict[tuple[int, ...], int] = {}
+            for prompt in {p for p in prompts if prompts.count(p) > 1}:
+                prefill_cached[prompt] = await self.prefill_only(requests[prompts.index(prompt)])
+            tasks = [asyncio.ensure_future(pump(i, s)) for i, s in enumerate(states)]
+            remaining = len(requests)
             while remaining:
                 index, item = await queue.get()
                 if isinstance(item, Exception):
@@ -424,6 +437,8 @@ class TokenizerManager:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+            for request in requests:  # never started (a failed prefill, an early cancel)
+                self._states.pop(request.rid, None)
 
     async def prefill_only(self, request: GenerateInput) -> int:
         """Put the prompt into the prefix cache; returns how many of its tokens were cached."""

@@ -1,5 +1,11 @@
-"""ModelWorker: runs one ModelWorkerBatch to sampled tokens, and is the boundary the
-scheduler talks to (the overlap scheduler later wraps it in a thread)."""
+"""ModelWorker: launches one ModelWorkerBatch on the device and resolves its sampled tokens later.
+
+`launch` only enqueues work (forward, sampling, a non-blocking copy of the tokens to the host)
+and returns at once, so the scheduler can prepare the next batch while the device runs this one
+(overlap scheduling). Tokens a later batch needs before the host has them are "future" tokens:
+each launched row writes its token into `future_token_ids` on the device, and the next batch
+names it by a negative id that `ModelRunner` resolves on the device.
+"""
 
 from __future__ import annotations
 
@@ -20,19 +26,65 @@ class GenerationBatchResult:
     top_logprobs: list[list[tuple[int, float]]] | None
 
 
+class PendingBatchResult:
+    """The device-side outcome of a launched batch; `resolve()` is the step's one host sync."""
+
+    def __init__(
+        self,
+        next_token_ids: torch.Tensor,
+        logprobs: torch.Tensor | None,
+        top_logprobs: list[list[tuple[int, float]]] | None,
+        future_slot_start: int,
+    ) -> None:
+        self.future_slot_start = future_slot_start
+        self._top_logprobs = top_logprobs
+        pinned = next_token_ids.device.type == "cuda"
+        self._ids = next_token_ids.to("cpu", non_blocking=pinned)
+        self._logprobs = logprobs.to("cpu", non_blocking=pinned) if logprobs is not None else None
+        self._event = torch.cuda.Event() if pinned else None
+        if self._event is not None:
+            self._event.record()
+
+    def resolve(self) -> GenerationBatchResult:
+        if self._event is not None:
+            self._event.synchronize()
+        return GenerationBatchResult(
+            next_token_ids=self._ids.tolist(),
+            logprobs=self._logprobs.tolist() if self._logprobs is not None else None,
+            top_logprobs=self._top_logprobs,
+        )
+
+
 class ModelWorker:
     def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
         self.model_runner = ModelRunner(server_args, source)
+        runner = self.model_runner
+        # At most two batches are unresolved at once; a ring of four batch-widths never reuses
+        # a slot that a pending row still names. Slot 0 is never used (ids are -slot).
+        self.future_ring = 4 * (runner.max_running_requests + 2)
+        self.future_token_ids = torch.zeros(
+            self.future_ring + 1, dtype=torch.int64, device=runner.device
+        )
+        self._future_next = 1
+
+    def _take_future_slots(self, n: int) -> int:
+        if self._future_next + n > self.future_ring + 1:
+            self._future_next = 1
+        start = self._future_next
+        self._future_next += n
+        return start
 
     @torch.inference_mode()
-    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+    def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
         runner = self.model_runner
-        logits, forward_batch = runner.forward(batch)
+        logits, forward_batch = runner.forward(batch, self.future_token_ids)
         out = runner.sample(logits, forward_batch)
         batch.sampling_info.update_with_new_tokens(out.next_token_ids)
-        # the one host sync of a step: the sampled tokens
-        return GenerationBatchResult(
-            next_token_ids=out.next_token_ids.tolist(),
-            logprobs=out.logprobs.tolist() if out.logprobs is not None else None,
-            top_logprobs=out.top_logprobs,
-        )
+        n = out.next_token_ids.numel()
+        start = self._take_future_slots(n)
+        self.future_token_ids[start : start + n] = out.next_token_ids
+        return PendingBatchResult(out.next_token_ids, out.logprobs, out.top_logprobs, start)
+
+    def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
+        """Launch and wait: the synchronous path."""
+        return self.launch(batch).resolve()

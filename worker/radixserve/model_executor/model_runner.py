@@ -102,10 +102,17 @@ class ModelRunner:
             )
         return requested
 
-    def forward(self, batch: ModelWorkerBatch) -> tuple[torch.Tensor, ForwardBatch]:
+    def forward(
+        self, batch: ModelWorkerBatch, future_token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, ForwardBatch]:
+        """`future_token_ids`: negative input ids name tokens a previous, still unresolved
+        batch sampled (overlap scheduling); they are looked up here, on the device."""
         forward_batch = ForwardBatch.init_new(
             batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
         )
+        if future_token_ids is not None and batch.has_future_ids:
+            ids = forward_batch.input_ids
+            forward_batch.input_ids = torch.where(ids < 0, future_token_ids[(-ids).clamp(min=0)], ids)
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(forward_batch):
             return graphs.replay(forward_batch), forward_batch
