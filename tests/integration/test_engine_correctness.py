@@ -168,3 +168,34 @@ def test_mixed_chunk_joins_running_decode(tiny_llama, greedy):
     assert scheduler.get_server_info()["forward_steps_by_mode"]["mixed"] > 0
     for i, prompt in enumerate(prompts):
         assert results[f"r{i}"] == hf_greedy(hf, prompt, NEW), f"request {i} differs"
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["plain", "mixed"])
+def test_overlap_bookkeeping_matches_transformers(tiny_llama, greedy, mixed):
+    """Overlap scheduling resolves batch N after launching N+1 (future token ids, one-step-late
+    stop checks, retraction of requests whose token is still in flight). On the CPU nothing runs
+    asynchronously, but the bookkeeping is the same: force it on and check the outputs."""
+    source, hf = tiny_llama
+    prompts = random_prompts(16, source.config.vocab_size, 5, 40, seed=9)
+    lengths = [0, 1, 2, 3] + [30] * 12
+    scheduler = make_scheduler(
+        "random:tiny-llama",
+        source,
+        max_total_tokens=520,
+        chunked_prefill_size=16,
+        enable_mixed_chunk=mixed,
+    )
+    scheduler.overlap = True
+    results = run_to_completion(scheduler, prompts, [greedy(n) for n in lengths])
+    info = scheduler.get_server_info()
+    if mixed:
+        assert info["forward_steps_by_mode"]["mixed"] > 0
+    else:
+        assert info["num_retractions"] > 0
+    for i, prompt in enumerate(prompts):
+        expected = hf_greedy(hf, prompt, lengths[i]) if lengths[i] else []
+        assert results[f"r{i}"]["ids"] == expected, f"request {i} differs"
+        assert results[f"r{i}"]["finish"] == {"type": "length"}
+    info = scheduler.get_server_info()
+    assert info["protected_size"] == 0
+    assert info["free_slots"] + info["evictable_size"] == info["max_total_tokens"]

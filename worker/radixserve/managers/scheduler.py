@@ -400,6 +400,12 @@ class Scheduler:
 
     def _release_finished(self, req: Req) -> None:
         """Cache a finished request's KV in the tree (or free it) and send its last output."""
+        if req.kv_len > req.seqlen:
+            # an overlap step past the end took a slot for a token that was then dropped
+            # (e.g. max_new_tokens=0): it holds nothing worth caching
+            row = self.runner.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
+            self.runner.allocator.free(row[req.seqlen :])
+            req.kv_len = req.seqlen
         self.tree_cache.cache_finished_req(req)
         req.req_pool_idx = None
         self.reqs_by_rid.pop(req.rid, None)

@@ -164,15 +164,18 @@ def _from_random(
         tokenizer=tokenizer,
         description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
         f"{config.dtype})",
-        weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype),
+        weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype, device),
     )
 
 
-def build_hf_reference(source: ModelSource) -> transformers.PreTrainedModel:
-    """A float32 transformers model holding the source's weights, in eval mode: the reference
-    the worker's own model is checked against (greedy outputs, logits)."""
+def build_hf_reference(
+    source: ModelSource, dtype: torch.dtype = torch.float32
+) -> transformers.PreTrainedModel:
+    """A transformers model holding the source's weights (float32 unless asked otherwise, on
+    the device the weights come from), in eval mode: the reference the worker's own model is
+    checked against, and the peer the benchmarks compare with."""
     with no_init_weights():  # every parameter is overwritten below; random init is wasted time
-        model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=dtype)
     # assign: the model takes the source's tensors instead of copying into fresh memory.
     result = model.load_state_dict(dict(source.weights()), strict=False, assign=True)
     tied = {"lm_head.weight"} if source.config.tie_word_embeddings else set()
@@ -182,4 +185,4 @@ def build_hf_reference(source: ModelSource) -> transformers.PreTrainedModel:
             f"{sorted(set(result.missing_keys) - tied)}, unexpected {result.unexpected_keys}"
         )
     model.tie_weights()
-    return model.float().eval()
+    return model.to(dtype).eval()
