@@ -16,6 +16,7 @@ import time
 import aiohttp
 import openai
 import pytest
+
 from radixserve.entrypoints.server_process import ServerProcess
 
 MODEL = "tiny-smollm-vocab"
@@ -89,7 +90,11 @@ def post(server: ServerProcess, path: str, body: object) -> tuple[int, dict, dic
 
 def test_completion_reports_usage_and_length(client):
     reply = client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        extra_body={"ignore_eos": True},
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "length"
@@ -143,7 +148,13 @@ def test_completion_stream(client):
 
 def test_n_samples_share_the_prompt(client):
     reply = client.completions.create(
-        model=MODEL, prompt="A list of fruits:", max_tokens=6, n=3, temperature=1.0, seed=1
+        model=MODEL,
+        prompt="A list of fruits:",
+        max_tokens=6,
+        n=3,
+        temperature=1.0,
+        seed=1,
+        extra_body={"ignore_eos": True},
     )
     assert sorted(c.index for c in reply.choices) == [0, 1, 2]
     assert all(c.text for c in reply.choices)
@@ -181,7 +192,12 @@ def test_stop_string_cuts_the_text_before_it(client):
 
 def test_completion_logprobs(client):
     reply = client.completions.create(
-        model=MODEL, prompt="Hello", max_tokens=5, temperature=0, logprobs=2
+        model=MODEL,
+        prompt="Hello",
+        max_tokens=5,
+        temperature=0,
+        logprobs=2,
+        extra_body={"ignore_eos": True},
     )
     logprobs = reply.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 5

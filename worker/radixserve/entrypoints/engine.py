@@ -356,10 +356,9 @@ class Engine:
         )
         if batched:
             raise ValueError("streaming takes one prompt with n = 1")
-        self.tokenizer_manager.check_capacity(1)
         builder = _ResultBuilder(inputs[0])
-        stream = self.tokenizer_manager.generate(inputs[0])
-        async for chunk in self._stream_on_engine_loop(stream):
+        stream = self.tokenizer_manager.generate_many(inputs)
+        async for _, chunk in self._stream_on_engine_loop(stream):
             yield builder.stream_item(chunk)
 
     def generate_stream(
