@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import importlib.metadata
+import json
 import os
 import shutil
 import signal
@@ -257,6 +258,13 @@ def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
         _wait_healthy(f"http://127.0.0.1:{port}/health", server)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=30) as response:
             assert b"smollm2-135m" in response.read()
+        completion = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions",
+            data=json.dumps({"model": "smollm2-135m", "prompt": "Hello", "max_tokens": 4}).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(completion, timeout=300) as response:
+            assert json.loads(response.read())["usage"]["completion_tokens"] > 0
         server.send_signal(signal.SIGTERM)
         assert server.wait(timeout=120) == 0, (image_root / "worker.log").read_text()[-3000:]
     finally:
