@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 
 import torch
+
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode

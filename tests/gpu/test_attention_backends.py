@@ -12,6 +12,7 @@ import itertools
 
 import pytest
 import torch
+
 from radixserve.model_executor.forward_batch_info import ForwardMode
 
 pytestmark = [

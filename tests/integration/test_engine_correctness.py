@@ -5,7 +5,7 @@ radix cache on/off, both policies, and retraction under KV pressure."""
 from __future__ import annotations
 
 import pytest
-from conftest import hf_greedy, make_scheduler, random_prompts, run_to_completion
+from engine_harness import hf_greedy, make_scheduler, random_prompts, run_to_completion
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 

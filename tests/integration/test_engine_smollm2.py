@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from conftest import hf_greedy, make_scheduler, run_to_completion
+from engine_harness import hf_greedy, make_scheduler, run_to_completion
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 from radixserve.sampling.sampling_params import SamplingParams

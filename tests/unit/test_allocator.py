@@ -4,6 +4,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.memory_pool import ReqToTokenPool

@@ -1,6 +1,7 @@
 """ReqToTokenPool rows and their CPU mirror; TokenToKVPool buffers."""
 
 import torch
+
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
+
 from radixserve.layers.sampler import Sampler, allowed_tokens
 from radixserve.sampling.penalties import (
     FrequencyPresencePenalizer,
@@ -18,7 +20,6 @@ from radixserve.sampling.penalties import (
 )
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo, fmix32
 from radixserve.sampling.sampling_params import SamplingParams
-from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 VOCAB = 64
 EOS = 2

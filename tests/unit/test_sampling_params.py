@@ -5,6 +5,7 @@ import pickle
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from radixserve.sampling.sampling_params import SamplingParams
 
 VOCAB = 1000

@@ -23,10 +23,11 @@ from attention_cases import (  # noqa: E402
     run_backend,
     stored_kv_matches,
 )
+from triton.runtime import interpreter  # noqa: E402
+
 from radixserve.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices  # noqa: E402
 from radixserve.model_executor.forward_batch_info import ForwardMode  # noqa: E402
-from triton.runtime import interpreter  # noqa: E402
 
 
 def _allow_one_element_index() -> None:

@@ -51,6 +51,9 @@ RESOURCES = {
     "keda.sh/v1alpha1/scaledobjects": ResourceInfo(
         kind="ScaledObject", namespaced=True, verbs={"get", "patch", "delete"}
     ),
+    "kopf.dev/v1/kopfpeerings": ResourceInfo(
+        kind="KopfPeering", namespaced=True, verbs={"list", "watch", "get", "patch", "create"}
+    ),
     "v1/events": ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"}),
 }
 
@@ -194,6 +197,7 @@ def operator_config(**overrides: Any) -> OperatorConfig:
         "liveness_port": None,
         "metrics_port": None,
         "log_format": "plain",
+        "verbose": True,
         "worker_image": "radixserve:test",
         "prometheus_address": "http://prometheus.test:9090",
     }

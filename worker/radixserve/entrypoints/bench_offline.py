@@ -91,10 +91,13 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
         params = [
             {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in work.output_lens
         ]
+        before = engine.get_server_info()
         start = time.perf_counter()
         outs = engine.generate(input_ids=work.prompts, sampling_params=params)
         seconds = time.perf_counter() - start
         info = engine.get_server_info()
+    busy = info.get("gpu_busy_ms", 0.0) - before.get("gpu_busy_ms", 0.0)
+    gap = info.get("gpu_gap_ms", 0.0) - before.get("gpu_gap_ms", 0.0)
     produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     return Result(
@@ -107,6 +110,8 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
             "attention_backend": info.get("attention_backend"),
             "max_total_tokens": info.get("max_total_tokens"),
             "retractions": info.get("num_retractions"),
+            "overlap": info.get("overlap"),
+            "gpu_idle_between_batches": gap / (busy + gap) if busy + gap else None,
         },
     )
 
@@ -117,7 +122,7 @@ def run_transformers(source: Any, work: Workload, mode: str, batch_size: int, li
     from radixserve.model_loader.loader import build_hf_reference
 
     device = "cuda" if torch.cuda.is_available() and source.config.dtype != torch.float32 else "cpu"
-    model = build_hf_reference(source).to(device=device, dtype=source.config.dtype)
+    model = build_hf_reference(source, dtype=source.config.dtype).to(device)
     n = min(limit or len(work.prompts), len(work.prompts))
     prompts, lens = work.prompts[:n], work.output_lens[:n]
     groups = [[i] for i in range(n)] if mode == "sequential" else [
@@ -228,6 +233,12 @@ def run(args: argparse.Namespace) -> int:
     }
     for r in results[1:]:
         print(f"radixserve / {r.name}: {ours / r.output_tok_s:.2f}x output tokens/s")
+    idle = results[0].extra.get("gpu_idle_between_batches")
+    if idle is not None:
+        print(
+            f"GPU idle between batches: {100 * idle:.2f}% of the batches' span "
+            f"(overlap {'on' if results[0].extra.get('overlap') else 'off'})"
+        )
     if peak is not None:
         achieved = results[0].total_tok_s * 2 * params / 1e12
         summary |= {"bf16_matmul_tflops": peak, "achieved_tflops": achieved}

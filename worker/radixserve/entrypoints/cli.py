@@ -17,6 +17,7 @@ from radixserve.server_args import ServerArgs
 BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
     "offline": "radixserve.entrypoints.bench_offline",
+    "latency": "radixserve.entrypoints.bench_latency",
 }
 
 

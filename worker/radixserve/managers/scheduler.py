@@ -199,6 +199,9 @@ class Scheduler:
             "evictable_size": self.tree_cache.evictable_size(),
             "protected_size": self.tree_cache.protected_size(),
             "new_token_ratio": self.new_token_ratio,
+            "overlap": self.overlap,
+            "gpu_busy_ms": self.worker.gpu_busy_ms,
+            "gpu_gap_ms": self.worker.gpu_gap_ms,
         }
 
     def kv_usage(self) -> float:
@@ -231,6 +234,8 @@ class Scheduler:
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
             self._resolve(previous)
+        if batch is None:
+            self.worker.mark_idle()
         return batch is not None or previous is not None
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
@@ -251,6 +256,7 @@ class Scheduler:
 
     def _resolve(self, launched: LaunchedBatch) -> None:
         result = launched.pending.resolve()
+        self.worker.account(launched.pending)
         mode = launched.mode.metric_label
         self.forward_steps_by_mode[mode] += 1
         elapsed = time.perf_counter() - launched.start

@@ -35,19 +35,21 @@ class PendingBatchResult:
         logprobs: torch.Tensor | None,
         top_logprobs: list[list[tuple[int, float]]] | None,
         future_slot_start: int,
+        started: torch.cuda.Event | None = None,
     ) -> None:
         self.future_slot_start = future_slot_start
+        self.started = started
         self._top_logprobs = top_logprobs
         pinned = next_token_ids.device.type == "cuda"
         self._ids = next_token_ids.to("cpu", non_blocking=pinned)
         self._logprobs = logprobs.to("cpu", non_blocking=pinned) if logprobs is not None else None
-        self._event = torch.cuda.Event() if pinned else None
-        if self._event is not None:
-            self._event.record()
+        self.done = torch.cuda.Event(enable_timing=True) if pinned else None
+        if self.done is not None:
+            self.done.record()
 
     def resolve(self) -> GenerationBatchResult:
-        if self._event is not None:
-            self._event.synchronize()
+        if self.done is not None:
+            self.done.synchronize()
         return GenerationBatchResult(
             next_token_ids=self._ids.tolist(),
             logprobs=self._logprobs.tolist() if self._logprobs is not None else None,
@@ -66,6 +68,24 @@ class ModelWorker:
             self.future_ring + 1, dtype=torch.int64, device=runner.device
         )
         self._future_next = 1
+        # GPU timeline, from events the device records as it reaches them: busy = inside a
+        # batch, gap = between one batch's end and the next one's start while work was queued
+        self.gpu_busy_ms = 0.0
+        self.gpu_gap_ms = 0.0
+        self._last_done: torch.cuda.Event | None = None
+
+    def account(self, pending: PendingBatchResult) -> None:
+        """Add a resolved batch to the GPU timeline (call in launch order)."""
+        if pending.started is None or pending.done is None:
+            return
+        self.gpu_busy_ms += pending.started.elapsed_time(pending.done)
+        if self._last_done is not None:
+            self.gpu_gap_ms += self._last_done.elapsed_time(pending.started)
+        self._last_done = pending.done
+
+    def mark_idle(self) -> None:
+        """Nothing is queued: the time until the next launch is not a scheduling gap."""
+        self._last_done = None
 
     def _take_future_slots(self, n: int) -> int:
         if self._future_next + n > self.future_ring + 1:
@@ -77,13 +97,19 @@ class ModelWorker:
     @torch.inference_mode()
     def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
         runner = self.model_runner
+        started = None
+        if runner.device.type == "cuda":
+            started = torch.cuda.Event(enable_timing=True)
+            started.record()
         logits, forward_batch = runner.forward(batch, self.future_token_ids)
         out = runner.sample(logits, forward_batch)
         batch.sampling_info.update_with_new_tokens(out.next_token_ids)
         n = out.next_token_ids.numel()
         start = self._take_future_slots(n)
         self.future_token_ids[start : start + n] = out.next_token_ids
-        return PendingBatchResult(out.next_token_ids, out.logprobs, out.top_logprobs, start)
+        return PendingBatchResult(
+            out.next_token_ids, out.logprobs, out.top_logprobs, start, started
+        )
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Launch and wait: the synchronous path."""

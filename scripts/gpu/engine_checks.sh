@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
+# Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
+# Stages: tests latency offline overlap (default: all). Logs and JSON under $OUT.
+set -u
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="worker${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+RS="python3 -m radixserve.entrypoints.cli"
+stages=${*:-tests latency offline overlap}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+for stage in $stages; do
+  echo "=== $stage $(date +%T)"
+  case $stage in
+    tests)
+      timeout 240 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_engine_gpu.py -s \
+        2>&1 | tee "$OUT/tests.log" | grep -E "agreement|passed|failed|Error|error" ;;
+    latency)
+      timeout 200 $RS bench latency --model random:llama-3.2-1b --context-length 4096 \
+        --attention-backend triton --cuda-graph-max-bs 256 --batch-sizes 1,8,64,256 \
+        --input-len 512 --output-len 64 --output-json "$OUT/latency-1b.json" 2>&1 | tail -9
+      timeout 240 $RS bench latency --model random:llama-3-8b --context-length 4096 \
+        --attention-backend triton --cuda-graph-max-bs 256 --batch-sizes 1,16,64,256 \
+        --input-len 512 --output-len 64 --output-json "$OUT/latency-8b.json" 2>&1 | tail -9 ;;
+    offline)
+      timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 \
+        --num-prompts 500 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
+        --transformers batched --hf-batch-size 64 --hf-max-prompts 64 \
+        --output-json "$OUT/offline-8b.json" 2>&1 | tail -9
+      timeout 200 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \
+        --num-prompts 256 --input-len 1024 --input-len-min 100 --output-len 1024 --output-len-min 100 \
+        --transformers none --output-json "$OUT/offline-qwen3.json" 2>&1 | tail -6 ;;
+    overlap)
+      for flag in "" "--disable-overlap"; do
+        timeout 150 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
+          --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
+          --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
+      done ;;
+  esac
+done
+echo "=== done $(date +%T)"

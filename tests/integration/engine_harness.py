@@ -1,0 +1,83 @@
+"""Helpers for engine-level tests (integration and GPU): run the scheduler in-process and
+compare with Hugging Face transformers on the same weights."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+
+from radixserve.managers.io_struct import TokenizedGenerateReqInput
+from radixserve.managers.scheduler import Scheduler
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
+
+
+def make_scheduler(model: str, source=None, **kwargs) -> Scheduler:
+    kwargs.setdefault("device", "cpu")
+    kwargs.setdefault("max_total_tokens", 4096)
+    return Scheduler(ServerArgs(model=model, **kwargs), source)
+
+
+def run_to_completion(
+    scheduler: Scheduler,
+    prompts: list[list[int]],
+    params: SamplingParams | list[SamplingParams],
+    max_steps: int = 100_000,
+) -> dict[str, dict]:
+    """Submit every prompt, step until idle; returns rid -> {"ids", "finish", "cached"}."""
+    if isinstance(params, SamplingParams):
+        params = [params] * len(prompts)
+    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(rid=f"r{i}", input_ids=ids, sampling_params=p)
+        )
+    results: dict[str, dict] = {}
+    for _ in range(max_steps):
+        scheduler.step()
+        for out in scheduler.pop_outputs():
+            entry = results.setdefault(out.rid, {"ids": [], "finish": None, "cached": 0})
+            entry["ids"].extend(out.new_token_ids)
+            entry["finish"] = out.finished_reason
+            entry["cached"] = out.cached_tokens
+        if not scheduler.has_work():
+            break
+    else:
+        raise AssertionError("scheduler did not finish")
+    return results
+
+
+def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:
+    """transformers generate, one prompt at a time (no padding), greedy."""
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=0 if eos else max_new_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(vocab) for _ in range(rng.randint(lo, hi))] for _ in range(n)]
+
+
+def greedy(max_new_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0, ignore_eos=True, **kw)
+
+
+def token_agreement(a: dict[str, dict], b: dict[str, dict]) -> float:
+    """Fraction of tokens that agree before each request's first divergence."""
+    same = total = 0
+    for rid, entry in a.items():
+        x, y = entry["ids"], b[rid]["ids"]
+        total += max(len(x), len(y))
+        for s, t in zip(x, y, strict=False):
+            if s != t:
+                break
+            same += 1
+    return same / total if total else 1.0

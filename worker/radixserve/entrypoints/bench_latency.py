@@ -1,0 +1,203 @@
+"""`radixserve bench latency`: one static batch, no server, no scheduler policy: prefill a batch
+of `bs` prompts, then decode it step by step, for each batch size asked for.
+
+Each decode step is what a serving step costs without overlap: build the batch, run the model
+(a CUDA graph replay where one is captured), sample, copy the tokens to the host. The numbers are
+set against the hardware measured in the same run: decode against memory bandwidth (MBU: bytes
+of weights plus KV read per step / step time / measured copy bandwidth), prefill against compute
+(MFU: 2 x parameters x tokens / time / measured bf16 matmul rate). transformers `generate` on the
+same weights runs the same batch-1 decode for comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from typing import Any
+
+import torch
+
+from radixserve.server_args import ServerArgs
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    ServerArgs.add_cli_args(parser)
+    parser.add_argument("--batch-sizes", default="1", help="comma list, e.g. 1,8,64,256")
+    parser.add_argument("--input-len", type=int, default=128)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--transformers-output-len", type=int, default=32, help="0 skips the peer")
+    parser.add_argument("--output-json", default=None)
+
+
+def measure_ceilings() -> dict[str, float]:
+    """Device copy bandwidth (read + write) and bf16 matmul rate, measured now."""
+    from radixserve.entrypoints.bench_offline import measure_matmul_tflops
+
+    n = 1 << 30  # 2 GiB of bf16
+    a = torch.empty(n, dtype=torch.bfloat16, device="cuda").normal_()
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    start.record()
+    for _ in range(10):
+        b.copy_(a)
+    end.record()
+    torch.cuda.synchronize()
+    bandwidth = 2 * a.numel() * a.element_size() * 10 / (start.elapsed_time(end) / 1e3)
+    del a, b
+    torch.cuda.empty_cache()
+    return {"copy_bytes_per_s": bandwidth, "bf16_flops_per_s": measure_matmul_tflops() * 1e12}
+
+
+def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
+    """Every parameter is read once per step, except an untied input embedding, of which only
+    the looked-up rows are read."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not getattr(model, "tie_word_embeddings", False):
+        emb = model.model.embed_tokens.weight
+        total -= emb.numel() * emb.element_size()
+    return total
+
+
+def run_batch(worker: Any, cache: Any, bs: int, input_len: int, output_len: int, vocab: int) -> dict:
+    from radixserve.managers.schedule_batch import Req, ScheduleBatch
+    from radixserve.sampling.sampling_params import SamplingParams
+
+    runner = worker.model_runner
+    rng = random.Random(bs)
+    params = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
+    reqs = [
+        Req(str(i), [rng.randrange(10, vocab) for _ in range(input_len)], params) for i in range(bs)
+    ]
+    for req in reqs:
+        req.init_next_round_input(cache)
+    batch = ScheduleBatch(
+        reqs, runner.req_to_token_pool, runner.allocator, cache, vocab, runner.device, set()
+    )
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    batch.prepare_for_extend()
+    result = worker.forward_batch_generation(batch.get_model_worker_batch())
+    prefill_s = time.perf_counter() - start
+    for req, token in zip(reqs, result.next_token_ids, strict=True):
+        req.output_ids.append(token)
+    steps = []
+    for _ in range(output_len - 1):
+        start = time.perf_counter()
+        batch.prepare_for_decode()
+        result = worker.forward_batch_generation(batch.get_model_worker_batch())
+        steps.append(time.perf_counter() - start)
+        for req, token in zip(reqs, result.next_token_ids, strict=True):
+            req.output_ids.append(token)
+    mean_context = input_len + output_len / 2
+    for req in reqs:
+        cache.cache_finished_req(req)
+    return {
+        "bs": bs,
+        "prefill_s": prefill_s,
+        "decode_step_s": statistics.median(steps[len(steps) // 4 :]),
+        "mean_context": mean_context,
+    }
+
+
+def transformers_decode_step(source: Any, input_len: int, output_len: int) -> float:
+    """Seconds per generated token of transformers `generate`, batch 1, same weights."""
+    from radixserve.model_loader.loader import build_hf_reference
+
+    model = build_hf_reference(source, dtype=source.config.dtype).to("cuda")
+    ids = torch.randint(10, source.config.vocab_size, (1, input_len), device="cuda")
+
+    def gen(n: int, model: torch.nn.Module = model) -> float:
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    gen(4)
+    short, long = gen(2), gen(output_len)
+    return (long - short) / (output_len - 2)
+
+
+def run(args: argparse.Namespace) -> int:
+    from radixserve.managers.tp_worker import ModelWorker
+    from radixserve.mem_cache.chunk_cache import ChunkCache
+    from radixserve.mem_cache.memory_pool import TokenToKVPool
+    from radixserve.model_loader.loader import load_model_source
+
+    server_args = ServerArgs.from_cli_args(args)
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    if server_args.max_running_requests is None:
+        server_args.max_running_requests = max(batch_sizes)
+    ceilings = measure_ceilings()
+    source = load_model_source(
+        server_args.model,
+        dtype=server_args.dtype,
+        device=server_args.resolved_device(),
+        context_length=server_args.context_length,
+        seed=server_args.random_seed,
+    )
+    peer = (
+        transformers_decode_step(source, args.input_len, args.transformers_output_len)
+        if args.transformers_output_len
+        else None
+    )
+    torch.cuda.empty_cache()  # the peer's copy of the weights is gone
+    worker = ModelWorker(server_args, source)
+    runner = worker.model_runner
+    cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+    cfg = source.config
+    weights = weight_bytes_read_per_step(runner.model)
+    kv_per_token = TokenToKVPool.bytes_per_token(
+        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, runner.dtype
+    )
+    from radixserve.entrypoints.bench_offline import parameter_count
+
+    flops_per_token = 2 * parameter_count(cfg)
+    run_batch(worker, cache, batch_sizes[0], args.input_len, 8, cfg.vocab_size)  # warm-up
+    rows = []
+    for bs in batch_sizes:
+        r = run_batch(worker, cache, bs, args.input_len, args.output_len, cfg.vocab_size)
+        read = weights + bs * r["mean_context"] * kv_per_token
+        r["decode_tok_s"] = bs / r["decode_step_s"]
+        r["decode_mbu"] = read / r["decode_step_s"] / ceilings["copy_bytes_per_s"]
+        r["decode_floor_s"] = read / ceilings["copy_bytes_per_s"]
+        r["prefill_tok_s"] = bs * args.input_len / r["prefill_s"]
+        r["prefill_mfu"] = r["prefill_tok_s"] * flops_per_token / ceilings["bf16_flops_per_s"]
+        rows.append(r)
+
+    print(
+        f"\n{server_args.model}: {cfg.num_hidden_layers} layers, weights read per step "
+        f"{weights / 1e9:.2f} GB, backend {runner.attention_backend_name}, CUDA graphs "
+        f"{'on' if runner.cuda_graph_runner else 'off'}; measured copy "
+        f"{ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+        f"{ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
+    )
+    print(
+        f"{'bs':>5}{'prefill ms':>12}{'prefill tok/s':>15}{'MFU':>7}"
+        f"{'decode ms':>11}{'floor ms':>10}{'decode tok/s':>14}{'MBU':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r['bs']:>5}{r['prefill_s'] * 1e3:>12.2f}{r['prefill_tok_s']:>15.0f}"
+            f"{100 * r['prefill_mfu']:>6.1f}%{r['decode_step_s'] * 1e3:>11.3f}"
+            f"{r['decode_floor_s'] * 1e3:>10.3f}{r['decode_tok_s']:>14.1f}{100 * r['decode_mbu']:>6.1f}%"
+        )
+    summary: dict[str, Any] = {"model": server_args.model, "ceilings": ceilings, "rows": rows}
+    if peer is not None:
+        ours = next((r for r in rows if r["bs"] == 1), None)
+        summary["transformers_bs1_step_s"] = peer
+        line = f"transformers generate, bs 1: {peer * 1e3:.2f} ms/token ({1 / peer:.1f} tok/s)"
+        if ours is not None:
+            line += f"; radixserve is {peer / ours['decode_step_s']:.1f}x faster"
+        print(line)
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0
