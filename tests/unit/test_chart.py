@@ -271,3 +271,16 @@ def test_packaged_chart_is_self_contained_and_renders_the_same(tmp_path: Path) -
         packaged = chart.render(EVERYTHING_ON, name="rs", namespace="radixserve")
     with helm_python.Chart.load(CHART) as chart:
         assert packaged == chart.render(EVERYTHING_ON, name="rs", namespace="radixserve")
+
+
+def test_service_monitor_matches_the_services_the_operator_builds() -> None:
+    from radixserve_operator.manifests.meta import Owner
+    from radixserve_operator.manifests.service import build_service
+
+    service = build_service(Owner(name="smollm2", namespace="team-a", uid="0"))
+    (monitor,) = by_kind(render(EVERYTHING_ON), "ServiceMonitor")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    port_names = {port["name"] for port in service["spec"]["ports"]}
+    assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} <= port_names
