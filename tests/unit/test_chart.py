@@ -17,6 +17,12 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from radixserve_operator import KIND
+from radixserve_operator.kube import PLURALS
+from radixserve_operator.manifests.meta import Owner
+from radixserve_operator.manifests.service import build_service
+from radixserve_operator.spec import parse_spec
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CHART = REPO_ROOT / "charts" / "radixserve"
 KUBERNETES_VERSION = "1.30.0"
@@ -232,6 +238,8 @@ def test_inference_service_from_values_satisfies_the_crd_schema() -> None:
     assert service["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
     jsonschema.Draft4Validator(version["schema"]["openAPIV3Schema"]).validate(service)
     assert service["spec"]["model"]["uri"] == "builtin:smollm2-135m"
+    parsed = parse_spec(service["spec"], name="smollm2", default_image="radixserve:test")
+    assert parsed.model.served_name == "smollm2" and parsed.resources.gpu == 0
 
 
 def test_notes_tell_the_user_what_to_do_next() -> None:
@@ -249,9 +257,6 @@ def test_notes_tell_the_user_what_to_do_next() -> None:
 
 
 def test_rbac_covers_every_kind_the_operator_applies() -> None:
-    from radixserve_operator import KIND
-    from radixserve_operator.kube import PLURALS
-
     for (api_version, kind), plural in PLURALS.items():
         group = api_version.rpartition("/")[0]
         verbs = WORKLOAD_PERMISSIONS[(group, plural)]
@@ -274,9 +279,6 @@ def test_packaged_chart_is_self_contained_and_renders_the_same(tmp_path: Path) -
 
 
 def test_service_monitor_matches_the_services_the_operator_builds() -> None:
-    from radixserve_operator.manifests.meta import Owner
-    from radixserve_operator.manifests.service import build_service
-
     service = build_service(Owner(name="smollm2", namespace="team-a", uid="0"))
     (monitor,) = by_kind(render(EVERYTHING_ON), "ServiceMonitor")
     assert (
