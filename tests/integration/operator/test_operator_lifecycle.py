@@ -8,7 +8,8 @@ from typing import Any
 
 import kubernetes
 import pytest
-from conftest import ApiServer, OperatorThread, load_example, operator_config, wait_for
+from operator_harness import ApiServer, OperatorThread, load_example, operator_config, wait_for
+
 from radixserve_operator import GROUP, PLURAL, VERSION
 from radixserve_operator.metrics import SERVICE_READY
 
