@@ -1,0 +1,294 @@
+"""Builders: every manifest validates against the Kubernetes schemas, for examples and a spread."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from radixserve_operator.manifests import Owner, build_children, worker_args
+from radixserve_operator.manifests.scaled_object import prometheus_query
+from radixserve_operator.spec import parse_spec
+
+REPO = Path(__file__).resolve().parents[3]
+OWNER = Owner(name="svc", namespace="models", uid="0b7c1f0e-5d4a-4c1e-9d3f-2a6b8c9d0e1f")
+K8S_VERSION = "1.30.0"
+EXAMPLES = {
+    path.name: yaml.safe_load(path.read_text())
+    for path in sorted((REPO / "examples").glob("*.yaml"))
+    if yaml.safe_load(path.read_text()).get("kind") == "InferenceService"
+}
+# The fields KEDA and the Prometheus Operator require (their CRDs are not Kubernetes schemas).
+CUSTOM_KIND_SCHEMAS: dict[str, dict[str, Any]] = {
+    "ScaledObject": {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["scaleTargetRef", "triggers"],
+                "properties": {
+                    "scaleTargetRef": {"type": "object", "required": ["name"]},
+                    "minReplicaCount": {"type": "integer", "minimum": 0},
+                    "maxReplicaCount": {"type": "integer", "minimum": 1},
+                    "triggers": {
+                        "type": "array",
+                        "minItems": 1,
+                        "items": {
+                            "type": "object",
+                            "required": ["type", "metadata"],
+                            "properties": {
+                                "metadata": {
+                                    "type": "object",
+                                    "additionalProperties": {"type": "string"},
+                                }
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    },
+    "ServiceMonitor": {
+        "type": "object",
+        "required": ["spec"],
+        "properties": {
+            "spec": {
+                "type": "object",
+                "required": ["selector", "endpoints"],
+                "properties": {"endpoints": {"type": "array", "minItems": 1}},
+            }
+        },
+    },
+}
+
+
+def children(spec: dict[str, Any], name: str = OWNER.name) -> list[dict[str, Any]]:
+    parsed = parse_spec(spec, name=name, default_image="registry.example/radixserve:1")
+    return build_children(OWNER, parsed, prometheus_address="http://prometheus:9090")
+
+
+def assert_valid(manifest: dict[str, Any]) -> None:
+    if manifest["kind"] in CUSTOM_KIND_SCHEMAS:
+        jsonschema.validate(manifest, CUSTOM_KIND_SCHEMAS[manifest["kind"]])
+    else:
+        kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
+    meta = manifest["metadata"]
+    assert meta["ownerReferences"] == [OWNER.reference()]
+    assert meta["labels"]["radixserve.io/inferenceservice"] == OWNER.name
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "radixserve-operator"
+
+
+def by_kind(manifests: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {manifest["kind"]: manifest for manifest in manifests}
+
+
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_children_validate(name: str) -> None:
+    manifests = children(EXAMPLES[name]["spec"])
+    for manifest in manifests:
+        assert_valid(manifest)
+    kinds = set(by_kind(manifests))
+    assert {"Deployment", "Service", "PodDisruptionBudget"} <= kinds
+    if "autoscaling" in EXAMPLES[name]["spec"]:
+        assert {"ScaledObject", "ServiceMonitor"} <= kinds
+
+
+def test_cpu_example_deployment() -> None:
+    deployment = by_kind(children(EXAMPLES["service.yaml"]["spec"]))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["args"][container["args"].index("--device") + 1] == "cpu"
+    assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {
+        "maxSurge": "25%",
+        "maxUnavailable": 0,
+    }
+    assert {
+        probe: container[probe]["httpGet"]["path"]
+        for probe in ("startupProbe", "livenessProbe", "readinessProbe")
+    } == {
+        "startupProbe": "/health",
+        "livenessProbe": "/health",
+        "readinessProbe": "/ready",
+    }
+    startup = container["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 300  # the example's timeout
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/scrape"] == "true"
+    assert annotations["prometheus.io/port"] == "8000"
+
+
+def test_gpu_example_is_gpu_safe_and_autoscaled() -> None:
+    manifests = by_kind(children(EXAMPLES["gpu-llama.yaml"]["spec"]))
+    deployment = manifests["Deployment"]
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # No surge pod waiting for a GPU that does not exist.
+    assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    assert {"name": "HF_HOME", "value": "/models/cache"} in container["env"]
+    volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
+    assert volumes["model-cache"]["persistentVolumeClaim"]["claimName"] == "hf-cache"
+    scaled = manifests["ScaledObject"]["spec"]
+    assert scaled["scaleTargetRef"] == {
+        "apiVersion": "radixserve.io/v1alpha1",
+        "kind": "InferenceService",
+        "name": OWNER.name,
+    }
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (1, 4)
+    trigger = scaled["triggers"][0]
+    assert trigger["metadata"]["threshold"] == "4"
+    assert "radixserve_num_queued_requests" in trigger["metadata"]["query"]
+
+
+def test_grace_period_covers_prestop_and_drain() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m"},
+        "lifecycle": {"preStopSleepSeconds": 7, "drainTimeoutSeconds": 90},
+    }
+    deployment = by_kind(children(spec))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "7"]
+    assert pod["terminationGracePeriodSeconds"] > 7 + 90
+    assert container["args"][container["args"].index("--drain-timeout") + 1] == "90"
+
+
+def test_tensor_parallel_sets_the_gpu_count() -> None:
+    spec = {"model": {"uri": "hf://org/model"}, "engine": {"tensorParallelSize": 4}}
+    deployment = by_kind(children(spec))["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    assert container["args"][container["args"].index("--tp-size") + 1] == "4"
+    assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("uri", "model_arg", "volume"),
+    [
+        ("builtin:smollm2-135m", "builtin:smollm2-135m", None),
+        ("file:///weights/llama.gguf", "/weights/llama.gguf", None),
+        ("pvc://weights/llama-8b", "/models/source/llama-8b", "model-source"),
+        ("pvc://weights", "/models/source", "model-source"),
+        ("hf://org/repo", "org/repo", "model-cache"),
+    ],
+)
+def test_model_sources(uri: str, model_arg: str, volume: str | None) -> None:
+    spec = parse_spec({"model": {"uri": uri}}, name="svc", default_image="img")
+    args = worker_args(spec)
+    assert args[args.index("--model") + 1] == model_arg
+    pod = by_kind(children({"model": {"uri": uri}}))["Deployment"]["spec"]["template"]["spec"]
+    names = [v["name"] for v in pod.get("volumes", [])]
+    assert names == ([volume] if volume else [])
+
+
+def test_engine_flags_map_to_worker_cli() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m", "name": "small"},
+        "engine": {
+            "cudaGraph": False,
+            "radixCache": False,
+            "overlapSchedule": False,
+            "schedulePolicy": "fcfs",
+            "maxQueuedRequests": 64,
+            "extraArgs": ["--foo", "bar"],
+        },
+    }
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    for flag in ("--disable-cuda-graph", "--disable-radix-cache", "--disable-overlap"):
+        assert flag in args
+    assert args[args.index("--schedule-policy") + 1] == "fcfs"
+    assert args[args.index("--max-queued-requests") + 1] == "64"
+    assert args[args.index("--served-model-name") + 1] == "small"
+    assert args[-2:] == ["--foo", "bar"]
+
+
+def test_query_does_not_match_a_prefixed_neighbour() -> None:
+    query = prometheus_query(Owner("svc-a", "ns", "u"), "running")
+    assert (
+        query
+        == 'sum(radixserve_num_running_requests{namespace="ns",pod=~"svc-a-[a-z0-9]+-[a-z0-9]+"})'
+    )
+
+
+quantities = st.sampled_from(["500m", "1", "2", "4Gi", "16Gi"])
+valid_specs = st.fixed_dictionaries(
+    {
+        "model": st.fixed_dictionaries(
+            {
+                "uri": st.sampled_from(
+                    ["builtin:smollm2-135m", "hf://org/m", "pvc://claim/dir", "file:///m.gguf"]
+                )
+            }
+        )
+    },
+    optional={
+        "replicas": st.integers(0, 8),
+        "resources": st.fixed_dictionaries(
+            {},
+            optional={
+                "gpu": st.integers(0, 8),
+                "requests": st.dictionaries(
+                    st.sampled_from(["cpu", "memory"]), quantities, max_size=2
+                ),
+            },
+        ),
+        "engine": st.fixed_dictionaries(
+            {},
+            optional={
+                "attentionBackend": st.sampled_from(
+                    ["auto", "torch_native", "triton", "flashinfer"]
+                ),
+                "maxRunningRequests": st.integers(1, 512),
+                "chunkedPrefillSize": st.integers(-1, 8192),
+                "memFractionStatic": st.floats(0.05, 0.95),
+                "cudaGraph": st.booleans(),
+            },
+        ),
+        "modelCache": st.just({"claimName": "cache"}),
+        "nodeSelector": st.dictionaries(
+            st.sampled_from(["pool", "zone"]), st.sampled_from(["a", "b"])
+        ),
+        "runtimeClassName": st.just("nvidia"),
+        "lifecycle": st.fixed_dictionaries(
+            {},
+            optional={
+                "startupTimeoutSeconds": st.integers(10, 7200),
+                "preStopSleepSeconds": st.integers(0, 60),
+                "drainTimeoutSeconds": st.integers(0, 600),
+            },
+        ),
+        "monitoring": st.fixed_dictionaries({"serviceMonitor": st.booleans()}),
+    },
+)
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec=valid_specs, autoscale=st.booleans())
+def test_any_valid_spec_builds_valid_manifests(spec: dict[str, Any], autoscale: bool) -> None:
+    if autoscale:
+        spec = {k: v for k, v in spec.items() if k != "replicas"}
+        spec["autoscaling"] = {"minReplicas": 0, "maxReplicas": 3, "metric": "kvCacheUsage"}
+    manifests = children(spec)
+    for manifest in manifests:
+        assert_valid(manifest)
+    deployment = by_kind(manifests)["Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    gpu = spec.get("resources", {}).get("gpu", 0)
+    if gpu:
+        assert deployment["spec"]["strategy"]["rollingUpdate"]["maxSurge"] == 0
+    lifecycle = parse_spec(spec, name="svc", default_image="i").lifecycle
+    assert (
+        pod["terminationGracePeriodSeconds"]
+        >= lifecycle.pre_stop_sleep_seconds + lifecycle.drain_timeout_seconds
+    )
