@@ -60,29 +60,32 @@ def connect(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
 @kopf.on.create(GROUP, VERSION, PLURAL)
 @kopf.on.update(GROUP, VERSION, PLURAL)
 def reconcile_service(
-    body: kopf.Body, namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
+    namespace: str, name: str, memo: kopf.Memo, logger: kopf.Logger, **_: Any
 ) -> None:
     """Apply the children and write the status; invalid specs end as Degraded, not retries."""
     context: OperatorContext = memo.context
     with RECONCILE_SECONDS.time(), _status_locks[namespace, name]:
         try:
-            # The freshest status, not kopf's cached body: the watcher may have written since.
-            plain = context.api.get(*SERVICE_KIND, namespace, name) or plain_dict(body)
-            plain["spec"] = plain_dict(body.get("spec", {}))
-            outcome = reconcile(context, plain, now())
+            # Read fresh rather than use kopf's cached body: the Deployment watcher may have
+            # written the status since, and a newer spec is simply reconciled a step early.
+            current = context.api.get(*SERVICE_KIND, namespace, name)
+            if current is None:
+                return  # deleted meanwhile; garbage collection takes the children
+            outcome = reconcile(context, current, now())
             context.api.patch_status(namespace, name, outcome.status)
         except Exception:
             ERRORS.labels("reconcile").inc()
             RECONCILES.labels("failed").inc()
             raise
-    _publish(context, plain, outcome)
+    _publish(context, current, outcome)
     degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
-    result = "applied" if degraded["status"] == "False" else degraded["reason"]
-    RECONCILES.labels("invalid" if result == "InvalidSpec" else "applied").inc()
+    result = {"InvalidSpec": "invalid", "ApplyFailed": "failed"}.get(degraded["reason"], "applied")
+    RECONCILES.labels(result).inc()
     if outcome.retry:
         ERRORS.labels("apply").inc()
         raise kopf.TemporaryError(degraded["message"], delay=30)
-    logger.info(f"reconciled generation {plain['metadata'].get('generation')}: {result}")
+    generation = current["metadata"].get("generation")
+    logger.info(f"reconciled generation {generation}: {degraded['reason']}")
 
 
 @kopf.on.event("apps", "v1", "deployments", labels=MANAGED_CHILDREN)
