@@ -402,3 +402,20 @@ def test_concurrent_streams_with_disconnects_free_everything(server):
     assert wait_until(kv_holds_only_the_cache)
     aborts = metric(server, "radixserve_requests_total", finish_reason="abort") - aborts_before
     assert aborts == num_disconnecting
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_aborts_it(server):
+    aborts_before = metric(server, "radixserve_requests_total", finish_reason="abort")
+    body = {"model": MODEL, "prompt": [11, 12, 13], "max_tokens": 2000, "ignore_eos": True}
+
+    async def give_up():
+        timeout = aiohttp.ClientTimeout(total=1.0)
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            with pytest.raises(asyncio.TimeoutError):
+                await session.post(server.base_url + "/v1/completions", json=body)
+
+    asyncio.run(give_up())
+    assert wait_until(
+        lambda: metric(server, "radixserve_requests_total", finish_reason="abort") > aborts_before
+    )
+    assert wait_until(lambda: metric(server, "radixserve_num_running_requests") == 0)

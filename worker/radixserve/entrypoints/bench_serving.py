@@ -88,6 +88,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--vocab-range", type=int, default=1000, help="token ids drawn below this")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--keep-cache",
+        action="store_true",
+        help="do not flush the server's prefix cache first (by default runs start cold)",
+    )
     parser.add_argument("--output-json", type=Path, default=None)
 
 
@@ -164,6 +169,9 @@ async def run_benchmark(args: argparse.Namespace, base_url: str) -> Report:
     connector = aiohttp.TCPConnector(limit=0)
     timeout = aiohttp.ClientTimeout(total=None)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+        if not args.keep_cache:
+            async with session.post(base_url + "/flush_cache") as reply:
+                reply.raise_for_status()
 
         async def limited(prompt: list[int]) -> tuple[RequestResult, int]:
             async with limit:

@@ -45,9 +45,13 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
     if args.command == "serve":
-        server_args = ServerArgs.from_cli_args(args)
+        try:
+            server_args = ServerArgs.from_cli_args(args)
+        except ValueError as exc:
+            parser.error(str(exc))
         configure_logging(server_args.log_level)
         from radixserve.entrypoints.http_server import run_server
 

@@ -77,6 +77,9 @@ def launch_scheduler(
         raise EngineStartupError(
             f"the scheduler process exited while loading the model (exit code {process.exitcode})"
         ) from None
+    except BaseException:  # SIGTERM or Ctrl-C while the model loads
+        stop_process(process)
+        raise
     finally:
         parent_conn.close()
     if message.get("status") != "ready":

@@ -117,6 +117,8 @@ async def openai_errors(
 ) -> web.StreamResponse:
     try:
         return await handler(request)
+    except ConnectionResetError:
+        raise  # the client went away mid-stream: nobody to answer, nothing to log
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -601,8 +603,16 @@ async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
 
 def run_server(server_args: ServerArgs) -> None:
     """Load the model (blocking), then serve on a fresh event loop."""
+    # Until the loop's own handler takes over, SIGTERM during the model load exits cleanly
+    # (the Engine stops the half-started scheduler on the way out).
+    signal.signal(signal.SIGTERM, _exit_during_startup)
     engine = Engine(server_args, event_loop_thread=False)
     try:
         asyncio.run(serve(engine, server_args))
     finally:
         engine.shutdown()
+
+
+def _exit_during_startup(signum: int, frame: object) -> None:
+    logger.info("SIGTERM while loading the model; exiting")
+    raise SystemExit(0)
