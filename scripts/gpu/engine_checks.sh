@@ -30,7 +30,7 @@ for stage in $stages; do
         --input-len 512 --output-len 64 --output-json "$OUT/latency-8b.json" 2>&1 | tail -9 ;;
     offline)
       timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 \
-        --num-prompts 500 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
+        --num-prompts 300 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
         --transformers batched --hf-batch-size 64 --hf-max-prompts 64 \
         --output-json "$OUT/offline-8b.json" 2>&1 | tail -9
       timeout 200 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \

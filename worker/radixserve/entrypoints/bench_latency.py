@@ -64,7 +64,9 @@ def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
     return total
 
 
-def run_batch(worker: Any, cache: Any, bs: int, input_len: int, output_len: int, vocab: int) -> dict:
+def run_batch(
+    worker: Any, cache: Any, bs: int, input_len: int, output_len: int, vocab: int
+) -> dict:
     from radixserve.managers.schedule_batch import Req, ScheduleBatch
     from radixserve.sampling.sampling_params import SamplingParams
 
@@ -76,16 +78,26 @@ def run_batch(worker: Any, cache: Any, bs: int, input_len: int, output_len: int,
     ]
     for req in reqs:
         req.init_next_round_input(cache)
-    batch = ScheduleBatch(
-        reqs, runner.req_to_token_pool, runner.allocator, cache, vocab, runner.device, set()
-    )
-    torch.cuda.synchronize()
+
+    def new_batch(members: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch(
+            members, runner.req_to_token_pool, runner.allocator, cache, vocab, runner.device, set()
+        )
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
     start = time.perf_counter()
-    batch.prepare_for_extend()
-    result = worker.forward_batch_generation(batch.get_model_worker_batch())
+    # prefill in passes of at most --max-prefill-tokens, as the scheduler would
+    per_pass = max(1, runner.server_args.max_prefill_tokens // input_len)
+    batch = new_batch([])
+    for i in range(0, bs, per_pass):
+        part = new_batch(reqs[i : i + per_pass])
+        part.prepare_for_extend()
+        result = worker.forward_batch_generation(part.get_model_worker_batch())
+        for req, token in zip(part.reqs, result.next_token_ids, strict=True):
+            req.output_ids.append(token)
+        batch.merge_batch(part)
     prefill_s = time.perf_counter() - start
-    for req, token in zip(reqs, result.next_token_ids, strict=True):
-        req.output_ids.append(token)
     steps = []
     for _ in range(output_len - 1):
         start = time.perf_counter()

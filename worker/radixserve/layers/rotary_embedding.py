@@ -35,8 +35,8 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int) -> None:
         super().__init__()
         inv_freq, scaling = compute_inv_freq(config, head_dim)
-        positions = torch.arange(max_position, dtype=torch.float)
-        freqs = positions[:, None] * inv_freq[None, :]
+        positions = torch.arange(max_position, dtype=torch.float)  # on the ambient device
+        freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
         self.register_buffer("cos_cache", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin_cache", freqs.sin() * scaling, persistent=False)
         self.head_dim = head_dim

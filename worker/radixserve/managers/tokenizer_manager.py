@@ -184,7 +184,8 @@ class TokenizerManager:
     def _on_scheduler_exit(self) -> None:
         with contextlib.suppress(Exception):
             asyncio.get_running_loop().remove_reader(self._scheduler_process.sentinel)
-        self._scheduler_process.join(timeout=0)
+        # The sentinel fires as the process ends; a moment later its exit code is known.
+        self._scheduler_process.join(timeout=0.5)
         self._fail_everything(
             f"the scheduler process exited (exit code {self._scheduler_process.exitcode})"
         )
@@ -543,7 +544,8 @@ def load_tokenizer(model: str) -> Tokenizer | None:
         from radixserve.model_loader.tokenizer import BUNDLED_VOCAB_SIZE
 
         # The same rule as the model loader: big random models borrow the bundled vocabulary.
-        if random_hf_config(model.removeprefix("random:")).vocab_size < BUNDLED_VOCAB_SIZE:
+        vocab = random_hf_config(model.removeprefix("random:")).vocab_size
+        if vocab < BUNDLED_VOCAB_SIZE or not loader_tokenizer.bundled_model_installed():
             return None
         return _load_gguf_tokenizer_cached(loader_tokenizer.bundled_gguf_path())
     path = Path(model.removeprefix("file://"))

@@ -63,7 +63,11 @@ class ModelRunner:
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
         self.cuda_graph_runner: CudaGraphRunner | None = None
-        if self.device.type == "cuda" and not server_args.disable_cuda_graph:
+        if (
+            self.device.type == "cuda"
+            and not server_args.disable_cuda_graph
+            and self.attn_backend.supports_cuda_graph
+        ):
             self.cuda_graph_runner = CudaGraphRunner(self)
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:

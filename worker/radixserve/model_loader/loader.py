@@ -27,6 +27,7 @@ from radixserve.model_loader.gguf_file import GGUFFile
 from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
     bundled_gguf_path,
+    bundled_model_installed,
     bundled_tokenizer,
     load_directory_tokenizer,
     load_gguf_tokenizer,
@@ -150,7 +151,9 @@ def _from_random(
     hf_config = random_init.random_hf_config(spec)
     # Random models are driven by token ids, unless the vocabulary is large enough for the
     # bundled tokenizer's ids, which makes text requests possible.
-    tokenizer = bundled_tokenizer() if hf_config.vocab_size >= BUNDLED_VOCAB_SIZE else None
+    tokenizer = None
+    if hf_config.vocab_size >= BUNDLED_VOCAB_SIZE and bundled_model_installed():
+        tokenizer = bundled_tokenizer()
     config = build_model_config(
         hf_config,
         dtype=dtype,

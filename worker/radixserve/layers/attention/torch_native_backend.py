@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
+    # pads decode to the longest sequence of the pass: shapes change every step
+    supports_cuda_graph = False
+
     def __init__(self, model_runner) -> None:
         self.device = model_runner.device
         self._decode_index: torch.Tensor | None = None
