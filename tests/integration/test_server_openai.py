@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 import time
+from pathlib import Path
 
 import aiohttp
 import openai
@@ -419,3 +420,34 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_aborts_it(server):
         lambda: metric(server, "radixserve_requests_total", finish_reason="abort") > aborts_before
     )
     assert wait_until(lambda: metric(server, "radixserve_num_running_requests") == 0)
+
+
+def architecture_metric_names() -> set[str]:
+    """Every `radixserve_*` name in the metrics table of docs/architecture.md."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "architecture.md").read_text()
+    table = page[page.index("Metrics (prefix") :]
+    table = table[: table.index("\n\n", table.index("| name"))]
+    return set(re.findall(r"`(radixserve_\w+)`", table))
+
+
+def test_every_documented_metric_is_exported_and_moves(server, client):
+    client.completions.create(model=MODEL, prompt="warm up the histograms", max_tokens=3)
+    exported = server.get("/metrics")[1].decode()
+    names = architecture_metric_names()
+    assert len(names) >= 18
+    for name in names:
+        assert re.search(rf"^{name}(_bucket|_count|_sum)?\{{", exported, re.MULTILINE), name
+    for histogram in (
+        "radixserve_time_to_first_token_seconds",
+        "radixserve_inter_token_latency_seconds",
+        "radixserve_e2e_request_latency_seconds",
+        "radixserve_queue_time_seconds",
+    ):
+        assert metric(server, histogram + "_count") > 0, histogram
+    for mode in ("prefill", "decode"):
+        assert metric(server, "radixserve_batch_size_count", mode=mode) > 0
+        assert metric(server, "radixserve_batch_tokens_sum", mode=mode) > 0
+        assert metric(server, "radixserve_forward_step_seconds_count", mode=mode) > 0
+    assert metric(server, "radixserve_max_total_tokens") == MAX_TOTAL_TOKENS
+    assert metric(server, "radixserve_generation_tokens_total") > 0
+    assert metric(server, "radixserve_requests_total", finish_reason="length") > 0

@@ -102,7 +102,11 @@ def stop_process(process: multiprocessing.process.BaseProcess) -> None:
 
 
 class Engine:
-    """Generate text with a scheduler subprocess; see the module docstring for threading."""
+    """Generate text with a scheduler subprocess; see the module docstring for threading.
+
+    The scheduler is started with multiprocessing's "spawn", so a script that builds an Engine
+    at import time must do so under `if __name__ == "__main__":`.
+    """
 
     def __init__(
         self,
@@ -120,6 +124,9 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._closed = False
         started = time.perf_counter()
+        logger.info(
+            "loading %s: weights in the scheduler process, the tokenizer here", server_args.model
+        )
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The tokenizer loads here while the scheduler process loads the weights.
             tokenizer_future = pool.submit(load_tokenizer, server_args.model)
