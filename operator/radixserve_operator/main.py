@@ -125,23 +125,27 @@ def run(
         verbose=config.verbose,
         log_format=kopf.LogFormat.JSON if config.log_format == "json" else kopf.LogFormat.FULL,
     )
-    if config.metrics_port:
-        start_http_server(config.metrics_port)
-    kopf.run(
-        clusterwide=config.clusterwide,
-        namespaces=config.namespaces,
-        standalone=config.peering is None,
-        peering_name=config.peering,
-        liveness_endpoint=(
-            f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
-        ),
-        settings=build_settings(config),
-        memo=kopf.Memo(
-            worker_image=config.worker_image, prometheus_address=config.prometheus_address
-        ),
-        stop_flag=stop_flag,
-        ready_flag=ready_flag,
-    )
+    metrics_server = start_http_server(config.metrics_port)[0] if config.metrics_port else None
+    try:
+        kopf.run(
+            clusterwide=config.clusterwide,
+            namespaces=config.namespaces,
+            standalone=config.peering is None,
+            peering_name=config.peering,
+            liveness_endpoint=(
+                f"http://0.0.0.0:{config.liveness_port}/healthz" if config.liveness_port else None
+            ),
+            settings=build_settings(config),
+            memo=kopf.Memo(
+                worker_image=config.worker_image, prometheus_address=config.prometheus_address
+            ),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        if metrics_server is not None:
+            metrics_server.shutdown()
+            metrics_server.server_close()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

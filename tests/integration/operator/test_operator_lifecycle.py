@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import copy
+import json
+import socket
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +19,21 @@ from radixserve_operator.metrics import SERVICE_READY
 NS = "default"
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
-def operator(api_server: ApiServer) -> Iterator[OperatorThread]:
-    running = OperatorThread(operator_config()).start()
+def ports() -> dict[str, int]:
+    return {"liveness": free_port(), "metrics": free_port()}
+
+
+@pytest.fixture(scope="module")
+def operator(api_server: ApiServer, ports: dict[str, int]) -> Iterator[OperatorThread]:
+    config = operator_config(liveness_port=ports["liveness"], metrics_port=ports["metrics"])
+    running = OperatorThread(config).start()
     yield running
     running.stop()
 
@@ -187,3 +202,18 @@ def test_invalid_spec_is_degraded_not_crashing(operator, api_server, custom_api,
         "InvalidSpec cleared",
     )
     assert operator.alive
+
+
+def test_liveness_and_metrics_endpoints(operator, ports, custom_api, apps_api) -> None:
+    """Runs after the others: the liveness probe reports reconciles, metrics count them."""
+    liveness = wait_for(
+        lambda: json.loads(
+            urllib.request.urlopen(f"http://127.0.0.1:{ports['liveness']}/healthz").read()
+        ),
+        "the liveness endpoint",
+    )
+    assert liveness["reconciles"] >= 1
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports['metrics']}/metrics").read().decode()
+    assert 'radixserve_operator_reconciles_total{result="applied"}' in metrics
+    assert 'radixserve_operator_reconciles_total{result="invalid"}' in metrics
+    assert "radixserve_operator_reconcile_duration_seconds_count" in metrics
