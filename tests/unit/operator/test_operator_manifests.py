@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from operator_crd_checks import cel_violations, defaulted, schema_errors
 
 from radixserve_operator.manifests import Owner, build_children, worker_args
 from radixserve_operator.manifests.scaled_object import prometheus_query
@@ -279,6 +280,8 @@ def test_any_valid_spec_builds_valid_manifests(spec: dict[str, Any], autoscale: 
     if autoscale:
         spec = {k: v for k, v in spec.items() if k != "replicas"}
         spec["autoscaling"] = {"minReplicas": 0, "maxReplicas": 3, "metric": "kvCacheUsage"}
+    document = defaulted({"spec": spec})
+    assert schema_errors(document) == [] and cel_violations(document) == []  # valid per the CRD
     manifests = children(spec)
     for manifest in manifests:
         assert_valid(manifest)
