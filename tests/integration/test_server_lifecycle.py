@@ -144,3 +144,27 @@ def test_a_full_queue_answers_429_with_retry_after(tmp_path):
             else:
                 assert len(body["output_ids"]) == 64
         assert server.get("/health")[0] == 200
+
+
+def test_drain_timeout_aborts_what_is_left_and_still_exits_zero(tmp_path):
+    args = ["--model", "random:tiny-llama", "--max-total-tokens", "4096", "--drain-timeout", "1"]
+    with ServerProcess(args, log_path=tmp_path / "log") as server:
+
+        async def scenario():
+            body = {
+                "input_ids": [4, 2],
+                "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+                "stream": True,
+            }
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(server.base_url + "/generate", json=body) as reply,
+            ):
+                assert (await reply.content.readline()).startswith(b"data: {")
+                server.process.send_signal(signal.SIGTERM)
+                return await asyncio.wait_for(read_events(reply), timeout=60)
+
+        events = asyncio.run(scenario())
+        assert events[-1] == "[DONE]"
+        assert "aborted" in events[-2]["error"]["message"]
+        assert server.process.wait(timeout=60) == 0

@@ -249,12 +249,19 @@ class Engine:
                 raise ValueError("text must be a string or a list of strings")
             token_lists = [tm.encode(p) for p in prompts]
         else:
-            batched = bool(input_ids) and isinstance(input_ids[0], list)
+            batched = (
+                isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
+            )
             token_lists = input_ids if batched else [input_ids]
+            vocab_size = self.model_info.vocab_size
             if not all(
-                isinstance(ids, list) and all(_is_token_id(t) for t in ids) for ids in token_lists
+                isinstance(ids, list) and all(_is_token_id(t, vocab_size) for t in ids)
+                for ids in token_lists
             ):
-                raise ValueError("input_ids must be a list of integers or a list of such lists")
+                raise ValueError(
+                    f"input_ids must be a list of token ids in [0, {vocab_size}) "
+                    "or a list of such lists"
+                )
         if not token_lists:
             raise ValueError("the batch of prompts is empty")
         if isinstance(sampling_params, list):
@@ -473,8 +480,8 @@ class PromptTooLongError(ValueError):
     """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
 
 
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def _is_token_id(value: object, vocab_size: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
 class _ResultBuilder:
