@@ -204,6 +204,21 @@ def test_invalid_spec_is_degraded_not_crashing(operator, api_server, custom_api,
     assert operator.alive
 
 
+def test_deployment_deleted_by_hand_comes_back(operator, api_server, custom_api, apps_api) -> None:
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = "self-healing"
+    create_service(custom_api, body)
+    first = wait_for(lambda: read_deployment(apps_api, "self-healing"), "the Deployment")
+    apps_api.delete_namespaced_deployment("self-healing", NS)
+    wait_for(
+        lambda: (
+            read_deployment(apps_api, "self-healing")["metadata"]["uid"] != first["metadata"]["uid"]
+        ),
+        "a new Deployment",
+    )
+    assert operator.alive
+
+
 def test_liveness_and_metrics_endpoints(operator, ports, custom_api, apps_api) -> None:
     """Runs after the others: the liveness probe reports reconciles, metrics count them."""
     liveness = wait_for(
