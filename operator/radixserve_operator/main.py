@@ -50,8 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         "-n",
         "--namespace",
         action="append",
-        default=[ns for ns in (env("NAMESPACE") or "").split(",") if ns],
-        help="watch this namespace (repeatable; globs allowed)",
+        help="watch this namespace (repeatable; globs allowed; env: comma-separated)",
     )
     scope.add_argument(
         "-A",
@@ -66,7 +65,10 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
         help="kopf peering object used for leader election",
     )
     parser.add_argument(
-        "--standalone", action="store_true", help="no leader election (a single replica)"
+        "--standalone",
+        action="store_true",
+        default=env("STANDALONE") == "true",
+        help="no leader election (a single replica)",
     )
     parser.add_argument("--priority", type=int, default=env("PRIORITY"), help="peering priority")
     parser.add_argument("--liveness-port", type=int, default=int(env("LIVENESS_PORT", "8081")))
@@ -74,15 +76,16 @@ def parse_args(argv: Sequence[str] | None = None) -> OperatorConfig:
     parser.add_argument(
         "--log-format", choices=["json", "plain"], default=env("LOG_FORMAT", "json")
     )
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument("-v", "--verbose", action="store_true", default=env("VERBOSE") == "true")
     parser.add_argument("--worker-image", default=env("WORKER_IMAGE", DEFAULT_WORKER_IMAGE))
     parser.add_argument(
         "--prometheus-address", default=env("PROMETHEUS_ADDRESS", DEFAULT_PROMETHEUS_ADDRESS)
     )
     args = parser.parse_args(argv)
+    namespaces = args.namespace or [ns for ns in (env("NAMESPACE") or "").split(",") if ns]
     return OperatorConfig(
-        namespaces=tuple(args.namespace),
-        clusterwide=args.all_namespaces or not args.namespace,
+        namespaces=tuple(namespaces),
+        clusterwide=args.all_namespaces or not namespaces,
         peering=None if args.standalone else args.peering,
         priority=None if args.priority is None else int(args.priority),
         liveness_port=args.liveness_port or None,

@@ -36,10 +36,13 @@ def test_environment_configures_the_flags(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setenv("RADIXSERVE_OPERATOR_NAMESPACE", "x,y")
     monkeypatch.setenv("RADIXSERVE_OPERATOR_WORKER_IMAGE", "reg/radixserve:2")
     monkeypatch.setenv("RADIXSERVE_OPERATOR_METRICS_PORT", "0")
+    monkeypatch.setenv("RADIXSERVE_OPERATOR_STANDALONE", "true")
     config = parse_args([])
     assert config.namespaces == ("x", "y")
     assert config.worker_image == "reg/radixserve:2"
     assert config.metrics_port is None
+    assert config.peering is None
+    assert parse_args(["-n", "z"]).namespaces == ("z",)  # flags replace the environment's list
 
 
 def test_peered_replicas_get_distinct_priorities() -> None:
