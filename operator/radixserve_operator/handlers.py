@@ -26,6 +26,7 @@ from radixserve_operator.metrics import (
 from radixserve_operator.reconcile import (
     OperatorContext,
     Outcome,
+    owner_reference,
     reconcile,
     refresh_status,
 )
@@ -131,10 +132,8 @@ def reconcile_count(**_: Any) -> float:
 
 
 def _owner_name(deployment: Mapping[str, Any]) -> tuple[str, str] | None:
-    for ref in deployment["metadata"].get("ownerReferences") or []:
-        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION:
-            return deployment["metadata"]["namespace"], ref["name"]
-    return None
+    ref = owner_reference(deployment)
+    return None if ref is None else (deployment["metadata"]["namespace"], ref["name"])
 
 
 def _recreate_if_owner_lives(

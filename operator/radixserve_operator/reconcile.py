@@ -61,6 +61,14 @@ def owner_of(body: Mapping[str, Any]) -> Owner:
     return Owner(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
 
 
+def owner_reference(child: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The child's InferenceService owner reference, if it has one."""
+    for ref in child["metadata"].get("ownerReferences") or []:
+        if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION:
+            return ref
+    return None
+
+
 def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcome:
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
@@ -71,7 +79,10 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
         existing = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
         problem = Problem("InvalidSpec", str(error))
         status = _status(owner, generation, existing, problem, previous, now, url=None)
-        return Outcome(status, _transitions(previous, status))
+        events = _transitions(previous, status)
+        if not events and previous.get("observedGeneration") != generation:
+            events.append(EventNote("Warning", "InvalidSpec", str(error)))  # each refused edit
+        return Outcome(status, events)
 
     problem: Problem | None = None
     deployment: dict[str, Any] | None = None
@@ -105,14 +116,7 @@ def refresh_status(
     ctx: OperatorContext, deployment: Mapping[str, Any], now: str
 ) -> tuple[Mapping[str, Any], Outcome] | None:
     """The owner's new status after its Deployment changed; ``None`` if nothing to change."""
-    owner_ref = next(
-        (
-            ref
-            for ref in deployment["metadata"].get("ownerReferences") or []
-            if ref.get("kind") == KIND and ref.get("apiVersion") == API_VERSION
-        ),
-        None,
-    )
+    owner_ref = owner_reference(deployment)
     if owner_ref is None:
         return None
     namespace = deployment["metadata"]["namespace"]

@@ -138,6 +138,12 @@ def test_invalid_spec_applies_nothing() -> None:
     assert api.objects == {}
     assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "InvalidSpec")]
     assert outcome.status["observedGeneration"] == 1
+    # Another refused edit gets its own Event; the same generation again does not.
+    worse = {**bad, "resources": {"gpu": 2}}
+    again = reconcile(context(api), service(worse, generation=2, status=outcome.status), "T2")
+    assert [(e.type, e.reason) for e in again.events] == [("Warning", "InvalidSpec")]
+    repeat = reconcile(context(api), service(worse, generation=2, status=again.status), "T3")
+    assert repeat.events == []
 
 
 @pytest.mark.parametrize(("status", "retry"), [(500, True), (409, True), (422, False)])
