@@ -35,6 +35,7 @@ from radixserve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 SCHEDULER_STOP_TIMEOUT_S = 10.0
+LOAD_PROGRESS_INTERVAL_S = 10.0
 
 
 class EngineStartupError(RuntimeError):
@@ -70,7 +71,10 @@ def launch_scheduler(
     )
     process.start()
     child_conn.close()
+    started = time.perf_counter()
     try:
+        while not parent_conn.poll(LOAD_PROGRESS_INTERVAL_S):
+            logger.info("still loading the model (%.0fs)", time.perf_counter() - started)
         message = parent_conn.recv()
     except EOFError:
         process.join(timeout=SCHEDULER_STOP_TIMEOUT_S)

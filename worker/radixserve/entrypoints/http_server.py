@@ -236,9 +236,7 @@ class Handlers:
         return inputs
 
     @staticmethod
-    def _usage(
-        chunks_by_index: dict[int, GenerateChunk], num_prompts: int, n: int
-    ) -> dict[str, Any]:
+    def _usage(chunks_by_index: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
         prompt_tokens = cached = completion = 0
         for index, chunk in chunks_by_index.items():
             completion += chunk.completion_tokens
@@ -271,9 +269,7 @@ class Handlers:
         with self._counted():
             stream = self.tm.generate_many(inputs)
             if req.stream:
-                return await self._stream_completions(
-                    request, req, stream, response_id, echo_texts, len(prompts)
-                )
+                return await self._stream_completions(request, req, stream, response_id, echo_texts)
             texts = {i: [echo_texts[i // req.n]] for i in range(len(inputs))}
             logprobs: dict[int, list] = {i: [] for i in range(len(inputs))}
             last: dict[int, GenerateChunk] = {}
@@ -293,7 +289,7 @@ class Handlers:
                 )
                 for i in range(len(inputs))
             ]
-            usage = self._usage(last, len(prompts), req.n)
+            usage = self._usage(last, req.n)
             return web.json_response(
                 oai.completion_response(response_id, self.model_name, choices, usage)
             )
@@ -305,7 +301,6 @@ class Handlers:
         stream: AsyncIterator[tuple[int, GenerateChunk]],
         response_id: str,
         echo_texts: list[str],
-        num_prompts: int,
     ) -> web.StreamResponse:
         sse = SSEWriter(request)
         last: dict[int, GenerateChunk] = {}
@@ -336,7 +331,7 @@ class Handlers:
         except (SchedulerUnavailableError, RequestAbortedError, GenerationError) as exc:
             return await sse.fail(as_openai_error(exc))
         if req.include_usage_in_stream:
-            usage = self._usage(last, num_prompts, req.n)
+            usage = self._usage(last, req.n)
             await sse.send(
                 oai.stream_chunk("text_completion", response_id, self.model_name, [], usage)
             )
@@ -379,7 +374,7 @@ class Handlers:
                 )
                 for i in range(len(inputs))
             ]
-            usage = self._usage(last, 1, req.n)
+            usage = self._usage(last, req.n)
             return web.json_response(
                 oai.chat_response(response_id, self.model_name, choices, usage)
             )
@@ -415,7 +410,7 @@ class Handlers:
         except (SchedulerUnavailableError, RequestAbortedError, GenerationError) as exc:
             return await sse.fail(as_openai_error(exc))
         if req.include_usage_in_stream:
-            usage = self._usage(last, 1, req.n)
+            usage = self._usage(last, req.n)
             await sse.send(oai.stream_chunk(name, response_id, self.model_name, [], usage))
         return await sse.finish()
 

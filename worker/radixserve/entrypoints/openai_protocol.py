@@ -17,10 +17,10 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.managers.io_struct import TokenLogprob
+from radixserve.sampling.sampling_params import MAX_N
 
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
-MAX_N = 128
 
 
 class OpenAIError(Exception):
