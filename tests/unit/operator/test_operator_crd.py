@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import kubernetes_validate
 import pytest
+import yaml
 from operator_crd_checks import (
     CRD,
     EXAMPLES,
+    REPO,
     VERSION,
     cel_violations,
     defaulted,
@@ -18,8 +21,12 @@ from operator_crd_checks import (
 from radixserve_operator.spec import InvalidSpecError, parse_spec
 
 
-def test_crd_is_a_valid_kubernetes_object() -> None:
-    kubernetes_validate.validate(CRD, "1.30.0", strict=True)
+@pytest.mark.parametrize("path", sorted((REPO / "crds").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_crd_is_a_valid_kubernetes_object(path: Path) -> None:
+    documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+    assert documents
+    for document in documents:
+        kubernetes_validate.validate(document, "1.30.0", strict=True)
 
 
 def test_crd_names_subresources_and_columns() -> None:
