@@ -16,7 +16,8 @@ GREEDY = {"max_new_tokens": 6, "temperature": 0.0, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(model="random:tiny-llama", max_total_tokens=4096) as e:
+    # A queue limit below the batch sizes used here: in-process batches are not refused.
+    with Engine(model="random:tiny-llama", max_total_tokens=4096, max_queued_requests=2) as e:
         yield e
 
 

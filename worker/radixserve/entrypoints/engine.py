@@ -117,6 +117,7 @@ class Engine:
         server_args: ServerArgs | None = None,
         *,
         event_loop_thread: bool = True,
+        enforce_queue_limit: bool = False,
         **kwargs: Any,
     ) -> None:
         if server_args is None:
@@ -124,6 +125,9 @@ class Engine:
         elif kwargs:
             server_args = dataclasses.replace(server_args, **kwargs)
         self.server_args = server_args
+        # Servers refuse work beyond --max-queued-requests; an offline batch is one caller
+        # that wants all of its prompts run, so in-process use skips the limit by default.
+        self.enforce_queue_limit = enforce_queue_limit
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._closed = False
@@ -326,7 +330,9 @@ class Engine:
 
     async def _generate_results(self, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
         results = [_ResultBuilder(i) for i in inputs]
-        async for index, chunk in self.tokenizer_manager.generate_many(inputs):
+        async for index, chunk in self.tokenizer_manager.generate_many(
+            inputs, self.enforce_queue_limit
+        ):
             results[index].add(chunk)
         return [r.result() for r in results]
 
@@ -378,7 +384,7 @@ class Engine:
         if batched:
             raise ValueError("streaming takes one prompt with n = 1")
         builder = _ResultBuilder(inputs[0])
-        stream = self.tokenizer_manager.generate_many(inputs)
+        stream = self.tokenizer_manager.generate_many(inputs, self.enforce_queue_limit)
         async for _, chunk in self._stream_on_engine_loop(stream):
             yield builder.stream_item(chunk)
 

@@ -601,7 +601,7 @@ def run_server(server_args: ServerArgs) -> None:
     # Until the loop's own handler takes over, SIGTERM during the model load exits cleanly
     # (the Engine stops the half-started scheduler on the way out).
     signal.signal(signal.SIGTERM, _exit_during_startup)
-    engine = Engine(server_args, event_loop_thread=False)
+    engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
     try:
         asyncio.run(serve(engine, server_args))
     finally:

@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 
 Tokenizer = transformers.PreTrainedTokenizerBase
 
+FLUSH_RETRY_S = 2.0
+
 
 class SchedulerUnavailableError(RuntimeError):
     """The scheduler process is gone; nothing can be generated any more."""
@@ -396,16 +398,20 @@ class TokenizerManager:
             self.metrics.count_finished_request(reason, prompt_tokens)
 
     async def generate_many(
-        self, requests: Sequence[GenerateInput]
+        self, requests: Sequence[GenerateInput], enforce_queue_limit: bool = True
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
         """Admit and run several requests at once, yielding (index, chunk) as chunks arrive.
 
         Admission and registration happen with no await in between, so requests arriving
-        together cannot all slip past `--max-queued-requests`. Requests with the same prompt
+        together cannot all slip past `--max-queued-requests` (offline batches, which may be
+        larger than the queue limit on purpose, skip the check). Requests with the same prompt
         (`n > 1`) first prefill it once with `max_new_tokens=0`, so the copies find it in the
         radix cache instead of each computing it.
         """
-        self.check_capacity(len(requests))
+        if enforce_queue_limit:
+            self.check_capacity(len(requests))
+        elif self._scheduler_error is not None:
+            raise SchedulerUnavailableError(self._scheduler_error)
         states = [self._register(r) for r in requests]
         prompts = [tuple(r.input_ids) for r in requests]
         queue: asyncio.Queue = asyncio.Queue()
@@ -456,6 +462,17 @@ class TokenizerManager:
     # ---------------------------------------------------------------- control
 
     async def flush_cache(self) -> FlushCacheReqOutput:
+        """Flush the prefix cache. The scheduler refuses while it has work; when no client
+        request is in flight that work is only a finished step not yet retired (or a readiness
+        probe), so the flush is retried for a moment instead of failing."""
+        deadline = time.monotonic() + FLUSH_RETRY_S
+        while True:
+            reply = await self._flush_once()
+            if reply.success or self.num_in_flight or time.monotonic() > deadline:
+                return reply
+            await asyncio.sleep(0.02)
+
+    async def _flush_once(self) -> FlushCacheReqOutput:
         future = asyncio.get_running_loop().create_future()
         self._flush_replies.append(future)
         try:
