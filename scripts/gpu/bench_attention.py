@@ -21,6 +21,7 @@ from importlib.util import find_spec
 import torch
 import triton.testing
 from attention_cases import make_case, run_backend
+
 from radixserve.layers.attention.triton_backend import TritonAttnBackend
 from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 from radixserve.model_executor.forward_batch_info import ForwardMode

@@ -120,7 +120,10 @@ def test_abort_frees_everything(tiny_llama, greedy):
     info = scheduler.get_server_info()
     assert info["protected_size"] == 0
     assert info["free_slots"] + info["evictable_size"] == info["max_total_tokens"]
-    assert scheduler.runner.req_to_token_pool.available_size() == scheduler.runner.req_to_token_pool.size
+    assert (
+        scheduler.runner.req_to_token_pool.available_size()
+        == scheduler.runner.req_to_token_pool.size
+    )
 
 
 def test_bad_input_ids_are_rejected_without_scheduling(tiny_llama, greedy):

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 from hypothesis import given
 from hypothesis import strategies as st
+
 from radixserve.managers.detokenizer import IncrementalDetokenizer, StopStringTrimmer
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from radixserve.entrypoints import openai_protocol as oai
 from radixserve.entrypoints.engine import PromptTooLongError
 from radixserve.entrypoints.http_server import as_openai_error

@@ -58,7 +58,9 @@ class ServerArgs:
         for name, allowed in choices.items():
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(f"--{name.replace('_', '-')} must be one of {allowed}, got {value!r}")
+                raise ValueError(
+                    f"--{name.replace('_', '-')} must be one of {allowed}, got {value!r}"
+                )
         if self.chunked_prefill_size <= 0:
             raise ValueError("--chunked-prefill-size must be positive")
         if not 0.0 < self.mem_fraction_static < 1.0:

@@ -56,16 +56,27 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     ServerArgs.add_cli_args(parser)
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=128, help="longest prompt")
-    parser.add_argument("--input-len-min", type=int, default=None, help="shortest (default: input-len)")
+    parser.add_argument(
+        "--input-len-min", type=int, default=None, help="shortest (default: input-len)"
+    )
     parser.add_argument("--output-len", type=int, default=64, help="longest output")
-    parser.add_argument("--output-len-min", type=int, default=None, help="shortest (default: output-len)")
+    parser.add_argument(
+        "--output-len-min", type=int, default=None, help="shortest (default: output-len)"
+    )
     parser.add_argument(
         "--transformers",
         default="sequential",
         help="comma list of sequential, batched, none: the transformers baselines to run",
     )
-    parser.add_argument("--hf-batch-size", type=int, default=32, help="batch of the batched baseline")
-    parser.add_argument("--hf-max-prompts", type=int, default=None, help="run transformers on this many prompts (scaled)")
+    parser.add_argument(
+        "--hf-batch-size", type=int, default=32, help="batch of the batched baseline"
+    )
+    parser.add_argument(
+        "--hf-max-prompts",
+        type=int,
+        default=None,
+        help="run transformers on the first N prompts only (it is slow)",
+    )
     parser.add_argument("--bench-seed", type=int, default=1)
     parser.add_argument("--output-json", default=None)
 
@@ -116,7 +127,9 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
     )
 
 
-def run_transformers(source: Any, work: Workload, mode: str, batch_size: int, limit: int | None) -> Result:
+def run_transformers(
+    source: Any, work: Workload, mode: str, batch_size: int, limit: int | None
+) -> Result:
     import torch
 
     from radixserve.model_loader.loader import build_hf_reference
@@ -125,9 +138,11 @@ def run_transformers(source: Any, work: Workload, mode: str, batch_size: int, li
     model = build_hf_reference(source, dtype=source.config.dtype).to(device)
     n = min(limit or len(work.prompts), len(work.prompts))
     prompts, lens = work.prompts[:n], work.output_lens[:n]
-    groups = [[i] for i in range(n)] if mode == "sequential" else [
-        list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)
-    ]
+    groups = (
+        [[i] for i in range(n)]
+        if mode == "sequential"
+        else [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+    )
 
     def generate(idx: list[int]) -> None:
         width = max(len(prompts[i]) for i in idx)
@@ -210,7 +225,9 @@ def run(args: argparse.Namespace) -> int:
     work = make_workload(args, source.config.vocab_size)
     results = [run_engine(server_args, work)]
     for mode in [m.strip() for m in args.transformers.split(",") if m.strip() not in ("", "none")]:
-        results.append(run_transformers(source, work, mode, args.hf_batch_size, args.hf_max_prompts))
+        results.append(
+            run_transformers(source, work, mode, args.hf_batch_size, args.hf_max_prompts)
+        )
     params = parameter_count(source.config)
     peak = measure_matmul_tflops()
 
@@ -219,7 +236,9 @@ def run(args: argparse.Namespace) -> int:
         f"{work.input_tokens} input / {work.output_tokens} output tokens, device "
         f"{server_args.resolved_device()}"
     )
-    print(f"{'system':<26}{'seconds':>9}{'req/s':>8}{'out tok/s':>11}{'total tok/s':>13}{'vs ours':>9}")
+    print(
+        f"{'system':<26}{'seconds':>9}{'req/s':>8}{'out tok/s':>11}{'total tok/s':>13}{'vs ours':>9}"
+    )
     ours = results[0].output_tok_s
     for r in results:
         print(
@@ -229,7 +248,10 @@ def run(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {
         "model": server_args.model,
         "params": params,
-        "results": [asdict(r) | {"output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s} for r in results],
+        "results": [
+            asdict(r) | {"output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s}
+            for r in results
+        ],
     }
     for r in results[1:]:
         print(f"radixserve / {r.name}: {ours / r.output_tok_s:.2f}x output tokens/s")

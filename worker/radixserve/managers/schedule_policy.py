@@ -35,11 +35,7 @@ class SchedulePolicy:
         """Match every waiting request's prefix (it is needed for admission anyway) and sort."""
         for req in waiting:
             req.init_next_round_input(self.tree_cache)
-        if (
-            self.policy == "lpm"
-            and not self.tree_cache.disabled
-            and len(waiting) <= LPM_MAX_QUEUE
-        ):
+        if self.policy == "lpm" and not self.tree_cache.disabled and len(waiting) <= LPM_MAX_QUEUE:
             # stable sort: equal prefixes keep arrival order
             return sorted(waiting, key=lambda r: -len(r.prefix_indices))
         return list(waiting)

@@ -166,6 +166,10 @@ class Scheduler:
         self._emit(req)
 
     def flush_cache(self) -> bool:
+        if self.in_flight is None:
+            # the last batch may still await absorption although every request has finished
+            self._absorb_last_batch()
+            self._drop_finished_running()
         if self.has_work():
             return False
         self.tree_cache.reset()
@@ -356,7 +360,11 @@ class Scheduler:
         admitted = {id(r) for r in adder.can_run_list}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
         for req in adder.can_run_list:
-            if req is not self.chunked_req and req.num_retractions == 0 and req.first_scheduled_time is None:
+            if (
+                req is not self.chunked_req
+                and req.num_retractions == 0
+                and req.first_scheduled_time is None
+            ):
                 self._count_prefix_hit(req)
         self.chunked_req = adder.new_chunked_req
         batch = self._new_batch(adder.can_run_list)

@@ -14,11 +14,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
-import hashlib
 import logging
 import multiprocessing.process
-import os
-import shutil
 import time
 import uuid
 from collections import deque
@@ -540,22 +537,17 @@ def _resolve_next(futures: deque[asyncio.Future], message: object) -> None:
 # -------------------------------------------------------------------- tokenizer loading
 
 
-def tokenizer_cache_dir() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
-    return Path(root) / "tokenizers"
-
-
 def load_tokenizer(model: str) -> Tokenizer | None:
     """The tokenizer for `--model`, without loading any weights (the front end needs no model).
 
-    Converting a GGUF vocabulary takes many seconds, so the converted tokenizer is saved under
-    `tokenizer_cache_dir()` keyed by the file's path, size and mtime and reloaded from there.
+    A GGUF vocabulary is converted once and cached by the model loader
+    (`model_loader.tokenizer.load_gguf_tokenizer`), which the scheduler process shares.
     Returns None for random-weight models too small for a real vocabulary (token ids only).
     """
     from radixserve.model_loader import tokenizer as loader_tokenizer
 
     if model == BUILTIN_SMOLLM2:
-        return _load_gguf_tokenizer_cached(loader_tokenizer.bundled_gguf_path())
+        return loader_tokenizer.load_gguf_tokenizer(loader_tokenizer.bundled_gguf_path())
     if model.startswith("random:"):
         from radixserve.model_loader.random_init import random_hf_config
         from radixserve.model_loader.tokenizer import BUNDLED_VOCAB_SIZE
@@ -564,33 +556,10 @@ def load_tokenizer(model: str) -> Tokenizer | None:
         vocab = random_hf_config(model.removeprefix("random:")).vocab_size
         if vocab < BUNDLED_VOCAB_SIZE or not loader_tokenizer.bundled_model_installed():
             return None
-        return _load_gguf_tokenizer_cached(loader_tokenizer.bundled_gguf_path())
+        return loader_tokenizer.load_gguf_tokenizer(loader_tokenizer.bundled_gguf_path())
     path = Path(model.removeprefix("file://"))
     if path.suffix == ".gguf":
-        return _load_gguf_tokenizer_cached(path)
+        return loader_tokenizer.load_gguf_tokenizer(path)
     if path.is_dir():
         return loader_tokenizer.load_directory_tokenizer(path)
     return transformers.AutoTokenizer.from_pretrained(model)
-
-
-def _load_gguf_tokenizer_cached(gguf_path: Path) -> Tokenizer:
-    from radixserve.model_loader.tokenizer import load_gguf_tokenizer
-
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-    cache_dir = tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:16]
-    if (cache_dir / "tokenizer_config.json").is_file():
-        with contextlib.suppress(Exception):
-            return transformers.AutoTokenizer.from_pretrained(str(cache_dir))
-        logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
-    logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
-    tokenizer = load_gguf_tokenizer(gguf_path)
-    staging = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.tmp")
-    try:
-        tokenizer.save_pretrained(str(staging))
-        staging.rename(cache_dir)
-    except OSError as exc:  # a read-only home or a concurrent writer: just skip the cache
-        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return tokenizer

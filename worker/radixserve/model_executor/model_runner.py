@@ -96,7 +96,9 @@ class ModelRunner:
         fits = int(budget // per_token)
         requested = self.server_args.max_total_tokens
         if requested is None:
-            requested = fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+            requested = (
+                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+            )
         if fits < requested or requested < 1:
             raise RuntimeError(
                 f"not enough memory for the KV cache: {requested} tokens need "
@@ -116,7 +118,9 @@ class ModelRunner:
         )
         if future_token_ids is not None and batch.has_future_ids:
             ids = forward_batch.input_ids
-            forward_batch.input_ids = torch.where(ids < 0, future_token_ids[(-ids).clamp(min=0)], ids)
+            forward_batch.input_ids = torch.where(
+                ids < 0, future_token_ids[(-ids).clamp(min=0)], ids
+            )
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(forward_batch):
             return graphs.replay(forward_batch), forward_batch

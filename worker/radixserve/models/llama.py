@@ -168,10 +168,14 @@ class LlamaForCausalLM(nn.Module):
                     break
             else:
                 if name not in params:
-                    raise KeyError(f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}")
+                    raise KeyError(
+                        f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}"
+                    )
                 param = params[name]
                 if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
+                    raise ValueError(
+                        f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}"
+                    )
                 param.copy_(tensor)
                 loaded.add(name)
         expected = self._expected_loads(params)

@@ -24,4 +24,6 @@ def get_model_class(architecture: str) -> type[nn.Module]:
         return MODEL_REGISTRY[architecture]
     except KeyError:
         supported = ", ".join(sorted(MODEL_REGISTRY))
-        raise ValueError(f"unsupported architecture {architecture!r}; supported: {supported}") from None
+        raise ValueError(
+            f"unsupported architecture {architecture!r}; supported: {supported}"
+        ) from None

@@ -17,7 +17,9 @@ def resolve_backend_name(requested: str, device: str) -> str:
     """`auto`: flashinfer when importable on CUDA, else triton on CUDA, torch_native on the CPU."""
     if requested != "auto":
         if device == "cpu" and requested != "torch_native":
-            raise ValueError(f"--attention-backend {requested} needs a CUDA device; use torch_native on the CPU")
+            raise ValueError(
+                f"--attention-backend {requested} needs a CUDA device; use torch_native on the CPU"
+            )
         return requested
     if device == "cpu":
         return "torch_native"

@@ -35,7 +35,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         # Padded [bs, max_len] slot index and validity mask, shared by every layer.
         seq_lens = forward_batch.seq_lens
         max_len = int(forward_batch.seq_lens_cpu.max())
-        rows = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :max_len]
+        rows = forward_batch.req_to_token_pool.req_to_token[
+            forward_batch.req_pool_indices, :max_len
+        ]
         mask = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None]
         self._decode_index = torch.where(mask, rows.long(), 0)
         self._decode_mask = mask
@@ -57,7 +59,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         keys = k_buf[self._decode_index].to(q.dtype)  # [bs, L, kvh, d]
         values = v_buf[self._decode_index].to(q.dtype)
         qh = q.view(bs, layer.tp_q_head_num, 1, layer.head_dim)
-        out = _sdpa(qh, keys.transpose(1, 2), values.transpose(1, 2), self._decode_mask[:, None, None, :], layer)
+        out = _sdpa(
+            qh,
+            keys.transpose(1, 2),
+            values.transpose(1, 2),
+            self._decode_mask[:, None, None, :],
+            layer,
+        )
         return out.reshape(bs, layer.tp_q_head_num * layer.head_dim)
 
     def forward_extend(
@@ -96,7 +104,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         return out
 
 
-def _heads(k: torch.Tensor, v: torch.Tensor, layer: RadixAttention) -> tuple[torch.Tensor, torch.Tensor]:
+def _heads(
+    k: torch.Tensor, v: torch.Tensor, layer: RadixAttention
+) -> tuple[torch.Tensor, torch.Tensor]:
     return (
         k.view(-1, layer.tp_k_head_num, layer.head_dim),
         v.view(-1, layer.tp_v_head_num, layer.head_dim),
