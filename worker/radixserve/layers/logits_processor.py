@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixserve.distributed.parallel_state import all_gather_last_dim
+
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
 
@@ -27,5 +29,6 @@ class LogitsProcessor(nn.Module):
         if forward_batch.forward_mode.is_extend():
             last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             hidden = hidden[last]
-        logits = F.linear(hidden, lm_head_weight)
+        # vocab-parallel head: each rank has a slice of the vocabulary (one rank: all of it)
+        logits = all_gather_last_dim(F.linear(hidden, lm_head_weight))
         return logits[:, : self.vocab_size].float()

@@ -11,7 +11,10 @@ is one iteration of the loop without the sockets.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import multiprocessing.process
 import os
+import socket
 import tempfile
 import time
 import uuid
@@ -19,6 +22,9 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from radixserve.distributed.parallel_state import broadcast_objects, init_tensor_parallel
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -501,20 +507,49 @@ class Scheduler:
         return None
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_conn: Any) -> None:
-    """Entry point of the scheduler process (multiprocessing 'spawn' target)."""
+def run_scheduler_process(
+    server_args: ServerArgs,
+    port_args: PortArgs,
+    ready_conn: Any,
+    tp_rank: int = 0,
+    dist_init_method: str | None = None,
+) -> None:
+    """Entry point of a scheduler process (multiprocessing 'spawn' target).
+
+    With `--tp-size N`, the process the front end starts is rank 0: it starts ranks 1..N-1 as
+    its own children, talks to the front end, and broadcasts what it receives, so that every
+    rank makes the same scheduling decisions and runs its shard of every batch.
+    """
     import zmq
 
     logging.basicConfig(
         level=server_args.log_level.upper(),
-        format="%(asctime)s scheduler %(levelname)s %(message)s",
+        format=f"%(asctime)s scheduler{tp_rank or ''} %(levelname)s %(message)s",
     )
     parent = os.getppid()
+    peers: list[multiprocessing.process.BaseProcess] = []
     try:
+        if server_args.tp_size > 1:
+            if tp_rank == 0:
+                dist_init_method = f"tcp://127.0.0.1:{_free_port()}"
+                peers = _start_peer_ranks(server_args, port_args, dist_init_method)
+            device = server_args.resolved_device()
+            init_tensor_parallel(
+                tp_rank,
+                server_args.tp_size,
+                dist_init_method,
+                torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
+            )
         scheduler = Scheduler(server_args)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")
-        ready_conn.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        if ready_conn is not None:
+            ready_conn.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        for peer in peers:
+            peer.terminate()
+        return
+    if tp_rank != 0:
+        _follow_first_rank(scheduler)
         return
     ctx = zmq.Context(1)
     recv_sock = ctx.socket(zmq.PULL)
@@ -542,11 +577,13 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_co
         if not busy and not poller.poll(timeout=1000) and os.getppid() != parent:
             logger.info("front end is gone; exiting")
             return
+        messages = []
         while True:
             try:
-                msg = recv_sock.recv_pyobj(zmq.NOBLOCK)
+                messages.append(recv_sock.recv_pyobj(zmq.NOBLOCK))
             except zmq.Again:
                 break
+        for msg in broadcast_objects(messages):
             reply = scheduler.dispatch(msg)
             if reply is not None:
                 send_sock.send_pyobj(reply)
@@ -557,3 +594,41 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, ready_co
             idle_reported = not ran and not scheduler.has_work()
         elif busy and os.getppid() != parent:
             return
+
+
+def _follow_first_rank(scheduler: Scheduler) -> None:
+    """Ranks 1..N-1: apply rank 0's messages and step in lockstep; outputs are rank 0's job.
+    A dead rank 0 breaks the next collective, which ends this process."""
+    while True:
+        try:
+            messages = broadcast_objects(None)
+        except RuntimeError:  # rank 0 has exited (shutdown, or its parent died)
+            logger.info("rank 0 is gone; exiting")
+            return
+        for msg in messages:
+            scheduler.dispatch(msg)
+        scheduler.step()
+        scheduler.pop_outputs()
+
+
+def _start_peer_ranks(
+    server_args: ServerArgs, port_args: PortArgs, dist_init_method: str
+) -> list[multiprocessing.process.BaseProcess]:
+    context = multiprocessing.get_context("spawn")
+    peers = []
+    for rank in range(1, server_args.tp_size):
+        peer = context.Process(
+            target=run_scheduler_process,
+            args=(server_args, port_args, None, rank, dist_init_method),
+            name=f"radixserve-scheduler-tp{rank}",
+            daemon=True,  # ends with rank 0
+        )
+        peer.start()
+        peers.append(peer)
+    return peers
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

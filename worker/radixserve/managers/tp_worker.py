@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.distributed.parallel_state import broadcast_from_first
 from radixserve.managers.schedule_batch import ModelWorkerBatch
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import ModelSource
@@ -103,6 +104,9 @@ class ModelWorker:
             started.record()
         logits, forward_batch = runner.forward(batch, self.future_token_ids)
         out = runner.sample(logits, forward_batch)
+        # ranks sample from identical logits, but unseeded requests draw different noise on
+        # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift apart
+        broadcast_from_first(out.next_token_ids)
         batch.sampling_info.update_with_new_tokens(out.next_token_ids)
         n = out.next_token_ids.numel()
         start = self._take_future_slots(n)

@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from radixserve.distributed.parallel_state import min_across_ranks
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.managers.schedule_batch import ModelWorkerBatch
@@ -40,7 +41,8 @@ class ModelRunner:
         torch.manual_seed(server_args.random_seed)
 
         self.model = self._load_model(source)
-        self.max_total_tokens = self._kv_capacity()
+        # every rank must schedule identically: agree on the smallest capacity
+        self.max_total_tokens = min_across_ranks(self._kv_capacity())
         self.max_running_requests = server_args.max_running_requests or (
             256 if self.device.type == "cuda" else 64
         )
@@ -51,7 +53,7 @@ class ModelRunner:
         self.token_to_kv_pool = TokenToKVPool(
             self.max_total_tokens,
             cfg.num_hidden_layers,
-            cfg.num_key_value_heads,
+            self.local_kv_heads,
             cfg.head_dim,
             self.dtype,
             self.device,
@@ -82,10 +84,15 @@ class ModelRunner:
         model.load_weights(source.weights())
         return model.eval()
 
+    @property
+    def local_kv_heads(self) -> int:
+        """KV heads this rank stores (all of them without tensor parallelism)."""
+        return self.model.model.layers[0].self_attn.num_kv_heads
+
     def _kv_capacity(self) -> int:
         cfg = self.model_config
         per_token = TokenToKVPool.bytes_per_token(
-            cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, self.dtype
+            cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

@@ -10,9 +10,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
+from radixserve.distributed.parallel_state import (
+    all_reduce,
+    even_shard,
+    head_shard,
+    tp_rank,
+    tp_size,
+)
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
@@ -26,11 +34,16 @@ def head_dim_of(config: PretrainedConfig) -> int:
 
 
 class LlamaAttention(nn.Module):
+    """Column-parallel QKV (this rank's heads), row-parallel output projection (all-reduced)."""
+
     def __init__(self, config: PretrainedConfig, layer_id: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = head_dim_of(config)
+        self.shard = head_shard(
+            config.num_attention_heads, config.num_key_value_heads, tp_rank(), tp_size()
+        )
+        self.num_heads = self.shard.q_count
+        self.num_kv_heads = self.shard.kv_count
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
@@ -58,19 +71,42 @@ class LlamaAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
         out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
-        return self.o_proj(out)
+        return all_reduce(self.o_proj(out))
 
 
 class LlamaMLP(nn.Module):
+    """Column-parallel gate/up, row-parallel down (all-reduced)."""
+
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         bias = bool(getattr(config, "mlp_bias", False))
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=bias)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=bias)
+        self.rows = even_shard(config.intermediate_size, tp_rank(), tp_size())
+        local = self.rows[1] - self.rows[0]
+        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * local, bias=bias)
+        self.down_proj = nn.Linear(local, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return all_reduce(self.down_proj(self.act_fn(self.gate_up_proj(x))))
+
+
+class VocabParallelEmbedding(nn.Module):
+    """Each rank holds a contiguous slice of the vocabulary; a token's row comes from the rank
+    that holds it (the others contribute zeros to the all-reduce)."""
+
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__()
+        self.rows = even_shard(vocab_size, tp_rank(), tp_size())
+        self.per_rank = -(-vocab_size // tp_size())
+        self.weight = nn.Parameter(torch.zeros(self.per_rank, hidden_size))
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if tp_size() == 1:
+            return F.embedding(input_ids, self.weight)
+        start, end = self.rows
+        mine = (input_ids >= start) & (input_ids < end)
+        out = F.embedding(torch.where(mine, input_ids - start, 0), self.weight)
+        return all_reduce(out * mine.unsqueeze(-1).to(out.dtype))
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -101,7 +137,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         rotary = RotaryEmbedding(config, head_dim_of(config), config.max_position_embeddings)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, rotary) for i in range(config.num_hidden_layers)
@@ -135,7 +171,8 @@ class LlamaForCausalLM(nn.Module):
         self.model = LlamaModel(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            # vocab-parallel like the embedding: each rank computes its slice of the logits
+            self.lm_head = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.logits_processor = LogitsProcessor(config.vocab_size)
 
     @property
@@ -172,6 +209,7 @@ class LlamaForCausalLM(nn.Module):
                         f"checkpoint tensor {name!r} has no parameter in {type(self).__name__}"
                     )
                 param = params[name]
+                tensor = self._local_part(name, tensor)
                 if param.shape != tensor.shape:
                     raise ValueError(
                         f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}"
@@ -184,14 +222,42 @@ class LlamaForCausalLM(nn.Module):
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {sorted(missing)[:4]}")
 
     def _load_shard(self, param: torch.Tensor, tensor: torch.Tensor, shard: str | int) -> None:
+        """Copy this rank's rows of a q/k/v or gate/up tensor into its fused parameter."""
         if isinstance(shard, int):  # gate (0) / up (1) halves of gate_up_proj
+            lo, hi = self.model.layers[0].mlp.rows
             size = param.shape[0] // 2
-            param[shard * size : (shard + 1) * size].copy_(tensor)
+            param[shard * size : (shard + 1) * size].copy_(tensor[lo:hi])
             return
         attn = self.model.layers[0].self_attn
+        hd, heads = attn.head_dim, attn.shard
         q, kv = attn.q_size, attn.kv_size
+        first = heads.q_start if shard == "q" else heads.kv_start
+        rows = tensor[first * hd : first * hd + (q if shard == "q" else kv)]
         start, size = {"q": (0, q), "k": (q, kv), "v": (q + kv, kv)}[shard]
-        param[start : start + size].copy_(tensor)
+        param[start : start + size].copy_(rows)
+
+    def _local_part(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
+        """This rank's part of an unfused checkpoint tensor (all of it with one rank)."""
+        if tp_size() == 1:
+            return tensor
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            if name.endswith("o_proj.weight"):
+                attn = self.model.layers[0].self_attn
+                lo = attn.shard.q_start * attn.head_dim
+                hi = lo + attn.q_size
+            else:
+                lo, hi = self.model.layers[0].mlp.rows
+            return tensor[:, lo:hi]
+        if name.endswith(("o_proj.bias", "down_proj.bias")):
+            # row-parallel outputs are summed across ranks: add the bias once
+            return tensor if tp_rank() == 0 else torch.zeros_like(tensor)
+        if name.endswith(("embed_tokens.weight", "lm_head.weight")):
+            embedding = self.model.embed_tokens
+            lo, hi = embedding.rows
+            part = torch.zeros(embedding.per_rank, tensor.shape[1], dtype=tensor.dtype)
+            part[: hi - lo] = tensor[lo:hi]
+            return part
+        return tensor
 
     def _expected_loads(self, params: dict[str, torch.Tensor]) -> set[str]:
         expected = set()

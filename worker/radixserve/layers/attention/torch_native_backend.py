@@ -117,8 +117,12 @@ def _sdpa(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
 ) -> torch.Tensor:
     """q: [b, h, s, d]; k, v: [b, kvh, L, d]; mask broadcastable to [b, h, s, L] (True = attend)."""
-    group = layer.tp_q_head_num // layer.tp_k_head_num
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=layer.scaling)
+    # enable_gqa: each KV head serves its group of query heads without copying K/V per head
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        scale=layer.scaling,
+        enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
+    )

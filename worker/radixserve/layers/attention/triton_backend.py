@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.distributed.parallel_state import head_shard, tp_rank, tp_size
 from radixserve.layers.attention.base import AttentionBackend
 from radixserve.layers.attention.triton_ops.decode_attention import (
     choose_num_kv_splits,
@@ -47,10 +48,8 @@ class ExtendMetadata:
 def attention_shape(model_runner) -> tuple[int, int, int]:
     """(q heads, kv heads, head_dim) of one tensor-parallel rank."""
     config = model_runner.model_config
-    tp_size = getattr(model_runner.server_args, "tp_size", 1) or 1
-    num_heads = config.num_attention_heads // tp_size
-    num_kv_heads = max(1, config.num_key_value_heads // tp_size)
-    return num_heads, num_kv_heads, config.head_dim
+    shard = head_shard(config.num_attention_heads, config.num_key_value_heads, tp_rank(), tp_size())
+    return shard.q_count, shard.kv_count, config.head_dim
 
 
 def split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
