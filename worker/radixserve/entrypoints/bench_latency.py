@@ -141,20 +141,14 @@ def run(args: argparse.Namespace) -> int:
     from radixserve.managers.tp_worker import ModelWorker
     from radixserve.mem_cache.chunk_cache import ChunkCache
     from radixserve.mem_cache.memory_pool import TokenToKVPool
-    from radixserve.model_loader.loader import load_model_source
+    from radixserve.model_loader.loader import load_model_source_for
 
     server_args = ServerArgs.from_cli_args(args)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if server_args.max_running_requests is None:
         server_args.max_running_requests = max(batch_sizes)
     ceilings = measure_ceilings()
-    source = load_model_source(
-        server_args.model,
-        dtype=server_args.dtype,
-        device=server_args.resolved_device(),
-        context_length=server_args.context_length,
-        seed=server_args.random_seed,
-    )
+    source = load_model_source_for(server_args)
     peer = (
         transformers_decode_step(source, args.input_len, args.transformers_output_len)
         if args.transformers_output_len

@@ -212,16 +212,10 @@ def measure_matmul_tflops() -> float | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from radixserve.model_loader.loader import load_model_source
+    from radixserve.model_loader.loader import load_model_source_for
 
     server_args = ServerArgs.from_cli_args(args)
-    source = load_model_source(
-        server_args.model,
-        dtype=server_args.dtype,
-        device=server_args.resolved_device(),
-        context_length=server_args.context_length,
-        seed=server_args.random_seed,
-    )
+    source = load_model_source_for(server_args)
     work = make_workload(args, source.config.vocab_size)
     results = [run_engine(server_args, work)]
     for mode in [m.strip() for m in args.transformers.split(",") if m.strip() not in ("", "none")]:

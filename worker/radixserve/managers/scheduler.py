@@ -43,7 +43,7 @@ from radixserve.managers.tp_worker import GenerationBatchResult, ModelWorker, Pe
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.model_executor.forward_batch_info import ForwardMode
-from radixserve.model_loader.loader import ModelSource, load_model_source
+from radixserve.model_loader.loader import ModelSource, load_model_source_for
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -82,13 +82,7 @@ class Scheduler:
     def __init__(self, server_args: ServerArgs, source: ModelSource | None = None) -> None:
         self.server_args = server_args
         if source is None:
-            source = load_model_source(
-                server_args.model,
-                dtype=server_args.dtype,
-                device=server_args.resolved_device(),
-                context_length=server_args.context_length,
-                seed=server_args.random_seed,
-            )
+            source = load_model_source_for(server_args)
         self.source_description = source.description
         self.model_config = source.config
         self.tokenizer = source.tokenizer

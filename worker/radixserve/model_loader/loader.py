@@ -32,6 +32,7 @@ from radixserve.model_loader.tokenizer import (
     load_directory_tokenizer,
     load_gguf_tokenizer,
 )
+from radixserve.server_args import ServerArgs
 
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
 RANDOM_PREFIX = "random:"
@@ -168,6 +169,17 @@ def _from_random(
         description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
         f"{config.dtype})",
         weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype, device),
+    )
+
+
+def load_model_source_for(server_args: ServerArgs) -> ModelSource:
+    """The model `server_args` names, for its device, dtype, context length and seed."""
+    return load_model_source(
+        server_args.model,
+        dtype=server_args.dtype,
+        device=server_args.resolved_device(),
+        context_length=server_args.context_length,
+        seed=server_args.random_seed,
     )
 
 
