@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
 
@@ -44,7 +44,6 @@ class ServerArgs:
     # Fraction of a running request's remaining max_new_tokens the admission check
     # reserves; retraction corrects for the optimism of a value below 1.
     new_token_ratio: float = 0.7
-    extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.served_model_name is None:
@@ -78,8 +77,6 @@ class ServerArgs:
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
         for f in dataclasses.fields(ServerArgs):
-            if f.name == "extra":
-                continue
             flag = "--" + f.name.replace("_", "-")
             default = f.default
             if isinstance(default, bool):
@@ -93,7 +90,7 @@ class ServerArgs:
 
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
 
 
