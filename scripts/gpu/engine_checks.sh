@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
-# Stages: tests latency offline overlap (default: all). Logs and JSON under $OUT.
+# Stages: tests latency offline overlap (default), tp (needs nvidia-h200-x2). Logs/JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -41,6 +41,14 @@ for stage in $stages; do
         timeout 150 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
           --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
           --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
+      done ;;
+    tp)
+      timeout 400 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py -s \
+        2>&1 | tee "$OUT/tp-tests.log" | grep -E "agreement|passed|failed|Error"
+      for tp in 1 2; do
+        timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
+          --num-prompts 300 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
+          --transformers none --output-json "$OUT/offline-8b-tp$tp.json" 2>&1 | tail -5
       done ;;
   esac
 done
