@@ -169,14 +169,9 @@ class ScheduleBatch:
         self.out_cache_loc = EMPTY_SLOTS
         self.extend_lens: list[int] = []
         self.prefix_lens: list[int] = []
-        # requests of this batch whose pass computes only a chunk of their prompt
-        self.chunked_req: Req | None = None
 
     def __len__(self) -> int:
         return len(self.reqs)
-
-    def is_empty(self) -> bool:
-        return not self.reqs
 
     @property
     def return_logprob(self) -> bool:
