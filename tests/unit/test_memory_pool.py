@@ -89,3 +89,15 @@ def test_set_kv_buffer_casts_and_writes_only_the_given_slots() -> None:
 def test_bytes_per_token() -> None:
     assert TokenToKVPool.bytes_per_token(30, 3, 64, torch.bfloat16) == 2 * 30 * 3 * 64 * 2
     assert TokenToKVPool.bytes_per_token(1, 1, 1, torch.float32) == 8
+
+
+def test_write_columns_equals_one_slot_writes() -> None:
+    batched = ReqToTokenPool(size=4, max_context_len=16, device="cpu")
+    single = ReqToTokenPool(size=4, max_context_len=16, device="cpu")
+    rows, cols = [3, 0, 2], [5, 0, 15]
+    slots = torch.tensor([11, 12, 13])
+    batched.write_columns(rows, cols, slots)
+    for row, col, slot in zip(rows, cols, slots, strict=True):
+        single.write(row, col, slot.reshape(1))
+    assert torch.equal(batched.req_to_token, single.req_to_token)
+    assert batched.read(2, 16)[15] == 13

@@ -287,10 +287,8 @@ class ScheduleBatch:
             dtype=torch.int64,
         )
         slots = self.alloc_token_slots(len(self.reqs))
-        self.req_to_token_pool.write_batch(
-            [r.req_pool_idx for r in self.reqs],
-            [r.kv_len for r in self.reqs],
-            list(slots.split(1)),
+        self.req_to_token_pool.write_columns(
+            [r.req_pool_idx for r in self.reqs], [r.kv_len for r in self.reqs], slots
         )
         for req in self.reqs:
             req.kv_len += 1

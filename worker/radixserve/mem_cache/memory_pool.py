@@ -70,13 +70,26 @@ class ReqToTokenPool:
             return
         lengths = torch.tensor([t.numel() for t in indices], dtype=torch.int64)
         rows = torch.repeat_interleave(torch.tensor(req_indices, dtype=torch.int64), lengths)
-        cols = torch.cat(
-            [
-                torch.arange(start, start + int(n), dtype=torch.int64)
-                for start, n in zip(starts, lengths, strict=True)
-            ]
+        # column of each value: its offset within its run, plus the run's start
+        run_offsets = torch.cumsum(lengths, 0) - lengths
+        shift = torch.tensor(starts, dtype=torch.int64) - run_offsets
+        cols = torch.arange(int(lengths.sum()), dtype=torch.int64) + torch.repeat_interleave(
+            shift, lengths
         )
         values = torch.cat([t.to(device="cpu", dtype=torch.int32) for t in indices])
+        self._put(rows, cols, values)
+
+    def write_columns(self, req_indices: list[int], cols: list[int], values: torch.Tensor) -> None:
+        """One slot per row (a decode step): row req_indices[i] gets values[i] at cols[i]."""
+        if not req_indices:
+            return
+        self._put(
+            torch.tensor(req_indices, dtype=torch.int64),
+            torch.tensor(cols, dtype=torch.int64),
+            values.to(device="cpu", dtype=torch.int32),
+        )
+
+    def _put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
         self._cpu_mirror[rows, cols] = values
         if not self._mirror_is_device:
             self.req_to_token.index_put_(
