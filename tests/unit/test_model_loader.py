@@ -587,13 +587,21 @@ def test_resolve_dtype() -> None:
     ("model", "message"),
     [
         ("hf://HuggingFaceTB/SmolLM2-135M-Instruct", "mount the checkpoint as a directory"),
+        ("HuggingFaceTB/SmolLM2-135M-Instruct", "cannot get 'HuggingFaceTB/SmolLM2-135M-Instruct'"),
         ("gpt-4", "Accepted: builtin:smollm2-135m"),
         ("/nonexistent/model.gguf", "Accepted:"),
         ("builtin:llama", "Accepted:"),
         ("random:huge-llama", "expected a preset"),
     ],
 )
-def test_bad_model_strings_say_what_is_accepted(model: str, message: str) -> None:
+def test_bad_model_strings_say_what_is_accepted(
+    model: str, message: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import huggingface_hub.constants
+
+    # an empty, offline Hub cache: a repository id must fail clearly, not hang on the network
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     with pytest.raises(ValueError, match=message):
         load_model_source(model)
 

@@ -150,7 +150,10 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
     }
     env = list(spec.env)
     if spec.model.scheme == "hf":
+        # the worker fetches hf:// checkpoints into the cache volume; the image defaults to
+        # offline (so builtin: models never touch the network), hf:// models must not be
         env.append({"name": "HF_HOME", "value": MODEL_CACHE_MOUNT})
+        env.append({"name": "HF_HUB_OFFLINE", "value": "0"})
     if env:
         container["env"] = env
     mounts = _volume_mounts(spec)

@@ -134,6 +134,7 @@ def test_gpu_example_is_gpu_safe_and_autoscaled() -> None:
     # No surge pod waiting for a GPU that does not exist.
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
     assert {"name": "HF_HOME", "value": "/models/cache"} in container["env"]
+    assert {"name": "HF_HUB_OFFLINE", "value": "0"} in container["env"]
     volumes = {v["name"]: v for v in deployment["spec"]["template"]["spec"]["volumes"]}
     assert volumes["model-cache"]["persistentVolumeClaim"]["claimName"] == "hf-cache"
     scaled = manifests["ScaledObject"]["spec"]

@@ -557,7 +557,9 @@ def load_tokenizer(model: str) -> Tokenizer | None:
         if vocab < BUNDLED_VOCAB_SIZE or not loader_tokenizer.bundled_model_installed():
             return None
         return loader_tokenizer.load_gguf_tokenizer(loader_tokenizer.bundled_gguf_path())
-    path = Path(model.removeprefix("file://"))
+    from radixserve.model_loader.hub import resolve_hub_model
+
+    path = resolve_hub_model(model) or Path(model.removeprefix("file://"))
     if path.suffix == ".gguf":
         return loader_tokenizer.load_gguf_tokenizer(path)
     if path.is_dir():

@@ -24,6 +24,7 @@ from transformers.initialization import no_init_weights
 from radixserve.model_loader import hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
 from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.hub import resolve_hub_model
 from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
     bundled_gguf_path,
@@ -38,7 +39,8 @@ BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
 RANDOM_PREFIX = "random:"
 ACCEPTED_FORMS = (
     "builtin:smollm2-135m, a path to a .gguf file, a Hugging Face directory "
-    "(config.json + *.safetensors), random:<preset> (presets: "
+    "(config.json + *.safetensors), a Hugging Face Hub repository (org/name or hf://org/name), "
+    "random:<preset> (presets: "
     f"{', '.join(random_init.PRESETS)}) or random:/path/to/config.json"
 )
 
@@ -75,13 +77,8 @@ def load_model_source(
         )
     if model.startswith(RANDOM_PREFIX):
         return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
-    if model.startswith("hf://"):
-        raise ValueError(
-            f"{model!r}: this worker cannot download from the Hugging Face Hub; mount the "
-            "checkpoint as a directory (e.g. a pvc:// model or a modelCache volume) and pass "
-            f"its path. Accepted: {ACCEPTED_FORMS}"
-        )
-    path = Path(model.removeprefix("file://")).expanduser()
+    hub_snapshot = resolve_hub_model(model)
+    path = hub_snapshot or Path(model.removeprefix("file://")).expanduser()
     if hf_dir.is_hf_directory(path):
         return _from_hf_directory(path, dtype, device, context_length)
     if path.is_file() and path.suffix == ".gguf":
