@@ -610,3 +610,19 @@ def test_directory_without_safetensors_is_rejected(tmp_path: Path) -> None:
     LlamaConfig(vocab_size=64, hidden_size=16, num_attention_heads=2).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="no \\*.safetensors"):
         load_model_source(str(tmp_path))
+
+
+def test_load_tokenizer_is_the_sources_tokenizer_without_weights(
+    hf_directory: tuple[Path, dict[str, torch.Tensor]],
+) -> None:
+    from radixserve.model_loader.loader import load_tokenizer
+
+    directory, _ = hf_directory
+    text = "Hello, radix world!"
+    assert load_tokenizer(str(directory)).encode(text) == load_model_source(
+        str(directory)
+    ).tokenizer.encode(text)
+    assert load_tokenizer("random:tiny-llama") is None
+    assert load_tokenizer("builtin:smollm2-135m").encode(text) == load_model_source(
+        "builtin:smollm2-135m"
+    ).tokenizer.encode(text)

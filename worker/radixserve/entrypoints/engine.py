@@ -26,7 +26,6 @@ from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
     TokenizerManager,
-    load_tokenizer,
 )
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.sampling.sampling_params import SamplingParams
@@ -135,6 +134,9 @@ class Engine:
         logger.info(
             "loading %s: weights in the scheduler process, the tokenizer here", server_args.model
         )
+        # imported here: the loader pulls in torch, which the front end otherwise never needs
+        from radixserve.model_loader.loader import load_tokenizer
+
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The tokenizer loads here while the scheduler process loads the weights.
             tokenizer_future = pool.submit(load_tokenizer, server_args.model)

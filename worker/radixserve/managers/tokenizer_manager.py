@@ -21,7 +21,6 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import transformers
@@ -42,7 +41,6 @@ from radixserve.managers.io_struct import (
 )
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.sampling.sampling_params import SamplingParams
-from radixserve.server_args import BUILTIN_SMOLLM2
 
 logger = logging.getLogger(__name__)
 
@@ -535,33 +533,3 @@ def _resolve_next(futures: deque[asyncio.Future], message: object) -> None:
 
 
 # -------------------------------------------------------------------- tokenizer loading
-
-
-def load_tokenizer(model: str) -> Tokenizer | None:
-    """The tokenizer for `--model`, without loading any weights (the front end needs no model).
-
-    A GGUF vocabulary is converted once and cached by the model loader
-    (`model_loader.tokenizer.load_gguf_tokenizer`), which the scheduler process shares.
-    Returns None for random-weight models too small for a real vocabulary (token ids only).
-    """
-    from radixserve.model_loader import tokenizer as loader_tokenizer
-
-    if model == BUILTIN_SMOLLM2:
-        return loader_tokenizer.load_gguf_tokenizer(loader_tokenizer.bundled_gguf_path())
-    if model.startswith("random:"):
-        from radixserve.model_loader.random_init import random_hf_config
-        from radixserve.model_loader.tokenizer import BUNDLED_VOCAB_SIZE
-
-        # The same rule as the model loader: big random models borrow the bundled vocabulary.
-        vocab = random_hf_config(model.removeprefix("random:")).vocab_size
-        if vocab < BUNDLED_VOCAB_SIZE or not loader_tokenizer.bundled_model_installed():
-            return None
-        return loader_tokenizer.load_gguf_tokenizer(loader_tokenizer.bundled_gguf_path())
-    from radixserve.model_loader.hub import resolve_hub_model
-
-    path = resolve_hub_model(model) or Path(model.removeprefix("file://"))
-    if path.suffix == ".gguf":
-        return loader_tokenizer.load_gguf_tokenizer(path)
-    if path.is_dir():
-        return loader_tokenizer.load_directory_tokenizer(path)
-    return transformers.AutoTokenizer.from_pretrained(model)

