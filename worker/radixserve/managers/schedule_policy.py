@@ -31,14 +31,18 @@ class SchedulePolicy:
         self.policy = policy
         self.tree_cache = tree_cache
 
-    def order(self, waiting: list[Req]) -> list[Req]:
-        """Match every waiting request's prefix (it is needed for admission anyway) and sort."""
-        for req in waiting:
-            req.init_next_round_input(self.tree_cache)
+    def order(self, waiting: list[Req]) -> tuple[list[Req], bool]:
+        """The admission order, and whether every request's prefix is already matched.
+
+        LPM must match the whole queue to sort it; FCFS leaves matching to admission, which
+        then matches only the requests it actually considers.
+        """
         if self.policy == "lpm" and not self.tree_cache.disabled and len(waiting) <= LPM_MAX_QUEUE:
+            for req in waiting:
+                req.init_next_round_input(self.tree_cache)
             # stable sort: equal prefixes keep arrival order
-            return sorted(waiting, key=lambda r: -len(r.prefix_indices))
-        return list(waiting)
+            return sorted(waiting, key=lambda r: -len(r.prefix_indices)), True
+        return list(waiting), False
 
 
 class AddResult(Enum):

@@ -350,9 +350,12 @@ class Scheduler:
         )
         if self.chunked_req is not None:
             adder.add_chunked_req(self.chunked_req)
-        for req in self.policy.order(self.waiting_queue):
+        ordered, matched = self.policy.order(self.waiting_queue)
+        for req in ordered:
             if running + len(adder.can_run_list) >= self.max_running_requests:
                 break
+            if not matched:
+                req.init_next_round_input(self.tree_cache)
             if adder.add_one_req(req) != AddResult.CONTINUE:
                 break
         if not adder.can_run_list:
