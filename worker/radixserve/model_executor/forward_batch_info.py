@@ -84,52 +84,38 @@ class ForwardBatch:
             return t.to(device, non_blocking=True)
 
         seq_lens_cpu = batch.seq_lens
+        extend: dict = {}
         if batch.forward_mode.is_decode():
             positions_cpu = seq_lens_cpu - 1
-            fb = cls(
-                forward_mode=batch.forward_mode,
-                batch_size=len(seq_lens_cpu),
-                input_ids=dev(batch.input_ids),
-                positions=dev(positions_cpu),
-                req_pool_indices=dev(batch.req_pool_indices),
-                seq_lens=dev(seq_lens_cpu),
-                seq_lens_cpu=seq_lens_cpu,
-                seq_lens_sum=batch.seq_lens_sum,
-                out_cache_loc=dev(batch.out_cache_loc),
-                req_to_token_pool=req_to_token_pool,
-                token_to_kv_pool=token_to_kv_pool,
-                attn_backend=attn_backend,
-                sampling_info=batch.sampling_info,
-                return_logprob=batch.return_logprob,
-                top_logprobs_nums=batch.top_logprobs_nums,
-            )
         else:
             ext = torch.tensor(batch.extend_seq_lens, dtype=torch.int64)
             pre = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64)
             start = torch.cumsum(ext, 0) - ext
             # positions: prefix_len .. prefix_len + extend_len - 1 for each request
             positions_cpu = torch.repeat_interleave(pre - start, ext) + torch.arange(int(ext.sum()))
-            fb = cls(
-                forward_mode=batch.forward_mode,
-                batch_size=len(seq_lens_cpu),
-                input_ids=dev(batch.input_ids),
-                positions=dev(positions_cpu),
-                req_pool_indices=dev(batch.req_pool_indices),
-                seq_lens=dev(seq_lens_cpu),
-                seq_lens_cpu=seq_lens_cpu,
-                seq_lens_sum=batch.seq_lens_sum,
-                out_cache_loc=dev(batch.out_cache_loc),
-                req_to_token_pool=req_to_token_pool,
-                token_to_kv_pool=token_to_kv_pool,
-                attn_backend=attn_backend,
-                extend_num_tokens=int(ext.sum()),
-                extend_seq_lens=dev(ext),
-                extend_prefix_lens=dev(pre),
-                extend_start_loc=dev(start),
-                extend_seq_lens_cpu=list(batch.extend_seq_lens),
-                extend_prefix_lens_cpu=list(batch.extend_prefix_lens),
-                sampling_info=batch.sampling_info,
-                return_logprob=batch.return_logprob,
-                top_logprobs_nums=batch.top_logprobs_nums,
-            )
-        return fb
+            extend = {
+                "extend_num_tokens": int(ext.sum()),
+                "extend_seq_lens": dev(ext),
+                "extend_prefix_lens": dev(pre),
+                "extend_start_loc": dev(start),
+                "extend_seq_lens_cpu": list(batch.extend_seq_lens),
+                "extend_prefix_lens_cpu": list(batch.extend_prefix_lens),
+            }
+        return cls(
+            forward_mode=batch.forward_mode,
+            batch_size=len(seq_lens_cpu),
+            input_ids=dev(batch.input_ids),
+            positions=dev(positions_cpu),
+            req_pool_indices=dev(batch.req_pool_indices),
+            seq_lens=dev(seq_lens_cpu),
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_sum=batch.seq_lens_sum,
+            out_cache_loc=dev(batch.out_cache_loc),
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            attn_backend=attn_backend,
+            sampling_info=batch.sampling_info,
+            return_logprob=batch.return_logprob,
+            top_logprobs_nums=batch.top_logprobs_nums,
+            **extend,
+        )
