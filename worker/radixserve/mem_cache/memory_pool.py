@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.utils import device_tensor
+
 
 class ReqToTokenPool:
     """[size, max_context_len] int32 on the device: row = running request, entry = KV slot of
@@ -52,11 +54,7 @@ class ReqToTokenPool:
 
     def write(self, req_idx: int, start: int, indices: torch.Tensor) -> None:
         """Set row[req_idx][start:start + len(indices)] = indices."""
-        end = start + indices.numel()
-        values = indices.to(device="cpu", dtype=torch.int32)
-        self._cpu_mirror[req_idx, start:end] = values
-        if not self._mirror_is_device:
-            self.req_to_token[req_idx, start:end] = values.to(self.device, non_blocking=True)
+        self.write_batch([req_idx], [start], [indices])
 
     def write_batch(
         self, req_indices: list[int], starts: list[int], indices: list[torch.Tensor]
@@ -90,11 +88,16 @@ class ReqToTokenPool:
         )
 
     def _put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
+        """Write the mirror now and queue the device write behind the work in flight: one
+        host-to-device copy (rows, columns and values packed) and one index_put, no host sync."""
         self._cpu_mirror[rows, cols] = values
         if not self._mirror_is_device:
-            self.req_to_token.index_put_(
-                (rows.to(self.device), cols.to(self.device)), values.to(self.device)
+            packed = device_tensor(
+                torch.stack([rows.to(torch.int32), cols.to(torch.int32), values]),
+                torch.int32,
+                self.device,
             )
+            self.req_to_token.index_put_((packed[0], packed[1]), packed[2])
 
     def read(self, req_idx: int, end: int) -> torch.Tensor:
         """row[req_idx][:end] as a fresh CPU int64 tensor, read from the mirror (no device sync)."""

@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.utils import device_tensor
 
 
 class ReqLike(Protocol):
@@ -35,13 +36,14 @@ def _token_mask(
     cols = [t for tokens in token_lists for t in tokens]
     mask = torch.zeros(len(token_lists), vocab_size, dtype=torch.bool, device=device)
     if cols:
-        mask[torch.tensor(rows, device=device), torch.tensor(cols, device=device)] = True
+        where = device_tensor([rows, cols], torch.int64, device)
+        mask[where[0], where[1]] = True
     return mask
 
 
 def _per_row(values: list[float], device: torch.device) -> torch.Tensor:
     """`[bs, 1]` float32 column that broadcasts against `[bs, vocab]` logits."""
-    return torch.tensor(values, dtype=torch.float32, device=device).view(-1, 1)
+    return device_tensor(values, torch.float32, device).view(-1, 1)
 
 
 class Penalizer(ABC):
@@ -142,8 +144,9 @@ class FrequencyPresencePenalizer(Penalizer):
         rows = [i for i, r in enumerate(reqs) for _ in r.output_ids]
         cols = [t for r in reqs for t in r.output_ids]
         if cols:
+            where = device_tensor([rows, cols], torch.int64, device)
             counts.index_put_(
-                (torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
+                (where[0], where[1]),
                 torch.ones(len(cols), dtype=torch.float32, device=device),
                 accumulate=True,
             )
@@ -199,8 +202,8 @@ class MinNewTokensPenalizer(Penalizer):
             for r in reqs
         ]
         return cls(
-            min_new_tokens=torch.tensor(
-                [r.sampling_params.min_new_tokens for r in reqs], dtype=torch.int64, device=device
+            min_new_tokens=device_tensor(
+                [r.sampling_params.min_new_tokens for r in reqs], torch.int64, device
             ),
             stop_tokens=_token_mask(stop_lists, vocab_size, device),
         )

@@ -20,6 +20,7 @@ import torch
 
 from radixserve.sampling.penalties import BatchedPenalizers, ReqLike
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.utils import device_tensor
 
 _MASK32 = 0xFFFFFFFF
 
@@ -54,8 +55,10 @@ def fmix32(x: torch.Tensor) -> torch.Tensor:
 
 def _seed_keys(seeds: Sequence[int], device: torch.device) -> torch.Tensor:
     """Fold 64-bit seeds into well-mixed 32-bit row keys."""
-    low = torch.tensor([_as_int32(s) for s in seeds], dtype=torch.int32, device=device)
-    high = torch.tensor([_as_int32(s >> 32) for s in seeds], dtype=torch.int32, device=device)
+    halves = device_tensor(
+        [[_as_int32(s) for s in seeds], [_as_int32(s >> 32) for s in seeds]], torch.int32, device
+    )
+    low, high = halves[0], halves[1]
     return fmix32(low ^ fmix32(high ^ _GOLDEN32))
 
 
@@ -92,7 +95,7 @@ class SamplingBatchInfo:
         params = [r.sampling_params for r in reqs]
 
         def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(values, dtype=dtype, device=device).view(-1, 1)
+            return device_tensor(values, dtype, device).view(-1, 1)
 
         # An unseeded request gets a fresh random seed, so unseeded requests differ.
         seeds = [p.seed if p.seed is not None else secrets.randbits(64) for p in params]
@@ -106,11 +109,9 @@ class SamplingBatchInfo:
             top_ps=column([p.top_p for p in params], torch.float32),
             top_ks=column([p.top_k if p.top_k > 0 else vocab_size for p in params], torch.int64),
             min_ps=column([p.min_p for p in params], torch.float32),
-            greedy=torch.tensor([p.is_greedy for p in params], dtype=torch.bool, device=device),
+            greedy=device_tensor([p.is_greedy for p in params], torch.bool, device),
             seed_keys=_seed_keys(seeds, device),
-            num_generated=torch.tensor(
-                [len(r.output_ids) for r in reqs], dtype=torch.int64, device=device
-            ),
+            num_generated=device_tensor([len(r.output_ids) for r in reqs], torch.int64, device),
             penalizers=BatchedPenalizers.from_reqs(reqs, vocab_size, device, eos_token_ids),
         )
         info._refresh_flags()
@@ -158,7 +159,7 @@ class SamplingBatchInfo:
 
     def filter_batch(self, keep_indices: list[int]) -> None:
         """Keep the rows `keep_indices`, in that order."""
-        keep = torch.tensor(keep_indices, dtype=torch.int64, device=self.device)
+        keep = device_tensor(keep_indices, torch.int64, self.device)
         self.sampling_params = [self.sampling_params[i] for i in keep_indices]
         for name in _ROW_TENSORS:
             setattr(self, name, getattr(self, name)[keep])
