@@ -62,12 +62,8 @@ class ModelWorker:
     def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
         self.model_runner = ModelRunner(server_args, source)
         runner = self.model_runner
-        # At most two batches are unresolved at once; a ring of four batch-widths never reuses
-        # a slot that a pending row still names. Slot 0 is never used (ids are -slot).
-        self.future_ring = 4 * (runner.max_running_requests + 2)
-        self.future_token_ids = torch.zeros(
-            self.future_ring + 1, dtype=torch.int64, device=runner.device
-        )
+        self.future_token_ids = runner.future_token_ids  # slot 0 is never used (ids are -slot)
+        self.future_ring = self.future_token_ids.numel() - 1
         self._future_next = 1
         # GPU timeline, from events the device records as it reaches them: busy = inside a
         # batch, gap = between one batch's end and the next one's start while work was queued
@@ -102,7 +98,7 @@ class ModelWorker:
         if runner.device.type == "cuda":
             started = torch.cuda.Event(enable_timing=True)
             started.record()
-        logits, forward_batch = runner.forward(batch, self.future_token_ids)
+        logits, forward_batch = runner.forward(batch)
         out = runner.sample(logits, forward_batch)
         # ranks sample from identical logits, but unseeded requests draw different noise on
         # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift apart

@@ -4,7 +4,8 @@ A decode step of a small model is hundreds of tiny kernel launches; launching th
 than running them. Capturing each batch size once and replaying it removes the launch cost.
 Batches are padded up to the next captured size: padded rows read and write KV slot 0 (reserved
 for this) with the backend's fill sequence length, and their logits are dropped. All graphs share
-one memory pool and one set of static input buffers.
+one memory pool and one static input buffer, which a step fills with a single host-to-device
+copy; tokens of a batch still in flight (overlap scheduling) are looked up inside the graph.
 """
 
 from __future__ import annotations
@@ -15,9 +16,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from radixserve.model_executor.forward_batch_info import (
+    DECODE_INPUT_ROWS,
+    ForwardBatch,
+    ForwardMode,
+)
 
 if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import ModelWorkerBatch
     from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -41,86 +47,93 @@ class CudaGraphRunner:
         )
         self.max_bs = self.capture_bs[-1]
         self.fill = self.backend.get_cuda_graph_seq_len_fill_value()
-        device = model_runner.device
-        i64 = {"dtype": torch.int64, "device": device}
-        self.input_ids = torch.zeros(self.max_bs, **i64)
-        self.positions = torch.zeros(self.max_bs, **i64)
-        self.req_pool_indices = torch.zeros(self.max_bs, **i64)
-        self.seq_lens = torch.full((self.max_bs,), self.fill, **i64)
-        self.seq_lens_cpu = torch.full((self.max_bs,), self.fill, dtype=torch.int64)
-        self.out_cache_loc = torch.zeros(self.max_bs, **i64)
+        # one static buffer for every graph's inputs: a pass of size bs uses its first
+        # DECODE_INPUT_ROWS * bs entries (see ForwardBatch.init_decode)
+        self.staging = torch.zeros(
+            DECODE_INPUT_ROWS * self.max_bs, dtype=torch.int64, device=model_runner.device
+        )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
-    def _forward_batch(self, bs: int) -> ForwardBatch:
+    def padded_size(self, bs: int) -> int:
+        return self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
+
+    def load_inputs(self, batch: ModelWorkerBatch) -> ForwardBatch:
+        """Copy a decode batch's inputs into the graphs' static buffer, padded to the next
+        captured size."""
         runner = self.runner
+        return ForwardBatch.init_decode(
+            batch,
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool,
+            self.backend,
+            runner.device,
+            staging=self.staging,
+            padded_size=self.padded_size(len(batch.seq_lens)),
+            seq_len_fill=self.fill,
+        )
+
+    def _capture_batch(self, bs: int) -> ForwardBatch:
+        runner = self.runner
+        packed = self.staging[: DECODE_INPUT_ROWS * bs].view(DECODE_INPUT_ROWS, bs)
+        packed[3].fill_(self.fill)
         return ForwardBatch(
             forward_mode=ForwardMode.DECODE,
             batch_size=bs,
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            seq_lens_cpu=self.seq_lens_cpu[:bs],
-            seq_lens_sum=int(self.seq_lens_cpu[:bs].sum()),
-            out_cache_loc=self.out_cache_loc[:bs],
+            input_ids=packed[0],
+            positions=packed[1],
+            req_pool_indices=packed[2],
+            seq_lens=packed[3],
+            seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
+            seq_lens_sum=bs * self.fill,
+            out_cache_loc=packed[4],
             req_to_token_pool=runner.req_to_token_pool,
             token_to_kv_pool=runner.token_to_kv_pool,
             attn_backend=self.backend,
         )
 
+    def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
+        ids = self.runner.resolve_future_ids(fb.input_ids)
+        return self.runner.model(ids, fb.positions, fb)
+
     @torch.inference_mode()
     def capture(self) -> None:
         pool = None
         stream = torch.cuda.Stream()
-        model = self.runner.model
         # largest first, so smaller graphs fit in the memory the largest one reserved
         for bs in reversed(self.capture_bs):
-            fb = self._forward_batch(bs)
+            fb = self._capture_batch(bs)
             self.backend.init_forward_metadata_capture_cuda_graph(
                 bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
             )
             with torch.cuda.stream(stream):
                 for _ in range(2):  # warm-up: autotuning and lazy init stay out of the graph
-                    model(fb.input_ids, fb.positions, fb)
+                    self._run_model(fb)
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = model(fb.input_ids, fb.positions, fb)
+                out = self._run_model(fb)
             pool = graph.pool()
             self.graphs[bs] = graph
             self.outputs[bs] = out
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_bs)
 
-    def can_run(self, forward_batch: ForwardBatch) -> bool:
-        return forward_batch.forward_mode.is_decode() and forward_batch.batch_size <= self.max_bs
+    def can_run(self, batch: ModelWorkerBatch) -> bool:
+        return batch.forward_mode.is_decode() and len(batch.seq_lens) <= self.max_bs
 
-    def replay(self, forward_batch: ForwardBatch) -> torch.Tensor:
-        raw_bs = forward_batch.batch_size
-        bs = self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
-        if bs != raw_bs:
-            # padded rows: slot 0, fill length, request row 0 (never read beyond the fill)
-            self.seq_lens[raw_bs:bs].fill_(self.fill)
-            self.seq_lens_cpu[raw_bs:bs].fill_(self.fill)
-            self.out_cache_loc[raw_bs:bs].zero_()
-            self.req_pool_indices[raw_bs:bs].zero_()
-            self.input_ids[raw_bs:bs].zero_()
-            self.positions[raw_bs:bs].zero_()
-        self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
-        self.positions[:raw_bs].copy_(forward_batch.positions)
-        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
-        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
-        self.seq_lens_cpu[:raw_bs].copy_(forward_batch.seq_lens_cpu)
-        self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+    def replay(self, forward_batch: ForwardBatch, raw_bs: int) -> torch.Tensor:
+        """Run the graph of `forward_batch` (from `load_inputs`); logits of the first `raw_bs`
+        rows (the rest are padding)."""
+        bs = forward_batch.batch_size
         self.backend.init_forward_metadata_replay_cuda_graph(
             bs,
-            self.req_pool_indices[:bs],
-            self.seq_lens[:bs],
-            forward_batch.seq_lens_sum + (bs - raw_bs) * self.fill,
-            self.seq_lens_cpu[:bs],
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            forward_batch.seq_lens_sum,
+            forward_batch.seq_lens_cpu,
         )
         self.graphs[bs].replay()
         return self.outputs[bs][:raw_bs]

@@ -14,11 +14,18 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.utils import device_tensor
+
 if TYPE_CHECKING:
     from radixserve.layers.attention.base import AttentionBackend
     from radixserve.managers.schedule_batch import ModelWorkerBatch
     from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+
+
+# a decode pass's per-request inputs, packed as rows for one host-to-device copy:
+# input ids, positions, request rows, sequence lengths, KV slots
+DECODE_INPUT_ROWS = 5
 
 
 class ForwardMode(IntEnum):
@@ -80,27 +87,18 @@ class ForwardBatch:
         attn_backend: AttentionBackend,
         device: torch.device | str,
     ) -> ForwardBatch:
+        if batch.forward_mode.is_decode():
+            return cls.init_decode(batch, req_to_token_pool, token_to_kv_pool, attn_backend, device)
+
         def dev(t: torch.Tensor) -> torch.Tensor:
-            return t.to(device, non_blocking=True)
+            return device_tensor(t, torch.int64, device)
 
         seq_lens_cpu = batch.seq_lens
-        extend: dict = {}
-        if batch.forward_mode.is_decode():
-            positions_cpu = seq_lens_cpu - 1
-        else:
-            ext = torch.tensor(batch.extend_seq_lens, dtype=torch.int64)
-            pre = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64)
-            start = torch.cumsum(ext, 0) - ext
-            # positions: prefix_len .. prefix_len + extend_len - 1 for each request
-            positions_cpu = torch.repeat_interleave(pre - start, ext) + torch.arange(int(ext.sum()))
-            extend = {
-                "extend_num_tokens": int(ext.sum()),
-                "extend_seq_lens": dev(ext),
-                "extend_prefix_lens": dev(pre),
-                "extend_start_loc": dev(start),
-                "extend_seq_lens_cpu": list(batch.extend_seq_lens),
-                "extend_prefix_lens_cpu": list(batch.extend_prefix_lens),
-            }
+        ext = torch.tensor(batch.extend_seq_lens, dtype=torch.int64)
+        pre = torch.tensor(batch.extend_prefix_lens, dtype=torch.int64)
+        start = torch.cumsum(ext, 0) - ext
+        # positions: prefix_len .. prefix_len + extend_len - 1 for each request
+        positions_cpu = torch.repeat_interleave(pre - start, ext) + torch.arange(int(ext.sum()))
         return cls(
             forward_mode=batch.forward_mode,
             batch_size=len(seq_lens_cpu),
@@ -114,8 +112,64 @@ class ForwardBatch:
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool=token_to_kv_pool,
             attn_backend=attn_backend,
+            extend_num_tokens=int(ext.sum()),
+            extend_seq_lens=dev(ext),
+            extend_prefix_lens=dev(pre),
+            extend_start_loc=dev(start),
+            extend_seq_lens_cpu=list(batch.extend_seq_lens),
+            extend_prefix_lens_cpu=list(batch.extend_prefix_lens),
             sampling_info=batch.sampling_info,
             return_logprob=batch.return_logprob,
             top_logprobs_nums=batch.top_logprobs_nums,
-            **extend,
+        )
+
+    @classmethod
+    def init_decode(
+        cls,
+        batch: ModelWorkerBatch,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: TokenToKVPool,
+        attn_backend: AttentionBackend,
+        device: torch.device | str,
+        staging: torch.Tensor | None = None,
+        padded_size: int | None = None,
+        seq_len_fill: int = 1,
+    ) -> ForwardBatch:
+        """A decode pass's five per-request inputs reach the device in one copy: packed on the
+        host as rows of one tensor, copied once, used as views.
+
+        A CUDA graph runner passes its static `staging` buffer and the captured size to pad to:
+        the copy then lands where the graph's kernels read, and padded rows get request row 0,
+        KV slot 0 (reserved) and `seq_len_fill`. `batch_size` is the padded size."""
+        bs = len(batch.seq_lens)
+        n = padded_size or bs
+        host = torch.empty((DECODE_INPUT_ROWS, n), dtype=torch.int64)
+        host[:, bs:] = torch.tensor([0, 0, 0, seq_len_fill, 0]).view(-1, 1)
+        host[0, :bs] = batch.input_ids
+        torch.sub(batch.seq_lens, 1, out=host[1, :bs])  # position of the new token
+        host[2, :bs] = batch.req_pool_indices
+        host[3, :bs] = batch.seq_lens
+        host[4, :bs] = batch.out_cache_loc
+        if staging is None:
+            packed = device_tensor(host, torch.int64, device)
+        else:
+            packed = staging[: DECODE_INPUT_ROWS * n].view(DECODE_INPUT_ROWS, n)
+            packed.copy_(host.pin_memory(), non_blocking=True)
+        seq_lens_cpu = host[3]
+        return cls(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=n,
+            input_ids=packed[0],
+            positions=packed[1],
+            req_pool_indices=packed[2],
+            seq_lens=packed[3],
+            seq_lens_cpu=seq_lens_cpu,
+            seq_lens_sum=batch.seq_lens_sum + (n - bs) * seq_len_fill,
+            out_cache_loc=packed[4],
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            attn_backend=attn_backend,
+            sampling_info=batch.sampling_info,
+            return_logprob=batch.return_logprob,
+            top_logprobs_nums=batch.top_logprobs_nums,
         )

@@ -64,6 +64,12 @@ class ModelRunner:
         )
         self.attn_backend = create_attention_backend(self.attention_backend_name, self)
         self.sampler = Sampler()
+        # Where each launched batch's sampled tokens land, for later batches that name them
+        # before the host has them. At most two batches are unresolved at once: a ring of four
+        # batch-widths never reuses a slot a pending row still names. Slot 0 is never used.
+        self.future_token_ids = torch.zeros(
+            4 * (self.max_running_requests + 2) + 1, dtype=torch.int64, device=self.device
+        )
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if (
             self.device.type == "cuda"
@@ -115,22 +121,23 @@ class ModelRunner:
             )
         return requested
 
-    def forward(
-        self, batch: ModelWorkerBatch, future_token_ids: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, ForwardBatch]:
-        """`future_token_ids`: negative input ids name tokens a previous, still unresolved
-        batch sampled (overlap scheduling); they are looked up here, on the device."""
+    def resolve_future_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Negative input ids name tokens that an earlier, still unresolved batch sampled
+        (overlap scheduling): -i is slot i of `future_token_ids`. Looked up on the device."""
+        return torch.where(
+            input_ids < 0, self.future_token_ids[(-input_ids).clamp(min=0)], input_ids
+        )
+
+    def forward(self, batch: ModelWorkerBatch) -> tuple[torch.Tensor, ForwardBatch]:
+        graphs = self.cuda_graph_runner
+        if graphs is not None and graphs.can_run(batch):
+            forward_batch = graphs.load_inputs(batch)
+            return graphs.replay(forward_batch, len(batch.seq_lens)), forward_batch
         forward_batch = ForwardBatch.init_new(
             batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
         )
-        if future_token_ids is not None and batch.has_future_ids:
-            ids = forward_batch.input_ids
-            forward_batch.input_ids = torch.where(
-                ids < 0, future_token_ids[(-ids).clamp(min=0)], ids
-            )
-        graphs = self.cuda_graph_runner
-        if graphs is not None and graphs.can_run(forward_batch):
-            return graphs.replay(forward_batch), forward_batch
+        if batch.has_future_ids:
+            forward_batch.input_ids = self.resolve_future_ids(forward_batch.input_ids)
         self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return logits, forward_batch
