@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
-# Stages: tests latency offline overlap (default), tp (needs nvidia-h200-x2). Logs/JSON under $OUT.
+# Stages: tests latency offline overlap (default), profile, tp (needs nvidia-h200-x2).
+# Logs/JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -19,8 +20,13 @@ for stage in $stages; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout 240 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_engine_gpu.py -s \
-        2>&1 | tee "$OUT/tests.log" | grep -E "agreement|passed|failed|Error|error" ;;
+      timeout 400 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu -s \
+        2>&1 | tee "$OUT/tests.log" | grep -E "agreement|gap|passed|failed|Error|error" ;;
+    profile)
+      timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3.2-1b 1,64 triton \
+        > "$OUT/profile-1b.txt" 2>&1; grep "===" "$OUT/profile-1b.txt"
+      timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3-8b 1 triton \
+        > "$OUT/profile-8b.txt" 2>&1; grep "===" "$OUT/profile-8b.txt" ;;
     latency)
       timeout 200 $RS bench latency --model random:llama-3.2-1b --context-length 4096 \
         --attention-backend triton --cuda-graph-max-bs 256 --batch-sizes 1,8,64,256 \
@@ -30,7 +36,7 @@ for stage in $stages; do
         --input-len 512 --output-len 64 --output-json "$OUT/latency-8b.json" 2>&1 | tail -9 ;;
     offline)
       timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 \
-        --num-prompts 300 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
+        --num-prompts 1000 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
         --transformers batched --hf-batch-size 64 --hf-max-prompts 64 \
         --output-json "$OUT/offline-8b.json" 2>&1 | tail -9
       timeout 200 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \

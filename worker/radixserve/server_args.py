@@ -34,7 +34,8 @@ class ServerArgs:
     enable_mixed_chunk: bool = False
     disable_radix_cache: bool = False
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 160
+    # every batch of the default --max-running-requests (256 on CUDA) replays a graph
+    cuda_graph_max_bs: int = 256
     disable_overlap: bool = False
     tp_size: int = 1
     max_queued_requests: int = 1024

@@ -1,8 +1,10 @@
 """`radixserve bench latency`: one static batch, no server, no scheduler policy: prefill a batch
 of `bs` prompts, then decode it step by step, for each batch size asked for.
 
-Each decode step is what a serving step costs without overlap: build the batch, run the model
-(a CUDA graph replay where one is captured), sample, copy the tokens to the host. The numbers are
+Each decode step is what a serving step costs: build the batch, run the model (a CUDA graph
+replay where one is captured), sample, copy the tokens to the host; with overlap scheduling (on
+by default on CUDA, `--disable-overlap` turns it off) the host builds step N+1 while the device
+runs step N, as the scheduler does, and the device time of a step is reported beside it. The numbers are
 set against the hardware measured in the same run: decode against memory bandwidth (MBU: bytes
 of weights plus KV read per step / step time / measured copy bandwidth), prefill against compute
 (MFU: 2 x parameters x tokens / time / measured bf16 matmul rate). transformers `generate` on the
@@ -98,23 +100,49 @@ def run_batch(
             req.output_ids.append(token)
         batch.merge_batch(part)
     prefill_s = time.perf_counter() - start
-    steps = []
+    # Decode as the scheduler does: with overlap, step N+1 is launched (its input ids naming
+    # step N's tokens on the device) before step N's tokens are fetched, so the host's work
+    # hides behind the device's; a step's time is then the interval between launches.
+    overlap = runner.device.type == "cuda" and not runner.server_args.disable_overlap
+    launches, device_ms = [], []
+    in_flight = None
     for _ in range(output_len - 1):
-        start = time.perf_counter()
+        launches.append(time.perf_counter())
         batch.prepare_for_decode()
-        result = worker.forward_batch_generation(batch.get_model_worker_batch())
-        steps.append(time.perf_counter() - start)
-        for req, token in zip(reqs, result.next_token_ids, strict=True):
-            req.output_ids.append(token)
+        pending = worker.launch(batch.get_model_worker_batch())
+        for i, req in enumerate(reqs):
+            req.future_slot = pending.future_slot_start + i
+        done, in_flight = (in_flight, pending) if overlap else (pending, None)
+        if done is not None:
+            _append_tokens(reqs, done, device_ms)
+    if in_flight is not None:
+        _append_tokens(reqs, in_flight, device_ms)
+    launches.append(time.perf_counter())
+    steps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
     mean_context = input_len + output_len / 2
     for req in reqs:
         cache.cache_finished_req(req)
     return {
         "bs": bs,
         "prefill_s": prefill_s,
-        "decode_step_s": statistics.median(steps[len(steps) // 4 :]),
+        "decode_step_s": statistics.median(steps[len(steps) // 4 : -1] or steps),
+        "decode_device_step_s": statistics.median(device_ms[len(device_ms) // 4 :]) / 1e3
+        if device_ms
+        else None,
+        "overlap": overlap,
         "mean_context": mean_context,
     }
+
+
+def _append_tokens(reqs: list, pending: Any, device_ms: list[float]) -> None:
+    """Resolve a launched step: its tokens join the requests, its device time is recorded."""
+    result = pending.resolve()
+    if pending.started is not None and pending.done is not None:
+        device_ms.append(pending.started.elapsed_time(pending.done))
+    for i, (req, token) in enumerate(zip(reqs, result.next_token_ids, strict=True)):
+        req.output_ids.append(token)
+        if req.future_slot == pending.future_slot_start + i:
+            req.future_slot = None
 
 
 def transformers_decode_step(source: Any, input_len: int, output_len: int) -> float:
@@ -181,18 +209,20 @@ def run(args: argparse.Namespace) -> int:
     print(
         f"\n{server_args.model}: {cfg.num_hidden_layers} layers, weights read per step "
         f"{weights / 1e9:.2f} GB, backend {runner.attention_backend_name}, CUDA graphs "
-        f"{'on' if runner.cuda_graph_runner else 'off'}; measured copy "
+        f"{'on' if runner.cuda_graph_runner else 'off'}, overlap "
+        f"{'on' if rows[0]['overlap'] else 'off'}; measured copy "
         f"{ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
         f"{ceilings['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s"
     )
     print(
         f"{'bs':>5}{'prefill ms':>12}{'prefill tok/s':>15}{'MFU':>7}"
-        f"{'decode ms':>11}{'floor ms':>10}{'decode tok/s':>14}{'MBU':>7}"
+        f"{'decode ms':>11}{'device ms':>11}{'floor ms':>10}{'decode tok/s':>14}{'MBU':>7}"
     )
     for r in rows:
         print(
             f"{r['bs']:>5}{r['prefill_s'] * 1e3:>12.2f}{r['prefill_tok_s']:>15.0f}"
             f"{100 * r['prefill_mfu']:>6.1f}%{r['decode_step_s'] * 1e3:>11.3f}"
+            f"{(r['decode_device_step_s'] or float('nan')) * 1e3:>11.3f}"
             f"{r['decode_floor_s'] * 1e3:>10.3f}{r['decode_tok_s']:>14.1f}{100 * r['decode_mbu']:>6.1f}%"
         )
     summary: dict[str, Any] = {"model": server_args.model, "ceilings": ceilings, "rows": rows}
