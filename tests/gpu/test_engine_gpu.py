@@ -128,15 +128,9 @@ def test_fast_backends_fp32(model_path, prompts, eager_fp32, backend):
     assert agreement >= 0.99
 
 
-@pytest.mark.xfail(
-    reason="measured 0.61 on the H200 (triton, 2026-11-29): random weights give near-tied "
-    "logits, so bf16 rounding differences flip greedy choices; fp32 agrees exactly. Open in the "
-    "GPU issue: replace with a teacher-forced logits comparison.",
-    strict=False,
-)
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_fast_backends_bf16(model_path, prompts, backend):
-    reference, _ = generate(
+@pytest.fixture(scope="module")
+def bf16_reference(model_path, prompts):
+    results, _ = generate(
         model_path,
         "bfloat16",
         prompts,
@@ -144,7 +138,56 @@ def test_fast_backends_bf16(model_path, prompts, backend):
         disable_cuda_graph=True,
         disable_overlap=True,
     )
-    results, _ = generate(model_path, "bfloat16", prompts, attention_backend=backend)
-    agreement = token_agreement(results, reference)
-    print(f"{backend} bf16 agreement {agreement:.4f}")
-    assert agreement >= 0.99
+    return results
+
+
+@pytest.fixture(scope="module")
+def hf_bf16_fp32(model_path):
+    """transformers on the engine's bf16 weights, run in bf16 and (upcast) in float32."""
+    source = load_model_source(model_path, dtype="bfloat16", device="cuda")
+    return (
+        build_hf_reference(source, dtype=torch.bfloat16).to("cuda"),
+        build_hf_reference(source, dtype=torch.float32).to("cuda"),
+    )
+
+
+def last_logits(model, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([ids], device="cuda")).logits[0, -1].float()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fast_backends_bf16_diverge_only_at_near_ties(
+    model_path, prompts, bf16_reference, hf_bf16_fp32, backend
+):
+    """bf16, CUDA graphs and overlap against eager torch_native in bf16.
+
+    Random weights give flat next-token distributions whose top two logits are often closer
+    than bf16 rounding moves them, so greedy runs of two correct bf16 implementations part
+    ways (measured 0.61 agreement over 48 tokens on the H200; float32 agrees exactly, above).
+    What is checked instead is that every parting is such a near-tie: at the first divergence
+    of each request, on the common prefix, the float32 logits of the two chosen tokens differ
+    by no more than twice the bf16 rounding noise measured on that same prefix (bf16 vs float32
+    transformers), and both tokens are among the float32 top 3.
+    """
+    results, scheduler = generate(model_path, "bfloat16", prompts, attention_backend=backend)
+    assert scheduler.runner.cuda_graph_runner is not None and scheduler.overlap
+    hf_bf16, hf_fp32 = hf_bf16_fp32
+    divergences = 0
+    for i, prompt in enumerate(prompts):
+        ours, ref = results[f"r{i}"]["ids"], bf16_reference[f"r{i}"]["ids"]
+        assert len(ours) == len(ref) == NEW
+        at = next((j for j, (a, b) in enumerate(zip(ours, ref, strict=True)) if a != b), None)
+        if at is None:
+            continue
+        divergences += 1
+        prefix = prompt + ref[:at]
+        exact, rounded = last_logits(hf_fp32, prefix), last_logits(hf_bf16, prefix)
+        noise = (exact - rounded).abs().max().item()
+        gap = (exact[ours[at]] - exact[ref[at]]).abs().item()
+        top3 = set(exact.topk(3).indices.tolist())
+        print(f"{backend} r{i} step {at}: gap {gap:.4f}, bf16 noise {noise:.4f}")
+        assert gap <= 2 * noise, (i, at, gap, noise)
+        assert {ours[at], ref[at]} <= top3, (i, at, top3)
+    agreement = token_agreement(results, bf16_reference)
+    print(f"{backend} bf16 agreement {agreement:.4f}, {divergences} of {len(prompts)} diverged")

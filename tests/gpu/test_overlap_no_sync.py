@@ -1,0 +1,82 @@
+"""Overlap scheduling only pays if forming and launching a batch never waits for the device.
+
+The scheduler steps under torch's sync debug mode set to "error": any host sync other than the
+one that fetches a launched batch's tokens (`PendingBatchResult.resolve`) fails the test. New
+requests arrive while others decode, so prefill, mixed-in sampling options and decode batches
+are all formed under the check.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+from engine_harness import greedy, make_scheduler, random_prompts  # noqa: E402
+
+from radixserve.managers import tp_worker  # noqa: E402
+from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
+from radixserve.model_loader.loader import load_model_source  # noqa: E402
+from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
+
+MODEL = "random:tiny-llama"
+
+
+def submit(scheduler, prompts, tag: str) -> None:
+    params = [
+        greedy(24),
+        SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=20, seed=1),
+        SamplingParams(max_new_tokens=24, temperature=0.0, repetition_penalty=1.2),
+    ]
+    for i, ids in enumerate(prompts):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid=f"{tag}{i}", input_ids=ids, sampling_params=params[i % len(params)]
+            )
+        )
+
+
+@pytest.mark.parametrize("backend", ["triton", "flashinfer"])
+def test_forming_and_launching_batches_never_syncs(monkeypatch, backend):
+    if backend == "flashinfer":
+        pytest.importorskip("flashinfer")
+    source = load_model_source(MODEL, dtype="bfloat16", device="cuda")
+    scheduler = make_scheduler(
+        MODEL, source, device="cuda", dtype="bfloat16", attention_backend=backend
+    )
+    assert scheduler.overlap and scheduler.runner.cuda_graph_runner is not None
+    vocab = source.config.vocab_size
+    # warm-up outside the check: kernel compilation and allocator growth may sync
+    submit(scheduler, random_prompts(6, vocab, 5, 40, seed=1), "warm")
+    while scheduler.has_work():
+        scheduler.step()
+
+    resolve = tp_worker.PendingBatchResult.resolve
+
+    def resolve_may_sync(self):
+        torch.cuda.set_sync_debug_mode(0)
+        try:
+            return resolve(self)
+        finally:
+            torch.cuda.set_sync_debug_mode("error")
+
+    monkeypatch.setattr(tp_worker.PendingBatchResult, "resolve", resolve_may_sync)
+    submit(scheduler, random_prompts(6, vocab, 5, 40, seed=2), "a")
+    steps = 0
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        while scheduler.has_work():
+            scheduler.step()
+            steps += 1
+            if steps == 5:  # arrivals while the first wave decodes
+                submit(scheduler, random_prompts(6, vocab, 5, 40, seed=3), "b")
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    finished = [o for o in scheduler.pop_outputs() if o.finished_reason]
+    assert len({o.rid for o in finished if not o.rid.startswith("warm")}) == 12
+    assert steps > 24
