@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixserve.layers import fused_ops
+
 
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -15,7 +17,20 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual)."""
+        """Without `residual`: norm(x). With it: (norm(x + residual), x + residual).
+
+        On CUDA one fused kernel, and with `residual` it works in place: the results are
+        written over x and residual, so callers must own both (the decoder layers do)."""
+        if not fused_ops.enabled_for(x):
+            return self.forward_native(x, residual)
+        if residual is None:
+            return fused_ops.rms_norm(x, self.weight, self.variance_epsilon)
+        return fused_ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The torch reference: the CPU path, and what the fused kernels are checked against."""
         if residual is not None:
             x = x + residual
             residual = x

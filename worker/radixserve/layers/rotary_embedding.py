@@ -12,6 +12,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from radixserve.layers import fused_ops
+
 
 def _rope_parameters(config: PretrainedConfig) -> dict:
     params = getattr(config, "rope_parameters", None)
@@ -48,6 +50,32 @@ class RotaryEmbedding(nn.Module):
         cos = self.cos_cache[positions].to(q.dtype).unsqueeze(1)
         sin = self.sin_cache[positions].to(q.dtype).unsqueeze(1)
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def rotate_and_store_kv(
+        self,
+        positions: torch.Tensor,
+        qkv: torch.Tensor,
+        num_heads: int,
+        num_kv_heads: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out_cache_loc: torch.Tensor,
+    ) -> None:
+        """The CUDA path: rotate the q and k heads of qkv [tokens, q | k | v] in place and store
+        k and v at out_cache_loc, in one kernel (instead of the gathers, casts and cat of
+        `forward` plus the backend's two index_put). Float32 cos/sin, rounded once."""
+        fused_ops.rotary_and_store_kv(
+            positions,
+            qkv,
+            self.cos_cache,
+            self.sin_cache,
+            num_heads,
+            num_kv_heads,
+            self.head_dim,
+            k_cache,
+            v_cache,
+            out_cache_loc,
+        )
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

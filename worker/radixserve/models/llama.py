@@ -8,6 +8,7 @@ checkpoint's separate Hugging Face tensors and writes them into the fused shards
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -21,12 +22,16 @@ from radixserve.distributed.parallel_state import (
     tp_rank,
     tp_size,
 )
+from radixserve.layers import fused_ops
 from radixserve.layers.activation import SiluAndMul
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.model_executor.forward_batch_info import ForwardBatch
+
+if TYPE_CHECKING:
+    from radixserve.layers.attention.base import AttentionBackend
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -64,14 +69,56 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
+        if fused_ops.enabled_for(qkv):
+            out = self._attend_fused(positions, qkv, forward_batch)
+        else:
+            out = self._attend_native(positions, qkv, forward_batch)
+        return all_reduce(self.o_proj(out))
+
+    def _attend_native(
+        self, positions: torch.Tensor, qkv: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.reshape(-1, self.num_heads, self.head_dim)
         k = k.reshape(-1, self.num_kv_heads, self.head_dim)
         if self.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
-        out = self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
-        return all_reduce(self.o_proj(out))
+        return self.attn(q.reshape(-1, self.q_size), k.reshape(-1, self.kv_size), v, forward_batch)
+
+    def _attend_fused(
+        self, positions: torch.Tensor, qkv: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        """q/k norm, rotary and the K/V store as kernels working in place on qkv, so q, k and v
+        stay views of it and the backend is spared its own store of K/V."""
+        if self.qk_norm:
+            heads = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
+            q_heads = heads[:, : self.num_heads]
+            k_heads = heads[:, self.num_heads : self.num_heads + self.num_kv_heads]
+            fused_ops.rms_norm(q_heads, self.q_norm.weight, self.q_norm.variance_epsilon, q_heads)
+            fused_ops.rms_norm(k_heads, self.k_norm.weight, self.k_norm.variance_epsilon, k_heads)
+        k_cache, v_cache = forward_batch.token_to_kv_pool.get_kv_buffer(self.attn.layer_id)
+        self.rotary.rotate_and_store_kv(
+            positions,
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            k_cache,
+            v_cache,
+            forward_batch.out_cache_loc,
+        )
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        save_kv = _stores_kv_regardless(forward_batch.attn_backend)
+        return self.attn(q, k, v, forward_batch, save_kv_cache=save_kv)
+
+
+def _stores_kv_regardless(backend: AttentionBackend) -> bool:
+    """FlashInfer's backend refuses save_kv_cache=False, so it is let store the K/V the fused
+    kernel has already stored (the same values, one redundant write) until it accepts the flag;
+    the torch_native and triton backends honour it."""
+    from radixserve.layers.attention.flashinfer_backend import FlashInferAttnBackend
+
+    return isinstance(backend, FlashInferAttnBackend)
 
 
 class LlamaMLP(nn.Module):
@@ -124,6 +171,9 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # On CUDA the add+norm runs in place, overwriting hidden and residual. Both are ours to
+        # overwrite: the first residual is the embedding's fresh output (the norm without a
+        # residual writes a new tensor, leaving it intact); every other hidden is a projection's.
         if residual is None:
             residual = hidden
             hidden = self.input_layernorm(hidden)
