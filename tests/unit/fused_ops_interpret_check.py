@@ -1,0 +1,93 @@
+"""Run the fused kernels of layers/fused_ops.py in Triton's CPU interpreter; print one JSON line.
+
+Started by test_fused_ops_interpret.py in a subprocess, because TRITON_INTERPRET must be set
+before any kernel module is imported and must not leak into the rest of the test session.
+Float32 and float16 only: the interpreter's bf16 is unreliable, so bf16 is left to tests/gpu.
+The comparisons are tests/gpu/test_fused_ops.py's, at small sizes; on top, a tiny Llama and
+Qwen3 run their whole forward on the fused path (forced on, CPU tensors) against the torch path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
+
+import torch  # noqa: E402
+from test_fused_ops import (  # noqa: E402
+    check_head_norm,
+    check_rms_norm,
+    check_rotary_and_store_kv,
+    check_silu_and_mul,
+    model_passes,
+    rel_err,
+)
+from triton_interpret_check import _allow_one_element_index  # noqa: E402
+
+DTYPES = (torch.float32, torch.float16)
+# a prompt past the rotary kernel's one-head-per-program size, one below it, one of a few tokens
+PROMPT_LENS = [3, 17, 70]
+
+
+def kernel_results() -> list[dict]:
+    """{case, dtype, errors: {metric: error}} for every kernel case, from one seeded generator."""
+    gen = torch.Generator().manual_seed(0)
+    results = []
+
+    def add(case: str, dtype: torch.dtype, errors: dict[str, float]) -> None:
+        results.append({"case": case, "dtype": str(dtype), "errors": errors})
+
+    for dtype in DTYPES:
+        for rows, hidden in ((1, 256), (300, 256), (5, 200)):
+            add(f"rms_norm-{rows}x{hidden}", dtype, check_rms_norm(rows, hidden, dtype, "cpu", gen))
+        for t, h, kvh, d in ((1, 8, 2, 64), (70, 3, 1, 32)):
+            errors = check_head_norm(t, h, kvh, d, dtype, "cpu", gen)
+            add(f"head_norm-{t}-{h}/{kvh}-d{d}", dtype, errors)
+        for t, d in ((1, 256), (300, 96)):
+            add(f"silu_and_mul-{t}x{d}", dtype, check_silu_and_mul(t, d, dtype, "cpu", gen))
+        # T=1 and T=7 take the one-head-per-program grid, T >= 65 the tiled one
+        for t, h, kvh, d, pad in (
+            (1, 8, 2, 64, 0),
+            (7, 3, 1, 32, 2),
+            (300, 8, 2, 64, 5),
+            (130, 3, 1, 32, 3),
+        ):
+            errors = check_rotary_and_store_kv(t, h, kvh, d, dtype, "cpu", gen, pad)
+            add(f"rotary-{t}-{h}/{kvh}-d{d}-pad{pad}", dtype, errors)
+    errors = check_rotary_and_store_kv(9, 8, 2, 64, torch.float32, "cpu", gen, 1, torch.float16)
+    add("rotary-into-float16-cache", torch.float32, errors)
+    return results
+
+
+def model_results() -> list[dict]:
+    """Fused forward vs the torch path, float32, four passes. Llama stores K/V for the
+    torch_native backend, which reads them back from the pool; Qwen3 (q/k norm on views of qkv)
+    for the triton one, which reads this pass's k and v as views of qkv."""
+    results = []
+    for preset, backend in (("tiny-llama", "torch_native"), ("tiny-qwen3", "triton")):
+        model = f"random:{preset}"
+        native = model_passes(model, "float32", "cpu", "torch_native", False, PROMPT_LENS)
+        fused = model_passes(model, "float32", "cpu", backend, True, PROMPT_LENS)
+        pairs = list(zip(fused, native, strict=True))
+        results.append(
+            {
+                "case": f"{preset}-{backend}",
+                "rel_err": max(rel_err(f, n) for f, n in pairs),
+                "same_argmax": all(torch.equal(f.argmax(-1), n.argmax(-1)) for f, n in pairs),
+            }
+        )
+    return results
+
+
+def main() -> None:
+    torch.set_num_threads(2)
+    _allow_one_element_index()  # the triton attention backend's loops need it under numpy 2
+    print(json.dumps({"kernels": kernel_results(), "models": model_results()}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""The fused Triton kernels of layers/fused_ops.py, run on the CPU by Triton's interpreter.
+
+RMSNorm (strided per-head views, in place, with the residual add), SiLU-and-mul and rotary +
+KV store against the torch code they replace, and a tiny Llama and Qwen3 forced onto the fused
+path against their torch path. tests/gpu/test_fused_ops.py repeats this at real sizes and in bf16.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+# max |kernel - reference| / max |reference|. The references round where the kernels do (see
+# tests/gpu/test_fused_ops.py), so float32 differs only in summation order and FMA, float16 at
+# most by a rounding flip (2**-10 relative).
+TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
+EXACT = ("outside_untouched", "v_untouched", "v_cache")  # copies and bystanders: bit for bit
+
+
+@pytest.fixture(scope="module")
+def interpreted() -> dict:
+    script = Path(__file__).with_name("fused_ops_interpret_check.py")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kernels_match_the_torch_code(interpreted) -> None:
+    results = interpreted["kernels"]
+    assert len(results) == 23
+    for result in results:
+        for metric, err in result["errors"].items():
+            limit = 0.0 if metric in EXACT else TOLERANCE[result["dtype"]]
+            assert err <= limit, (metric, result)
+
+
+def test_fused_model_forward_matches_the_torch_path(interpreted) -> None:
+    models = interpreted["models"]
+    assert [m["case"] for m in models] == ["tiny-llama-torch_native", "tiny-qwen3-triton"]
+    for result in models:
+        assert result["rel_err"] < 1e-5 and result["same_argmax"], result
