@@ -8,7 +8,6 @@ checkpoint's separate Hugging Face tensors and writes them into the fused shards
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -29,9 +28,6 @@ from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.model_executor.forward_batch_info import ForwardBatch
-
-if TYPE_CHECKING:
-    from radixserve.layers.attention.base import AttentionBackend
 
 
 def head_dim_of(config: PretrainedConfig) -> int:
@@ -108,17 +104,7 @@ class LlamaAttention(nn.Module):
             forward_batch.out_cache_loc,
         )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        save_kv = _stores_kv_regardless(forward_batch.attn_backend)
-        return self.attn(q, k, v, forward_batch, save_kv_cache=save_kv)
-
-
-def _stores_kv_regardless(backend: AttentionBackend) -> bool:
-    """FlashInfer's backend refuses save_kv_cache=False, so it is let store the K/V the fused
-    kernel has already stored (the same values, one redundant write) until it accepts the flag;
-    the torch_native and triton backends honour it."""
-    from radixserve.layers.attention.flashinfer_backend import FlashInferAttnBackend
-
-    return isinstance(backend, FlashInferAttnBackend)
+        return self.attn(q, k, v, forward_batch, save_kv_cache=False)
 
 
 class LlamaMLP(nn.Module):

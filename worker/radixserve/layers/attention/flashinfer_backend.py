@@ -229,15 +229,16 @@ class FlashInferAttnBackend(AttentionBackend):
                 f"flashinfer backend plans with scale head_dim**-0.5={self.sm_scale}, "
                 f"layer {layer.layer_id} wants {layer.scaling}"
             )
-        if not save_kv_cache:
-            raise NotImplementedError("the flashinfer backend reads new K/V from the pool")
         pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(
-            layer.layer_id,
-            forward_batch.out_cache_loc,
-            split_heads(k, layer.tp_k_head_num, layer.head_dim),
-            split_heads(v, layer.tp_v_head_num, layer.head_dim),
-        )
+        # the kernels read this pass's K/V from the pool: without save_kv_cache the caller
+        # has stored them already (the fused rotary + KV-store kernel)
+        if save_kv_cache:
+            pool.set_kv_buffer(
+                layer.layer_id,
+                forward_batch.out_cache_loc,
+                split_heads(k, layer.tp_k_head_num, layer.head_dim),
+                split_heads(v, layer.tp_v_head_num, layer.head_dim),
+            )
         k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
         assert self.forward_metadata is not None, "init_forward_metadata did not run"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim).contiguous()
