@@ -8,6 +8,7 @@ are all formed under the check.
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -24,7 +25,18 @@ from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E40
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
 
-MODEL = "random:tiny-llama"
+# head_dim 64: FlashInfer's kernels take 64, 128 and 256
+CONFIG = {
+    "model_type": "llama",
+    "vocab_size": 2048,
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "rms_norm_eps": 1e-5,
+}
 
 
 def submit(scheduler, prompts, tag: str) -> None:
@@ -42,12 +54,15 @@ def submit(scheduler, prompts, tag: str) -> None:
 
 
 @pytest.mark.parametrize("backend", ["triton", "flashinfer"])
-def test_forming_and_launching_batches_never_syncs(monkeypatch, backend):
+def test_forming_and_launching_batches_never_syncs(monkeypatch, tmp_path, backend):
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
-    source = load_model_source(MODEL, dtype="bfloat16", device="cuda")
+    config = tmp_path / "small-llama.json"
+    config.write_text(json.dumps(CONFIG))
+    model = f"random:{config}"
+    source = load_model_source(model, dtype="bfloat16", device="cuda")
     scheduler = make_scheduler(
-        MODEL, source, device="cuda", dtype="bfloat16", attention_backend=backend
+        model, source, device="cuda", dtype="bfloat16", attention_backend=backend
     )
     assert scheduler.overlap and scheduler.runner.cuda_graph_runner is not None
     vocab = source.config.vocab_size

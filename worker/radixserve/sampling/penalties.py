@@ -37,8 +37,14 @@ def _token_mask(
     mask = torch.zeros(len(token_lists), vocab_size, dtype=torch.bool, device=device)
     if cols:
         where = device_tensor([rows, cols], torch.int64, device)
-        mask[where[0], where[1]] = True
+        mask.index_put_((where[0], where[1]), _true_on(device))
     return mask
+
+
+def _true_on(device: torch.device) -> torch.Tensor:
+    """A device-side True to index_put with: `mask[i, j] = True` copies a host scalar to the
+    device, a blocking copy that waits for the batch in flight."""
+    return torch.ones((), dtype=torch.bool, device=device)
 
 
 def _per_row(values: list[float], device: torch.device) -> torch.Tensor:
@@ -114,7 +120,7 @@ class RepetitionPenalizer(Penalizer):
 
     def update(self, next_token_ids):
         rows = torch.arange(next_token_ids.numel(), device=next_token_ids.device)
-        self.seen[rows, next_token_ids] = True
+        self.seen.index_put_((rows, next_token_ids), _true_on(self.seen.device))
 
     def filter(self, keep):
         self.penalties = self.penalties[keep]
