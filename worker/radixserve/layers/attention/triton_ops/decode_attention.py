@@ -149,35 +149,38 @@ def _decode_merge_splits_kernel(
     stride_oh,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
 ):
+    """All of a (request, head)'s splits at once, as one [splits, head_dim] tile: a loop over
+    the splits is a chain of dependent loads, and at batch 1 that chain is the kernel's time.
+    Only the splits that hold tokens are read (a short sequence fills few of them)."""
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
+    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < tl.cdiv(seq_len, split_len)  # the splits _split_bounds left non-empty
 
-    m_i = float("-inf")
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-    for split_id in range(0, num_kv_splits):
-        start, end = _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
-        if end > start:
-            part = tl.load(
-                Mid_O + batch * stride_mob + head * stride_moh + split_id * stride_mos + offs_d,
-                mask=mask_d,
-                other=0.0,
-            )
-            lse = tl.load(Mid_Lse + batch * stride_mlb + head * stride_mlh + split_id)
-            m_new = tl.maximum(m_i, lse)
-            alpha = tl.exp2(m_i - m_new)
-            w = tl.exp2(lse - m_new)
-            acc = acc * alpha + w * part
-            l_i = l_i * alpha + w
-            m_i = m_new
+    lse = tl.load(
+        Mid_Lse + batch * stride_mlb + head * stride_mlh + offs_s, mask=mask_s, other=float("-inf")
+    )
+    weights = tl.exp2(lse - tl.max(lse, 0))
+    parts = tl.load(
+        Mid_O
+        + batch * stride_mob
+        + head * stride_moh
+        + offs_s[:, None] * stride_mos
+        + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
     tl.store(
         Out + batch * stride_ob + head * stride_oh + offs_d,
-        (acc / l_i).to(Out.dtype.element_ty),
+        out.to(Out.dtype.element_ty),
         mask=mask_d,
     )
 
@@ -276,6 +279,7 @@ def decode_attention_fwd(
         o.stride(1),
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
+        BLOCK_S=triton.next_power_of_2(num_kv_splits),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         num_warps=4 if head_dim >= 128 else 2,
     )
