@@ -28,23 +28,23 @@ for stage in $stages; do
       timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3-8b 1 triton \
         > "$OUT/profile-8b.txt" 2>&1; grep "===" "$OUT/profile-8b.txt" ;;
     latency)
-      timeout 200 $RS bench latency --model random:llama-3.2-1b --context-length 4096 \
-        --attention-backend triton --cuda-graph-max-bs 256 --batch-sizes 1,8,64,256 \
-        --input-len 512 --output-len 64 --output-json "$OUT/latency-1b.json" 2>&1 | tail -9
-      timeout 240 $RS bench latency --model random:llama-3-8b --context-length 4096 \
-        --attention-backend triton --cuda-graph-max-bs 256 --batch-sizes 1,16,64,256 \
-        --input-len 512 --output-len 64 --output-json "$OUT/latency-8b.json" 2>&1 | tail -9 ;;
+      timeout 120 $RS bench latency --model random:llama-3.2-1b --context-length 4096 \
+        --attention-backend triton --batch-sizes 1,64,256 \
+        --input-len 512 --output-len 48 --output-json "$OUT/latency-1b.json" 2>&1 | tail -7
+      timeout 150 $RS bench latency --model random:llama-3-8b --context-length 4096 \
+        --attention-backend triton --batch-sizes 1,64,256 \
+        --input-len 512 --output-len 48 --output-json "$OUT/latency-8b.json" 2>&1 | tail -7 ;;
     offline)
-      timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 \
+      timeout 220 $RS bench offline --model random:llama-3-8b --context-length 4096 \
         --num-prompts 1000 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
         --transformers batched --hf-batch-size 64 --hf-max-prompts 64 \
         --output-json "$OUT/offline-8b.json" 2>&1 | tail -9
-      timeout 200 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \
+      timeout 90 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \
         --num-prompts 256 --input-len 1024 --input-len-min 100 --output-len 1024 --output-len-min 100 \
         --transformers none --output-json "$OUT/offline-qwen3.json" 2>&1 | tail -6 ;;
     overlap)
       for flag in "" "--disable-overlap"; do
-        timeout 150 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
+        timeout 60 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
           --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
           --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
       done ;;
@@ -52,7 +52,7 @@ for stage in $stages; do
       timeout 400 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py -s \
         2>&1 | tee "$OUT/tp-tests.log" | grep -E "agreement|passed|failed|Error"
       for tp in 1 2; do
-        timeout 300 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
+        timeout 220 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
           --num-prompts 300 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
           --transformers none --output-json "$OUT/offline-8b-tp$tp.json" 2>&1 | tail -5
       done ;;

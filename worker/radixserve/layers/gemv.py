@@ -1,10 +1,11 @@
-"""Batch-1 decode projections as a Triton matrix-vector product.
+"""Batch-1 projections as a Triton matrix-vector product, and `linear`, which picks it.
 
 At batch 1 a projection reads its whole weight to produce one row: it is a pure stream of the
-weight, and the time is bytes / bandwidth. cuBLAS picks GEMM kernels for these shapes that
-reach 40-75% of the bandwidth on small matrices (measured on the H200: the 2048x2048 and
-4096x4096 output projections); a GEMV that spreads the rows over many programs and streams
-each row in wide chunks gets closer.
+weight, and the time is bytes / bandwidth. On the H200 cuBLAS reaches 40-75% of the bandwidth
+on the small matrices of a decode step (scripts/gpu/bench_gemv.py, 2026-11-29: 1B o_proj
+2048x2048 5.2 us against a 2.0 us floor, 8B o_proj 10.8 us against 7.9 us); this GEMV, two
+rows per program so that the whole GPU streams even the smallest matrix, took 3.0 and 6.3 us
+and beat cuBLAS on every projection of the 1B and 8B shapes, LM heads included.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
+from torch import nn
 
 try:
     import triton
@@ -53,6 +56,42 @@ def _gemv_kernel(
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
+
+
+def _block_config(n: int, k: int) -> tuple[int, int, int]:
+    """(rows per program, K chunk, warps): the fastest of bench_gemv.py's sweep per shape
+    class on the H200. Large matrices want long chunks and few warps; small ones more
+    warps per row."""
+    if n * k >= 32 << 20:  # gate/up, down (8B), LM heads
+        return 2, 2048, 2
+    if k >= 4096 and n >= 4096:  # 8B qkv and o
+        return 2, 512, 2
+    return 2, 1024, 4  # 1B qkv, o, down
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear, through the GEMV when x is one half-precision row on a CUDA device.
+
+    float32 stays on cuBLAS: it is the exactness reference, and not where speed is measured."""
+    if (
+        triton is not None
+        and x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and weight.stride(1) == 1
+    ):
+        return gemv(x, weight, bias, *_block_config(*weight.shape))
+    return F.linear(x, weight, bias)
+
+
+class Linear(nn.Linear):
+    """nn.Linear (same parameters, same checkpoint names) whose batch-1 products on CUDA run
+    the GEMV."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return linear(x, self.weight, self.bias)
 
 
 def gemv(

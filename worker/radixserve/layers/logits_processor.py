@@ -9,10 +9,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixserve.distributed.parallel_state import all_gather_last_dim
+from radixserve.layers.gemv import linear
 
 if TYPE_CHECKING:
     from radixserve.model_executor.forward_batch_info import ForwardBatch
@@ -30,5 +30,5 @@ class LogitsProcessor(nn.Module):
             last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             hidden = hidden[last]
         # vocab-parallel head: each rank has a slice of the vocabulary (one rank: all of it)
-        logits = all_gather_last_dim(F.linear(hidden, lm_head_weight))
+        logits = all_gather_last_dim(linear(hidden, lm_head_weight))
         return logits[:, : self.vocab_size].float()

@@ -23,6 +23,7 @@ from radixserve.distributed.parallel_state import (
 )
 from radixserve.layers import fused_ops
 from radixserve.layers.activation import SiluAndMul
+from radixserve.layers.gemv import Linear
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
@@ -48,9 +49,9 @@ class LlamaAttention(nn.Module):
         self.q_size = self.num_heads * self.head_dim
         self.kv_size = self.num_kv_heads * self.head_dim
         bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = nn.Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
+        self.qkv_proj = Linear(config.hidden_size, self.q_size + 2 * self.kv_size, bias=bias)
         o_bias = bool(getattr(config, "attention_bias", False))
-        self.o_proj = nn.Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
         # Qwen3 normalises each head of q and k before the rotary embedding.
         self.qk_norm = config.model_type == "qwen3"
         if self.qk_norm:
@@ -115,8 +116,8 @@ class LlamaMLP(nn.Module):
         bias = bool(getattr(config, "mlp_bias", False))
         self.rows = even_shard(config.intermediate_size, tp_rank(), tp_size())
         local = self.rows[1] - self.rows[0]
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * local, bias=bias)
-        self.down_proj = nn.Linear(local, config.hidden_size, bias=bias)
+        self.gate_up_proj = Linear(config.hidden_size, 2 * local, bias=bias)
+        self.down_proj = Linear(local, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,45 @@
+"""Run the Triton GEMV in Triton's CPU interpreter; print one JSON result line.
+
+Started by test_gemv_interpret.py in a subprocess: TRITON_INTERPRET must be set before the
+kernel module is imported and must not leak into the rest of the test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from triton_interpret_check import _allow_one_element_index  # noqa: E402
+
+from radixserve.layers.gemv import gemv  # noqa: E402
+
+_allow_one_element_index()  # the K loop's bound under numpy 2
+torch.manual_seed(0)
+cases = []
+# (N, K, rows per program, K chunk): ragged N and K against the blocks, one-row programs,
+# chunks longer than K, the shipped configurations
+for n, k, bn, bk in [(37, 300, 2, 128), (64, 256, 1, 256), (5, 1000, 8, 512), (33, 96, 2, 1024)]:
+    for dtype in (torch.float32, torch.float16):
+        for with_bias in (False, True):
+            w = torch.randn(n, k).to(dtype)
+            x = torch.randn(1, k).to(dtype)
+            b = torch.randn(n).to(dtype) if with_bias else None
+            ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+            y = gemv(x, w, b, bn, bk, 4)
+            cases.append(
+                {
+                    "shape": [n, k, bn, bk],
+                    "dtype": str(dtype),
+                    "bias": with_bias,
+                    "out_shape": list(y.shape),
+                    "out_dtype": str(y.dtype),
+                    "rel_err": ((y.double() - ref).norm() / ref.norm()).item(),
+                }
+            )
+print(json.dumps(cases))

@@ -1,0 +1,48 @@
+"""The batch-1 GEMV kernel, run on the CPU by Triton's interpreter, against a float64
+reference; and `linear`'s dispatch, which must leave every other case to F.linear."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from radixserve.layers.gemv import Linear, linear
+
+TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
+
+
+def test_gemv_matches_float64_reference():
+    pytest.importorskip("triton")
+    script = Path(__file__).with_name("gemv_interpret_check.py")
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cases = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(cases) == 16
+    for case in cases:
+        n = case["shape"][0]
+        assert case["out_shape"] == [1, n] and case["out_dtype"] == case["dtype"], case
+        assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+
+
+def test_linear_off_cuda_is_exactly_f_linear():
+    torch.manual_seed(0)
+    w, b = torch.randn(24, 16), torch.randn(24)
+    for x in (torch.randn(1, 16), torch.randn(5, 16)):
+        assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+    layer = Linear(16, 24)
+    x = torch.randn(1, 16)
+    assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    assert set(dict(layer.named_parameters())) == {"weight", "bias"}  # checkpoint names
