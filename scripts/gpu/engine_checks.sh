@@ -44,7 +44,10 @@ for stage in $stages; do
         --transformers none --output-json "$OUT/offline-qwen3.json" 2>&1 | tail -6 ;;
     overlap)
       for flag in "" "--disable-overlap"; do
-        timeout 60 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
+        # triton: nothing to JIT-compile on a fresh machine (FlashInfer builds its head_dim-64
+        # kernels on first use, which outlasted a 60 s limit on 2026-11-29)
+        timeout 150 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
+          --attention-backend triton --cuda-graph-max-bs 64 \
           --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
           --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
       done ;;
