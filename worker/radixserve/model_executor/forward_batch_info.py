@@ -154,7 +154,7 @@ class ForwardBatch:
             packed = device_tensor(host, torch.int64, device)
         else:
             packed = staging[: DECODE_INPUT_ROWS * n].view(DECODE_INPUT_ROWS, n)
-            packed.copy_(host.pin_memory(), non_blocking=True)
+            packed.copy_(host.pin_memory() if packed.is_cuda else host, non_blocking=True)
         seq_lens_cpu = host[3]
         return cls(
             forward_mode=ForwardMode.DECODE,

@@ -1,0 +1,56 @@
+"""ForwardBatch.init_decode: a decode pass's inputs packed into one buffer, padded for a CUDA
+graph's captured size (the layout the graph runner's static buffer relies on)."""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.managers.schedule_batch import ModelWorkerBatch
+from radixserve.model_executor.forward_batch_info import (
+    DECODE_INPUT_ROWS,
+    ForwardBatch,
+    ForwardMode,
+)
+
+
+def decode_batch() -> ModelWorkerBatch:
+    return ModelWorkerBatch(
+        forward_mode=ForwardMode.DECODE,
+        input_ids=torch.tensor([11, -3, 7]),
+        req_pool_indices=torch.tensor([4, 0, 9]),
+        seq_lens=torch.tensor([5, 17, 2]),
+        seq_lens_sum=24,
+        out_cache_loc=torch.tensor([40, 41, 42]),
+        sampling_info=None,
+        has_future_ids=True,
+    )
+
+
+def test_unpadded_decode_inputs():
+    fb = ForwardBatch.init_decode(decode_batch(), None, None, None, "cpu")
+    assert fb.batch_size == 3 and fb.forward_mode.is_decode()
+    assert fb.input_ids.tolist() == [11, -3, 7]
+    assert fb.positions.tolist() == [4, 16, 1]  # the new token sits at seq_len - 1
+    assert fb.req_pool_indices.tolist() == [4, 0, 9]
+    assert fb.seq_lens.tolist() == [5, 17, 2] and fb.seq_lens_cpu.tolist() == [5, 17, 2]
+    assert fb.out_cache_loc.tolist() == [40, 41, 42]
+    assert fb.seq_lens_sum == 24
+
+
+def test_padded_into_a_staging_buffer():
+    staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
+    fb = ForwardBatch.init_decode(
+        decode_batch(), None, None, None, "cpu", staging=staging, padded_size=4, seq_len_fill=1
+    )
+    assert fb.batch_size == 4
+    # rows of the captured size 4 sit back to back at the start of the buffer, as captured
+    assert fb.input_ids.data_ptr() == staging.data_ptr()
+    assert fb.positions.data_ptr() == staging[4:].data_ptr()
+    assert fb.out_cache_loc.data_ptr() == staging[16:].data_ptr()
+    # the padded row: request row 0, KV slot 0, the backend's fill length
+    assert fb.input_ids.tolist() == [11, -3, 7, 0]
+    assert fb.req_pool_indices.tolist() == [4, 0, 9, 0]
+    assert fb.seq_lens.tolist() == [5, 17, 2, 1]
+    assert fb.out_cache_loc.tolist() == [40, 41, 42, 0]
+    assert fb.seq_lens_sum == 25
+    assert staging[20:].eq(-99).all()  # nothing beyond this size's rows is touched
