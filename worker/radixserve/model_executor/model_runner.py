@@ -32,6 +32,26 @@ GiB = 1 << 30
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
 
 
+def weight_bytes(model: torch.nn.Module) -> int:
+    """Bytes of this rank's parameters and buffers (works on a meta-device model)."""
+    tensors = [*model.parameters(), *model.buffers()]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def weights_fit_problem(need: int, free: int, total: int, device: str) -> str | None:
+    """Why weights of `need` bytes cannot be loaded into `free` of `total` device bytes, or None.
+
+    The KV cache and CUDA graphs need room too, but their sizing has its own error (see
+    `_kv_capacity`); this one is about the weights alone."""
+    if need <= free:
+        return None
+    return (
+        f"the model does not fit on {device}: its weights need {need / GiB:.2f} GiB on each GPU "
+        f"and {free / GiB:.2f} GiB of the device's {total / GiB:.2f} GiB are free; shard it over "
+        "more GPUs with --tp-size, choose a smaller --dtype, or a smaller model"
+    )
+
+
 class ModelRunner:
     def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
         self.server_args = server_args
@@ -83,6 +103,15 @@ class ModelRunner:
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
         try:
+            if self.device.type == "cuda":
+                # sized on the meta device first: a model that cannot fit fails here, clearly,
+                # instead of with an allocator error halfway through loading
+                with torch.device("meta"):
+                    need = weight_bytes(model_cls(self.model_config.hf_config))
+                free, total = torch.cuda.mem_get_info(self.device)
+                problem = weights_fit_problem(need, free, total, str(self.device))
+                if problem is not None:
+                    raise RuntimeError(problem)
             with torch.device(self.device):
                 model = model_cls(self.model_config.hf_config)
         finally:
