@@ -191,9 +191,7 @@ def run(args: argparse.Namespace) -> int:
     kv_per_token = TokenToKVPool.bytes_per_token(
         cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, runner.dtype
     )
-    from radixserve.entrypoints.bench_offline import parameter_count
-
-    flops_per_token = 2 * parameter_count(cfg)
+    flops_per_token = 2 * cfg.matmul_parameters
     run_batch(worker, cache, batch_sizes[0], args.input_len, 8, cfg.vocab_size)  # warm-up
     rows = []
     for bs in batch_sizes:

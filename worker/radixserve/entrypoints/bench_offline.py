@@ -182,15 +182,6 @@ def run_transformers(
     )
 
 
-def parameter_count(config: Any) -> int:
-    """Parameters that do matmul work per token (the embedding lookup does none)."""
-    h, q = config.hidden_size, config.num_attention_heads * config.head_dim
-    kv = config.num_key_value_heads * config.head_dim
-    inter = config.hf_config.intermediate_size
-    per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
-    return config.num_hidden_layers * per_layer + config.vocab_size * h
-
-
 def measure_matmul_tflops() -> float | None:
     import torch
 
@@ -222,7 +213,7 @@ def run(args: argparse.Namespace) -> int:
         results.append(
             run_transformers(source, work, mode, args.hf_batch_size, args.hf_max_prompts)
         )
-    params = parameter_count(source.config)
+    params = source.config.matmul_parameters
     peak = measure_matmul_tflops()
 
     print(

@@ -22,6 +22,7 @@ from pathlib import Path
 import aiohttp
 import numpy as np
 
+from radixserve.entrypoints.bench_offline import measure_matmul_tflops
 from radixserve.entrypoints.server_process import ServerProcess
 
 
@@ -49,6 +50,13 @@ class Report:
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
     cached_prompt_tokens: int
+    # 2 x matmul parameters per computed token (prompt tokens not served from the cache, plus
+    # generated ones), over the run; the ceiling is a bf16 matmul measured on this machine's
+    # GPU when there is one and the server runs on CUDA (a server elsewhere: compare by hand)
+    achieved_tflops: float
+    matmul_tflops: float | None
+    mfu: float | None
+    gpu_busy: float | None  # share of the run the server's GPU spent inside batches
     settings: dict
 
     def lines(self) -> list[str]:
@@ -65,6 +73,18 @@ class Report:
             stats("TTFT (ms)", self.ttft_ms),
             stats("ITL (ms)", self.itl_ms),
             stats("E2E (ms)", self.e2e_ms),
+            f"{'compute (TFLOP/s)':<22} {self.achieved_tflops:.3f}"
+            + (
+                f" = {100 * self.mfu:.1f}% MFU of {self.matmul_tflops:.0f} bf16 TFLOP/s "
+                "measured here"
+                if self.mfu is not None
+                else ""
+            ),
+            *(
+                [f"{'GPU busy':<22} {100 * self.gpu_busy:.1f}% of the run"]
+                if self.gpu_busy is not None
+                else []
+            ),
         ]
 
 
@@ -151,6 +171,12 @@ async def send_request(
     return result, cached
 
 
+async def server_info(session: aiohttp.ClientSession, base_url: str) -> dict:
+    async with session.get(base_url + "/get_server_info") as reply:
+        reply.raise_for_status()
+        return await reply.json()
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
@@ -172,6 +198,7 @@ async def run_benchmark(args: argparse.Namespace, base_url: str) -> Report:
         if not args.keep_cache:
             async with session.post(base_url + "/flush_cache") as reply:
                 reply.raise_for_status()
+        before = await server_info(session, base_url)
 
         async def limited(prompt: list[int]) -> tuple[RequestResult, int]:
             async with limit:
@@ -185,7 +212,14 @@ async def run_benchmark(args: argparse.Namespace, base_url: str) -> Report:
                 await asyncio.sleep(rng.expovariate(args.request_rate))
         outcomes = await asyncio.gather(*tasks)
         duration = time.perf_counter() - started
+        after = await server_info(session, base_url)
     done = [r for r, _ in outcomes if r.ok]
+    computed = sum(r.prompt_tokens + r.output_tokens for r in done) - sum(
+        cached for r, cached in outcomes if r.ok
+    )
+    achieved = 2 * after["matmul_parameters"] * computed / duration / 1e12
+    on_gpu = after["device"] == "cuda"
+    ceiling = measure_matmul_tflops() if on_gpu else None
     for result, _ in outcomes:
         if not result.ok:
             print(f"failed: {result.error}")
@@ -201,6 +235,12 @@ async def run_benchmark(args: argparse.Namespace, base_url: str) -> Report:
         itl_ms=percentiles([gap for r in done for gap in r.itls]),
         e2e_ms=percentiles([r.e2e for r in done]),
         cached_prompt_tokens=sum(cached for _, cached in outcomes),
+        achieved_tflops=achieved,
+        matmul_tflops=ceiling,
+        mfu=achieved / ceiling if ceiling else None,
+        gpu_busy=(after["gpu_busy_ms"] - before["gpu_busy_ms"]) / 1e3 / duration
+        if on_gpu
+        else None,
         settings={
             k: (str(v) if isinstance(v, Path) else v)
             for k, v in vars(args).items()

@@ -206,6 +206,7 @@ class Scheduler:
             "overlap": self.overlap,
             "gpu_busy_ms": self.worker.gpu_busy_ms,
             "gpu_gap_ms": self.worker.gpu_gap_ms,
+            "matmul_parameters": self.model_config.matmul_parameters,
         }
 
     def kv_usage(self) -> float:

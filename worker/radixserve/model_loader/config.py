@@ -57,6 +57,16 @@ class ModelConfig:
     attention_bias: bool = False
     qk_norm: bool = False
 
+    @property
+    def matmul_parameters(self) -> int:
+        """Parameters that do matmul work per token (the embedding lookup does none): a token
+        costs 2 x this many FLOPs besides attention, the figure every MFU here is based on."""
+        h, q = self.hidden_size, self.num_attention_heads * self.head_dim
+        kv = self.num_key_value_heads * self.head_dim
+        inter = self.hf_config.intermediate_size
+        per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
+        return self.num_hidden_layers * per_layer + self.vocab_size * h
+
 
 def resolve_device(device: str) -> str:
     """Map `auto` to the device this process will actually run on."""
