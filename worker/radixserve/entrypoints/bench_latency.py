@@ -4,11 +4,11 @@ of `bs` prompts, then decode it step by step, for each batch size asked for.
 Each decode step is what a serving step costs: build the batch, run the model (a CUDA graph
 replay where one is captured), sample, copy the tokens to the host; with overlap scheduling (on
 by default on CUDA, `--disable-overlap` turns it off) the host builds step N+1 while the device
-runs step N, as the scheduler does, and the device time of a step is reported beside it. The numbers are
-set against the hardware measured in the same run: decode against memory bandwidth (MBU: bytes
-of weights plus KV read per step / step time / measured copy bandwidth), prefill against compute
-(MFU: 2 x parameters x tokens / time / measured bf16 matmul rate). transformers `generate` on the
-same weights runs the same batch-1 decode for comparison.
+runs step N, as the scheduler does, and the device time of a step is reported beside it. The
+numbers are set against the hardware measured in the same run: decode against memory
+bandwidth (MBU: bytes of weights plus KV read per step / step time / measured copy bandwidth),
+prefill against compute (MFU: 2 x parameters x tokens / time / measured bf16 matmul rate).
+transformers `generate` on the same weights runs the same batch-1 decode for comparison.
 """
 
 from __future__ import annotations
