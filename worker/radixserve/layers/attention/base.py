@@ -68,6 +68,19 @@ class AttentionBackend(ABC):
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
+    def store_kv(
+        self, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> None:
+        """Write this pass's K/V ([tokens, kv_heads * head_dim]) at its slots: what each backend
+        does first unless the caller has already stored them (`save_kv_cache=False`, as the
+        fused rotary + KV-store kernel does on CUDA)."""
+        forward_batch.token_to_kv_pool.set_kv_buffer(
+            layer.layer_id,
+            forward_batch.out_cache_loc,
+            k.view(-1, layer.tp_k_head_num, layer.head_dim),
+            v.view(-1, layer.tp_v_head_num, layer.head_dim),
+        )
+
     @abstractmethod
     def forward_decode(
         self,

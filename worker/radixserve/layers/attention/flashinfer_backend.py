@@ -229,17 +229,10 @@ class FlashInferAttnBackend(AttentionBackend):
                 f"flashinfer backend plans with scale head_dim**-0.5={self.sm_scale}, "
                 f"layer {layer.layer_id} wants {layer.scaling}"
             )
-        pool = forward_batch.token_to_kv_pool
-        # the kernels read this pass's K/V from the pool: without save_kv_cache the caller
-        # has stored them already (the fused rotary + KV-store kernel)
+        # the kernels read this pass's K/V from the pool
         if save_kv_cache:
-            pool.set_kv_buffer(
-                layer.layer_id,
-                forward_batch.out_cache_loc,
-                split_heads(k, layer.tp_k_head_num, layer.head_dim),
-                split_heads(v, layer.tp_v_head_num, layer.head_dim),
-            )
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+            self.store_kv(k, v, layer, forward_batch)
+        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         assert self.forward_metadata is not None, "init_forward_metadata did not run"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim).contiguous()
         # page size 1: [slots, kv_heads, d] is [pages, page_size=1, kv_heads, d] in NHD

@@ -51,10 +51,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        pool = forward_batch.token_to_kv_pool
         if save_kv_cache:
-            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, *_heads(k, v, layer))
-        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+            self.store_kv(k, v, layer, forward_batch)
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         bs = forward_batch.batch_size
         keys = k_buf[self._decode_index].to(q.dtype)  # [bs, L, kvh, d]
         values = v_buf[self._decode_index].to(q.dtype)
@@ -77,10 +76,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        pool = forward_batch.token_to_kv_pool
         if save_kv_cache:
-            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, *_heads(k, v, layer))
-        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+            self.store_kv(k, v, layer, forward_batch)
+        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         out = torch.empty_like(q)
         start = 0
@@ -102,15 +100,6 @@ class TorchNativeAttnBackend(AttentionBackend):
             out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, -1)
             start += ext
         return out
-
-
-def _heads(
-    k: torch.Tensor, v: torch.Tensor, layer: RadixAttention
-) -> tuple[torch.Tensor, torch.Tensor]:
-    return (
-        k.view(-1, layer.tp_k_head_num, layer.head_dim),
-        v.view(-1, layer.tp_v_head_num, layer.head_dim),
-    )
 
 
 def _sdpa(

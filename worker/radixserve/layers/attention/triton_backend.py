@@ -139,15 +139,9 @@ class TritonAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
-        pool = forward_batch.token_to_kv_pool
         if save_kv_cache:
-            pool.set_kv_buffer(
-                layer.layer_id,
-                forward_batch.out_cache_loc,
-                split_heads(k, layer.tp_k_head_num, layer.head_dim),
-                split_heads(v, layer.tp_v_head_num, layer.head_dim),
-            )
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+            self.store_kv(k, v, layer, forward_batch)
+        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         meta = self.forward_metadata
         assert isinstance(meta, DecodeMetadata), "init_forward_metadata did not run for decode"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
@@ -178,10 +172,9 @@ class TritonAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         k_heads = split_heads(k, layer.tp_k_head_num, layer.head_dim)
         v_heads = split_heads(v, layer.tp_v_head_num, layer.head_dim)
-        pool = forward_batch.token_to_kv_pool
         if save_kv_cache:
-            pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k_heads, v_heads)
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+            self.store_kv(k, v, layer, forward_batch)
+        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         meta = self.forward_metadata
         assert isinstance(meta, ExtendMetadata), "init_forward_metadata did not run for extend"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
