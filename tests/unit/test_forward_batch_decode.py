@@ -54,3 +54,22 @@ def test_padded_into_a_staging_buffer():
     assert fb.out_cache_loc.tolist() == [40, 41, 42, 0]
     assert fb.seq_lens_sum == 25
     assert staging[20:].eq(-99).all()  # nothing beyond this size's rows is touched
+
+
+def test_capture_layout_is_all_padding():
+    """What CudaGraphRunner captures with: no real rows, padded to the captured size."""
+    empty = torch.empty(0, dtype=torch.int64)
+    nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
+    staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
+    fb = ForwardBatch.init_decode(
+        nothing, None, None, None, "cpu", staging=staging, padded_size=2, seq_len_fill=1
+    )
+    assert fb.batch_size == 2 and fb.seq_lens_sum == 2
+    assert staging[:10].view(DECODE_INPUT_ROWS, 2).tolist() == [
+        [0, 0],
+        [0, 0],
+        [0, 0],
+        [1, 1],
+        [0, 0],
+    ]
+    assert fb.seq_lens_cpu.tolist() == [1, 1]

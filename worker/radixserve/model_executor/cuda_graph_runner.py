@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.managers.schedule_batch import ModelWorkerBatch
 from radixserve.model_executor.forward_batch_info import (
     DECODE_INPUT_ROWS,
     ForwardBatch,
@@ -23,7 +24,6 @@ from radixserve.model_executor.forward_batch_info import (
 )
 
 if TYPE_CHECKING:
-    from radixserve.managers.schedule_batch import ModelWorkerBatch
     from radixserve.model_executor.model_runner import ModelRunner
 
 logger = logging.getLogger(__name__)
@@ -76,22 +76,19 @@ class CudaGraphRunner:
         )
 
     def _capture_batch(self, bs: int) -> ForwardBatch:
+        """A pass of `bs` padded rows only: what a capture runs, laid out as replays are."""
+        empty = torch.empty(0, dtype=torch.int64)
+        nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
         runner = self.runner
-        packed = self.staging[: DECODE_INPUT_ROWS * bs].view(DECODE_INPUT_ROWS, bs)
-        packed[3].fill_(self.fill)
-        return ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=bs,
-            input_ids=packed[0],
-            positions=packed[1],
-            req_pool_indices=packed[2],
-            seq_lens=packed[3],
-            seq_lens_cpu=torch.full((bs,), self.fill, dtype=torch.int64),
-            seq_lens_sum=bs * self.fill,
-            out_cache_loc=packed[4],
-            req_to_token_pool=runner.req_to_token_pool,
-            token_to_kv_pool=runner.token_to_kv_pool,
-            attn_backend=self.backend,
+        return ForwardBatch.init_decode(
+            nothing,
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool,
+            self.backend,
+            runner.device,
+            staging=self.staging,
+            padded_size=bs,
+            seq_len_fill=self.fill,
         )
 
     def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
