@@ -7,13 +7,8 @@ path against their torch path. tests/gpu/test_fused_ops.py repeats this at real 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from interpreter_harness import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -26,16 +21,7 @@ EXACT = ("outside_untouched", "v_untouched", "v_cache")  # copies and bystanders
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    script = Path(__file__).with_name("fused_ops_interpret_check.py")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("fused_ops_interpret_check.py")
 
 
 def test_kernels_match_the_torch_code(interpreted) -> None:

@@ -3,15 +3,10 @@ reference; and `linear`'s dispatch, which must leave every other case to F.linea
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 import torch.nn.functional as F
+from interpreter_harness import run_interpreted
 
 from radixserve.layers.gemv import Linear, linear
 
@@ -20,16 +15,7 @@ TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
 
 def test_gemv_matches_float64_reference():
     pytest.importorskip("triton")
-    script = Path(__file__).with_name("gemv_interpret_check.py")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    cases = json.loads(proc.stdout.strip().splitlines()[-1])
+    cases = run_interpreted("gemv_interpret_check.py")
     assert len(cases) == 16
     for case in cases:
         n = case["shape"][0]

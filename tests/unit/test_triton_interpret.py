@@ -7,13 +7,8 @@ source the GPU compiles; tests/gpu repeats this at full size and in bf16.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from interpreter_harness import run_interpreted
 
 pytest.importorskip("triton")
 
@@ -22,16 +17,7 @@ TOLERANCE = {"torch.float32": 1e-5, "torch.float16": 2e-3}
 
 @pytest.fixture(scope="module")
 def interpreted() -> dict:
-    script = Path(__file__).with_name("triton_interpret_check.py")
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "TRITON_INTERPRET": "1"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_interpreted("triton_interpret_check.py")
 
 
 def test_attention_kernels_match_dense_reference(interpreted) -> None:
