@@ -4,7 +4,6 @@ GPU attention backend against eager torch_native (and transformers) on the same 
 from __future__ import annotations
 
 import importlib.util
-import json
 import sys
 from pathlib import Path
 
@@ -21,36 +20,23 @@ from engine_harness import (  # noqa: E402
     run_to_completion,
     token_agreement,
 )
+from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source  # noqa: E402
 
 NEW = 48
-SMALL = {
-    "model_type": "llama",
-    "vocab_size": 8192,
-    "hidden_size": 512,
-    "intermediate_size": 1536,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "rms_norm_eps": 1e-5,
-    "tie_word_embeddings": False,
-}
 BACKENDS = ["triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
 FP32_BACKENDS = ["triton"]  # flashinfer kernels are half precision only
 
 
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("cfg") / "small-llama.json"
-    path.write_text(json.dumps(SMALL))
-    return f"random:{path}"
+    return random_model(tmp_path_factory.mktemp("cfg"), "small-llama", SMALL_LLAMA)
 
 
 @pytest.fixture(scope="module")
 def prompts() -> list[list[int]]:
-    return random_prompts(32, SMALL["vocab_size"], 10, 300, seed=11)
+    return random_prompts(32, SMALL_LLAMA["vocab_size"], 10, 300, seed=11)
 
 
 def generate(model: str, dtype: str, prompts, **kw) -> dict[str, dict]:

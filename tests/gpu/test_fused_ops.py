@@ -8,13 +8,13 @@ at small sizes in Triton's CPU interpreter.
 from __future__ import annotations
 
 import importlib.util
-import json
 from contextlib import contextmanager
 from types import SimpleNamespace
 from unittest import mock
 
 import pytest
 import torch
+from small_models import SMALL_LLAMA, SMALL_QWEN3, random_model
 
 from radixserve.layers import fused_ops
 from radixserve.layers.activation import SiluAndMul
@@ -340,33 +340,7 @@ def test_kernels_replay_in_a_cuda_graph(gen) -> None:
     assert torch.equal(v_cache[tokens + 1 : 2 * tokens + 1], v_new)
 
 
-SMALL_MODELS = {
-    "llama": {
-        "model_type": "llama",
-        "vocab_size": 8192,
-        "hidden_size": 512,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 2,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-5,
-        "tie_word_embeddings": False,
-    },
-    "qwen3": {
-        "model_type": "qwen3",
-        "vocab_size": 8192,
-        "hidden_size": 512,
-        "intermediate_size": 1536,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 8,
-        "num_key_value_heads": 4,
-        "head_dim": 128,
-        "max_position_embeddings": 4096,
-        "rms_norm_eps": 1e-6,
-        "tie_word_embeddings": True,
-    },
-}
+SMALL_MODELS = {"llama": SMALL_LLAMA, "qwen3": SMALL_QWEN3}
 GPU_BACKENDS = ["torch_native", "triton"]
 # flashinfer's kernels are half precision only
 BF16_BACKENDS = GPU_BACKENDS + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
@@ -375,9 +349,7 @@ PROMPT_LENS = [5, 130, 300]
 
 @pytest.fixture(scope="module", params=sorted(SMALL_MODELS))
 def small_model(request, tmp_path_factory) -> str:
-    path = tmp_path_factory.mktemp("cfg") / f"{request.param}.json"
-    path.write_text(json.dumps(SMALL_MODELS[request.param]))
-    return f"random:{path}"
+    return random_model(tmp_path_factory.mktemp("cfg"), request.param, SMALL_MODELS[request.param])
 
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)

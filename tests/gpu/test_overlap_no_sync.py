@@ -8,7 +8,6 @@ are all formed under the check.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -19,24 +18,12 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from engine_harness import greedy, make_scheduler, random_prompts  # noqa: E402
+from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
 from radixserve.managers import tp_worker  # noqa: E402
 from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
-
-# head_dim 64: FlashInfer's kernels take 64, 128 and 256
-CONFIG = {
-    "model_type": "llama",
-    "vocab_size": 2048,
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 1024,
-    "rms_norm_eps": 1e-5,
-}
 
 
 def submit(scheduler, prompts, tag: str) -> None:
@@ -57,9 +44,7 @@ def submit(scheduler, prompts, tag: str) -> None:
 def test_forming_and_launching_batches_never_syncs(monkeypatch, tmp_path, backend):
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
-    config = tmp_path / "small-llama.json"
-    config.write_text(json.dumps(CONFIG))
-    model = f"random:{config}"
+    model = random_model(tmp_path, "small-llama", SMALL_LLAMA)
     source = load_model_source(model, dtype="bfloat16", device="cuda")
     scheduler = make_scheduler(
         model, source, device="cuda", dtype="bfloat16", attention_backend=backend
