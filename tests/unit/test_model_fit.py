@@ -26,6 +26,24 @@ def test_meta_sizing_equals_the_loaded_model(preset):
     assert sized == weight_bytes(real) and sized >= params > 0
 
 
+def test_meta_sizing_builds_llama3_rope_models():
+    """The Llama-3.2-1B shape (llama3 RoPE scaling, whose transformers initialiser copies its
+    frequencies to the CPU) builds on the meta device: sizing must not need real tensors."""
+    config = load_model_source("random:llama-3.2-1b", dtype="bfloat16", device="cpu").config
+    model_cls = get_model_class(config.architecture)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        with torch.device("meta"):
+            model = model_cls(config.hf_config)
+    finally:
+        torch.set_default_dtype(default)
+    rotary = model.model.layers[0].self_attn.rotary
+    assert rotary.cos_cache.is_meta
+    # 1.24e9 parameters in bf16 (tied embeddings), plus the rotary tables
+    assert 2 * config.matmul_parameters < weight_bytes(model) < 2.6e9
+
+
 def test_weights_that_fit_pass():
     assert weights_fit_problem(10 * GiB, 11 * GiB, 80 * GiB, "cuda:0") is None
 

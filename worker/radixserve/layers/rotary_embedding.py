@@ -24,13 +24,16 @@ def _rope_parameters(config: PretrainedConfig) -> dict:
 
 
 def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies (on the CPU, whatever the ambient device: a model built on the
+    meta device to size it still needs real values here) and the attention scaling."""
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
-    if rope_type == "default":
-        base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
-        return inv_freq, 1.0
-    return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+    with torch.device("cpu"):
+        if rope_type == "default":
+            base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
+            inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+            return inv_freq, 1.0
+        return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
 
 
 class RotaryEmbedding(nn.Module):
