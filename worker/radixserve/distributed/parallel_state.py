@@ -43,6 +43,13 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
     _state.cpu_group = dist.new_group(backend="gloo") if backend != "gloo" else dist.group.WORLD
 
 
+def destroy_tensor_parallel() -> None:
+    """Take the process group down (every rank, in order, at shutdown); a no-op with one rank."""
+    if _state.size > 1 and dist.is_initialized():
+        dist.destroy_process_group()
+    _state.rank, _state.size, _state.cpu_group = 0, 1, None
+
+
 def tp_rank() -> int:
     return _state.rank
 

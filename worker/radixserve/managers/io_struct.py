@@ -35,6 +35,12 @@ class FlushCacheReq:
 
 
 @dataclass
+class StopRanksReq:
+    """Rank 0's last broadcast under --tp-size > 1: the other ranks leave their loop and take
+    the process group down in order (never sent by the front end)."""
+
+
+@dataclass
 class FlushCacheReqOutput:
     success: bool
     message: str = ""

@@ -14,8 +14,10 @@ import logging
 import multiprocessing
 import multiprocessing.process
 import os
+import signal
 import socket
 import tempfile
+import threading
 import time
 import uuid
 from collections import deque
@@ -24,7 +26,11 @@ from typing import Any
 
 import torch
 
-from radixserve.distributed.parallel_state import broadcast_objects, init_tensor_parallel
+from radixserve.distributed.parallel_state import (
+    broadcast_objects,
+    destroy_tensor_parallel,
+    init_tensor_parallel,
+)
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -34,6 +40,7 @@ from radixserve.managers.io_struct import (
     GetServerInfoReqOutput,
     ReqOutput,
     SchedulerStats,
+    StopRanksReq,
     TokenizedGenerateReqInput,
     TokenLogprob,
 )
@@ -568,11 +575,30 @@ def run_scheduler_process(
     )
     poller = zmq.Poller()
     poller.register(recv_sock, zmq.POLLIN)
+    _serve(scheduler, recv_sock, send_sock, poller, parent)
+    # outputs for a front end that is gone must not hold the exit
+    recv_sock.close(linger=0)
+    send_sock.close(linger=0)
+    ctx.term()
+    if peers:
+        _stop_peer_ranks(peers)
+    destroy_tensor_parallel()
+
+
+def _serve(scheduler: Scheduler, recv_sock: Any, send_sock: Any, poller: Any, parent: int) -> None:
+    """Rank 0's loop, until SIGTERM (the front end stopping it) or the front end's death.
+
+    SIGTERM only sets a flag: the step in progress finishes, so that with --tp-size > 1 every
+    rank is between collectives when the others are told to stop."""
+    import zmq
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     idle_reported = True
-    while True:
+    while not stopping.is_set():
         busy = scheduler.has_work()
         # block (bounded, to notice a dead parent) only when there is nothing to run
-        if not busy and not poller.poll(timeout=1000) and os.getppid() != parent:
+        if not busy and not poller.poll(timeout=200) and os.getppid() != parent:
             logger.info("front end is gone; exiting")
             return
         messages = []
@@ -596,17 +622,32 @@ def run_scheduler_process(
 
 def _follow_first_rank(scheduler: Scheduler) -> None:
     """Ranks 1..N-1: apply rank 0's messages and step in lockstep; outputs are rank 0's job.
-    A dead rank 0 breaks the next collective, which ends this process."""
+    Rank 0 ends this with a StopRanksReq; a rank 0 that died instead breaks the next
+    collective, which ends this process too."""
     while True:
         try:
             messages = broadcast_objects(None)
-        except RuntimeError:  # rank 0 has exited (shutdown, or its parent died)
+        except RuntimeError:  # rank 0 died without stopping us
             logger.info("rank 0 is gone; exiting")
+            return
+        if any(isinstance(msg, StopRanksReq) for msg in messages):
+            destroy_tensor_parallel()
             return
         for msg in messages:
             scheduler.dispatch(msg)
         scheduler.step()
         scheduler.pop_outputs()
+
+
+def _stop_peer_ranks(peers: list[multiprocessing.process.BaseProcess]) -> None:
+    """Tell ranks 1..N-1 to stop and wait for them, so that they take their NCCL
+    communicators down while rank 0's store still answers (otherwise each logs a stack of
+    'TCPStore ... Connection was likely closed' warnings)."""
+    broadcast_objects([StopRanksReq()])
+    for peer in peers:
+        peer.join(timeout=5)
+        if peer.is_alive():
+            peer.terminate()
 
 
 def _start_peer_ranks(
