@@ -1,39 +1,47 @@
 #!/usr/bin/env bash
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
-# Stages: tests latency offline overlap (default), profile, tp (needs nvidia-h200-x2).
+# Stages: tests latency offline overlap (default), latency-1b, latency-8b, profile, profile-1b,
+# tp (needs two GPUs).
 # Logs/JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
+# the carried wheels, installed once per machine (runs on the two GPUs of one machine share it)
+if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    --target /tmp/site .whl/*.whl
 fi
+[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
 export PYTHONPATH="worker${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests latency offline overlap}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
+latency() {  # one bench latency run: random:$1, results in latency-$2.json
+  timeout 150 $RS bench latency --model "random:$1" --context-length 4096 \
+    --attention-backend triton --batch-sizes 1,64,256 \
+    --input-len 512 --output-len 48 --output-json "$OUT/latency-$2.json" 2>&1 | tail -7
+}
+
 for stage in $stages; do
   echo "=== $stage $(date +%T)"
   case $stage in
-    tests)
-      timeout 400 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu -s \
+    tests)  # GPU_TESTS: the files to run (default: all of tests/gpu)
+      timeout 400 python3 -m pytest -q -rA -p no:cacheprovider ${GPU_TESTS:-tests/gpu} -s \
         2>&1 | tee "$OUT/tests.log" | grep -E "agreement|gap|passed|failed|Error|error" ;;
     profile)
       timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3.2-1b 1,64 triton \
         > "$OUT/profile-1b.txt" 2>&1; grep "===" "$OUT/profile-1b.txt"
       timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3-8b 1 triton \
         > "$OUT/profile-8b.txt" 2>&1; grep "===" "$OUT/profile-8b.txt" ;;
-    latency)
-      timeout 120 $RS bench latency --model random:llama-3.2-1b --context-length 4096 \
-        --attention-backend triton --batch-sizes 1,64,256 \
-        --input-len 512 --output-len 48 --output-json "$OUT/latency-1b.json" 2>&1 | tail -7
-      timeout 150 $RS bench latency --model random:llama-3-8b --context-length 4096 \
-        --attention-backend triton --batch-sizes 1,64,256 \
-        --input-len 512 --output-len 48 --output-json "$OUT/latency-8b.json" 2>&1 | tail -7 ;;
+    profile-1b)
+      timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3.2-1b 1 triton \
+        > "$OUT/profile-1b.txt" 2>&1; grep "===" "$OUT/profile-1b.txt" ;;
+    latency) latency llama-3.2-1b 1b; latency llama-3-8b 8b ;;
+    latency-1b) latency llama-3.2-1b 1b ;;
+    latency-8b) latency llama-3-8b 8b ;;
     offline)
       timeout 220 $RS bench offline --model random:llama-3-8b --context-length 4096 \
         --num-prompts 1000 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
@@ -52,10 +60,15 @@ for stage in $stages; do
           --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
       done ;;
     tp)
-      timeout 400 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py -s \
+      nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; head -4 "$OUT/topo.txt"
+      timeout 300 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py -s \
         2>&1 | tee "$OUT/tp-tests.log" | grep -E "agreement|passed|failed|Error"
       for tp in 1 2; do
-        timeout 220 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
+        # batch-1 decode through the whole engine: one request, short prompt, long output
+        timeout 100 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
+          --num-prompts 1 --input-len 128 --output-len 1024 \
+          --transformers none --output-json "$OUT/bs1-8b-tp$tp.json" 2>&1 | tail -4
+        timeout 150 $RS bench offline --model random:llama-3-8b --context-length 4096 --tp-size $tp \
           --num-prompts 300 --input-len 1024 --input-len-min 256 --output-len 256 --output-len-min 64 \
           --transformers none --output-json "$OUT/offline-8b-tp$tp.json" 2>&1 | tail -5
       done ;;
