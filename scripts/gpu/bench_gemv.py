@@ -1,12 +1,6 @@
 """Batch-1 projections of the 1B and 8B Llama shapes: cuBLAS (F.linear, torch.mv) against the
 Triton GEMV (layers/gemv.py) over a sweep of block shapes, each timed as CUDA graph replays
-(as a decode step runs them). Prints microseconds and the share of copy bandwidth.
-
-`--prologues`: instead, a decoder layer's norm + projection and SiLU-and-mul + down projection
-as two launches (the standalone fused kernel, then the shipped GEMV) against one GEMV with the
-op folded in, over the same sweep of block shapes.
-
-Usage: python3 scripts/gpu/bench_gemv.py [--prologues] [out.json]"""
+(as a decode step runs them). Prints microseconds and the share of copy bandwidth."""
 
 import itertools
 import json
@@ -16,9 +10,7 @@ import torch
 import torch.nn.functional as F
 from triton.testing import do_bench_cudagraph
 
-from radixserve.layers import fused_ops
-from radixserve.layers import gemv as gemv_module
-from radixserve.layers.gemv import gemv, linear
+from radixserve.layers.gemv import gemv
 
 SHAPES = {
     "1b.qkv": (3072, 2048),
@@ -63,72 +55,7 @@ def measure(n: int, k: int) -> dict:
     return row
 
 
-# (name, N, K, prologue): the products a prologue feeds in a decoder layer
-PROLOGUE_SHAPES = [
-    ("1b.qkv+add_norm", 3072, 2048, gemv_module._ADD_NORM),
-    ("1b.gate_up+add_norm", 16384, 2048, gemv_module._ADD_NORM),
-    ("1b.down+silu", 2048, 8192, gemv_module._SILU_MUL),
-    ("8b.qkv+add_norm", 6144, 4096, gemv_module._ADD_NORM),
-    ("8b.gate_up+add_norm", 28672, 4096, gemv_module._ADD_NORM),
-    ("8b.down+silu", 4096, 14336, gemv_module._SILU_MUL),
-]
-
-
-def measure_prologue(n: int, k: int, prologue: int) -> dict:
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    norm_w = torch.ones(k, dtype=torch.bfloat16, device="cuda")
-    silu = prologue == gemv_module._SILU_MUL
-    x = torch.randn(1, 2 * k if silu else k, dtype=torch.bfloat16, device="cuda")
-    res = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-    out = torch.empty_like(res)
-
-    def two_launches():  # in place: the values drift over replays, the work does not
-        if silu:
-            return linear(fused_ops.silu_and_mul(x), w)
-        return linear(fused_ops.fused_add_rms_norm(x, res, norm_w, 1e-5)[0], w)
-
-    row = {
-        "floor_us": n * k * 2 / BANDWIDTH * 1e6,
-        "two_launches": do_bench_cudagraph(two_launches) * 1e3,
-    }
-    best = None
-    for bn, bk, warps in CONFIGS:
-        if bk > k:
-            continue
-
-        def folded(bn=bn, bk=bk, warps=warps):
-            return gemv_module._launch(
-                x,
-                w,
-                None,
-                prologue,
-                k=k,
-                residual=res,
-                norm_weight=norm_w,
-                residual_out=out,
-                eps=1e-5,
-                config=(bn, bk, warps),
-            )
-
-        us = do_bench_cudagraph(folded) * 1e3
-        if best is None or us < best[0]:
-            best = (us, bn, bk, warps)
-    row["folded_best"] = best
-    return row
-
-
 results = {}
-if "--prologues" in sys.argv:
-    sys.argv.remove("--prologues")
-    for name, n, k, prologue in PROLOGUE_SHAPES:
-        row = results[name] = measure_prologue(n, k, prologue)
-        us, bn, bk, warps = row["folded_best"]
-        print(
-            f"{name:20s} floor {row['floor_us']:6.1f} us  two launches {row['two_launches']:6.1f}"
-            f"  folded {us:6.1f} (bn {bn} bk {bk} warps {warps})",
-            flush=True,
-        )
-    SHAPES = {}
 for name, (n, k) in SHAPES.items():
     row = results[name] = measure(n, k)
     us, bn, bk, warps = row["triton_best"]

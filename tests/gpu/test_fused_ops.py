@@ -344,7 +344,7 @@ SMALL_MODELS = {"llama": SMALL_LLAMA, "qwen3": SMALL_QWEN3}
 GPU_BACKENDS = ["torch_native", "triton"]
 # flashinfer's kernels are half precision only
 BF16_BACKENDS = GPU_BACKENDS + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
-# three requests, and one: batch-1 decode takes the GEMV with the norms and SiLU folded in
+# three requests, and one: batch-1 decode and the LM head of one prompt take the GEMV
 PROMPT_LENS = [[5, 130, 300], [130]]
 
 

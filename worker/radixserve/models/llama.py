@@ -63,10 +63,9 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(
-        self, positions: torch.Tensor, qkv: torch.Tensor, forward_batch: ForwardBatch
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        """Attention from the output of `qkv_proj`, which the decoder layer runs (so that its
-        norm folds into the projection)."""
+        qkv = self.qkv_proj(hidden)
         if fused_ops.enabled_for(qkv):
             out = self._attend_fused(positions, qkv, forward_batch)
         else:
@@ -121,10 +120,8 @@ class LlamaMLP(nn.Module):
         self.down_proj = Linear(local, config.hidden_size, bias=bias)
         self.act_fn = SiluAndMul()
 
-    def forward(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """The MLP from the output of `gate_up_proj`, which the decoder layer runs (so that its
-        norm folds into the projection)."""
-        return all_reduce(self.down_proj.after_silu_and_mul(gate_up, self.act_fn))
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.down_proj(self.act_fn(self.gate_up_proj(x))))
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -161,18 +158,17 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Each norm runs inside the projection after it where that is one GEMV launch (batch 1
-        # on CUDA, layers/gemv.py). Otherwise on CUDA the add+norm runs in place, overwriting
-        # hidden and residual. Both are ours to overwrite: the first residual is the
-        # embedding's fresh output (the norm without a residual writes a new tensor, leaving it
-        # intact); every other hidden is a projection's.
-        attn, mlp = self.self_attn, self.mlp
-        qkv, residual = attn.qkv_proj.after_norm(self.input_layernorm, hidden, residual)
-        hidden = attn(positions, qkv, forward_batch)
-        gate_up, residual = mlp.gate_up_proj.after_norm(
-            self.post_attention_layernorm, hidden, residual
-        )
-        return mlp(gate_up), residual
+        # On CUDA the add+norm runs in place, overwriting hidden and residual. Both are ours to
+        # overwrite: the first residual is the embedding's fresh output (the norm without a
+        # residual writes a new tensor, leaving it intact); every other hidden is a projection's.
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
 
 
 class LlamaModel(nn.Module):
