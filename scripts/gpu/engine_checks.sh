@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
-# Stages: tests latency offline overlap (default), latency-1b, latency-8b, profile, profile-1b,
-# tp (needs two GPUs).
+# Stages: tests latency offline overlap (default), latency-1b, latency-8b, overlap-8b, profile,
+# profile-1b, tp (needs two GPUs).
 # Logs/JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -23,6 +23,17 @@ latency() {  # one bench latency run: random:$1, results in latency-$2.json
   timeout 150 $RS bench latency --model "random:$1" --context-length 4096 \
     --attention-backend triton --batch-sizes 1,64,256 \
     --input-len 512 --output-len 48 --output-json "$OUT/latency-$2.json" 2>&1 | tail -7
+}
+
+overlap() {  # batch-64 decode of random:$1, overlap on and off: overlap$2.json, overlap$2-off.json
+  for flag in "" "--disable-overlap"; do
+    # triton: nothing to JIT-compile on a fresh machine (FlashInfer builds its head_dim-64
+    # kernels on first use, which outlasted a 60 s limit on 2026-11-29)
+    timeout 150 $RS bench offline --model "random:$1" --context-length 4096 \
+      --attention-backend triton --cuda-graph-max-bs 64 \
+      --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
+      --output-json "$OUT/overlap$2${flag:+-off}.json" 2>&1 | tail -4
+  done
 }
 
 for stage in $stages; do
@@ -50,15 +61,8 @@ for stage in $stages; do
       timeout 90 $RS bench offline --model random:qwen3-0.6b --context-length 4096 \
         --num-prompts 256 --input-len 1024 --input-len-min 100 --output-len 1024 --output-len-min 100 \
         --transformers none --output-json "$OUT/offline-qwen3.json" 2>&1 | tail -6 ;;
-    overlap)
-      for flag in "" "--disable-overlap"; do
-        # triton: nothing to JIT-compile on a fresh machine (FlashInfer builds its head_dim-64
-        # kernels on first use, which outlasted a 60 s limit on 2026-11-29)
-        timeout 150 $RS bench offline --model random:llama-3.2-1b --context-length 4096 \
-          --attention-backend triton --cuda-graph-max-bs 64 \
-          --num-prompts 64 --input-len 64 --output-len 512 --transformers none $flag \
-          --output-json "$OUT/overlap${flag:+-off}.json" 2>&1 | tail -4
-      done ;;
+    overlap) overlap llama-3.2-1b "" ;;
+    overlap-8b) overlap llama-3-8b -8b ;;
     tp)
       nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; head -4 "$OUT/topo.txt"
       timeout 300 python3 -m pytest -x -q -rA -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py -s \

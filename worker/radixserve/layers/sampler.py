@@ -1,10 +1,11 @@
 """Turns one step's logits into next tokens: penalties, greedy or filtered random sampling.
 
 Order per step: logprobs from the RAW logits (what OpenAI reports), then the batch's logit
-processors (penalties, min_new_tokens), then greedy rows take `torch.argmax` (bit-for-bit what
-transformers' greedy search picks) while the other rows are divided by their temperature,
-filtered by top-k, top-p and min-p and sampled by Gumbel-max with the batch's counter-based
-noise (see SamplingBatchInfo.gumbel_noise), so seeded rows are reproducible.
+processors (penalties, min_new_tokens), then greedy rows take the argmax (layers/argmax.py,
+torch.argmax's result: bit-for-bit what transformers' greedy search picks) while the other rows
+are divided by their temperature, filtered by top-k, top-p and min-p and sampled by Gumbel-max
+with the batch's counter-based noise (see SamplingBatchInfo.gumbel_noise), so seeded rows are
+reproducible.
 
 A filter that a row does not use is an exact no-op on that row, so a row's result never depends
 on which filters the other rows in its batch switched on.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from radixserve.layers.argmax import argmax
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 
@@ -65,8 +67,8 @@ def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     scaled = logits / info.temperatures
     if info.need_top_k or info.need_top_p or info.need_min_p:
         scaled = scaled.masked_fill(~allowed_tokens(scaled, info), float("-inf"))
-    sampled = torch.argmax(scaled + info.gumbel_noise(), dim=-1)
-    return torch.where(info.greedy, torch.argmax(logits, dim=-1), sampled)
+    sampled = argmax(scaled + info.gumbel_noise())
+    return torch.where(info.greedy, argmax(logits), sampled)
 
 
 def _top_logprobs(
@@ -101,7 +103,7 @@ class Sampler(nn.Module):
         raw_logprobs = torch.log_softmax(logits, dim=-1) if return_logprob else None
         sampling_info.apply_logits_processors(logits)
         if sampling_info.is_all_greedy:
-            next_token_ids = torch.argmax(logits, dim=-1)
+            next_token_ids = argmax(logits)
         else:
             next_token_ids = _sample(logits, sampling_info)
 
