@@ -3,8 +3,9 @@ the model and the scheduler use. With one rank every collective is the identity,
 and CPU serving pay nothing.
 
 Device collectives (all-reduce of partial matmul sums, all-gather of vocab-sharded logits,
-broadcast of sampled tokens) run on the device group (NCCL on GPUs, gloo on the CPU); Python
-objects (the requests rank 0 received) are broadcast over a gloo group on the CPU.
+broadcast of sampled tokens) run on the device group (NCCL on GPUs, gloo on the CPU); a gloo
+group on the CPU carries the one host-side collective, the KV capacity agreed at start. The
+requests rank 0 receives reach the other ranks over ZMQ, not a collective (scheduler.py).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def init_tensor_parallel(rank: int, size: int, init_method: str, device: torch.d
         init_method=init_method,
         world_size=size,
         rank=rank,
-        # rank 0 broadcasts at least once a second, so a long wait means a dead peer
+        # no batch takes minutes: a collective waiting this long has lost a peer
         timeout=datetime.timedelta(minutes=10),
     )
     _state.rank, _state.size = rank, size
@@ -76,15 +77,6 @@ def broadcast_from_first(x: torch.Tensor) -> torch.Tensor:
     if _state.size > 1:
         dist.broadcast(x, src=0)
     return x
-
-
-def broadcast_objects(objects: list[Any] | None) -> list[Any]:
-    """Rank 0's list of Python objects, on every rank."""
-    if _state.size == 1:
-        return objects or []
-    box = [objects]
-    dist.broadcast_object_list(box, src=0, group=_state.cpu_group)
-    return box[0] or []
 
 
 def min_across_ranks(value: int) -> int:

@@ -36,7 +36,7 @@ class FlushCacheReq:
 
 @dataclass
 class StopRanksReq:
-    """Rank 0's last broadcast under --tp-size > 1: the other ranks leave their loop and take
+    """Rank 0's last message under --tp-size > 1: the other ranks leave their loop and take
     the process group down in order (never sent by the front end)."""
 
 
