@@ -1,7 +1,12 @@
 """--tp-size 2 on the CPU (gloo): two scheduler processes, each with a shard of every layer, give
-the same greedy tokens as one process holding the whole model."""
+the same greedy tokens as one process holding the whole model; and the ranks end together."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
 
 import pytest
 from engine_harness import random_prompts
@@ -45,3 +50,58 @@ def test_tp2_sampling_stays_in_lockstep():
         sampling_params=params,
     )
     assert [o["meta_info"]["completion_tokens"] for o in outs] == [24] * 4
+
+
+def _rank_processes(scheduler_pid: int) -> list[int]:
+    """Pids of the scheduler ranks that rank 0 (`scheduler_pid`) started: its spawned children."""
+    ranks = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError):
+            continue
+        if ppid == scheduler_pid and b"spawn_main" in cmdline:
+            ranks.append(int(stat.parent.name))
+    return ranks
+
+
+def _gone(pid: int, within_s: float) -> bool:
+    """Whether `pid` has exited (or is a zombie nobody reaped) within `within_s` seconds."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.1)
+    return False
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_shutdown_stops_every_rank_in_order():
+    """SIGTERM from the engine: rank 0 finishes its step, stops rank 1 and exits 0 (it used to
+    die on the signal, leaving rank 1 to fail on a closed store)."""
+    engine = Engine(model="random:tiny-llama", device="cpu", tp_size=2, max_total_tokens=4096)
+    try:
+        engine.generate(input_ids=[[5, 6, 7]], sampling_params=GREEDY)
+        rank0 = engine._process
+        (rank1,) = _rank_processes(rank0.pid)
+    finally:
+        engine.shutdown()
+    assert rank0.exitcode == 0
+    assert _gone(rank1, 5)
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+def test_ranks_exit_when_rank_0_dies():
+    engine = Engine(model="random:tiny-llama", device="cpu", tp_size=2, max_total_tokens=4096)
+    try:
+        rank0 = engine._process
+        (rank1,) = _rank_processes(rank0.pid)
+        os.kill(rank0.pid, signal.SIGKILL)
+        assert _gone(rank1, 10)
+    finally:
+        engine.shutdown()
