@@ -61,10 +61,6 @@ class PendingBatchResult:
 class ModelWorker:
     def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
         self.model_runner = ModelRunner(server_args, source)
-        runner = self.model_runner
-        self.future_token_ids = runner.future_token_ids  # slot 0 is never used (ids are -slot)
-        self.future_ring = self.future_token_ids.numel() - 1
-        self._future_next = 1
         # GPU timeline, from events the device records as it reaches them: busy = inside a
         # batch, gap = between one batch's end and the next one's start while work was queued
         self.gpu_busy_ms = 0.0
@@ -84,13 +80,6 @@ class ModelWorker:
         """Nothing is queued: the time until the next launch is not a scheduling gap."""
         self._last_done = None
 
-    def _take_future_slots(self, n: int) -> int:
-        if self._future_next + n > self.future_ring + 1:
-            self._future_next = 1
-        start = self._future_next
-        self._future_next += n
-        return start
-
     @torch.inference_mode()
     def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
         runner = self.model_runner
@@ -104,9 +93,7 @@ class ModelWorker:
         # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift apart
         broadcast_from_first(out.next_token_ids)
         batch.sampling_info.update_with_new_tokens(out.next_token_ids)
-        n = out.next_token_ids.numel()
-        start = self._take_future_slots(n)
-        self.future_token_ids[start : start + n] = out.next_token_ids
+        start = runner.store_future_ids(out.next_token_ids)
         return PendingBatchResult(
             out.next_token_ids, out.logprobs, out.top_logprobs, start, started
         )

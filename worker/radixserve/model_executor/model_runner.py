@@ -90,6 +90,7 @@ class ModelRunner:
         self.future_token_ids = torch.zeros(
             4 * (self.max_running_requests + 2) + 1, dtype=torch.int64, device=self.device
         )
+        self._future_next = 1
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if (
             self.device.type == "cuda"
@@ -149,6 +150,17 @@ class ModelRunner:
                 "lower --max-total-tokens or raise --mem-fraction-static"
             )
         return requested
+
+    def store_future_ids(self, token_ids: torch.Tensor) -> int:
+        """Queue `token_ids` (a launched batch's samples, still on the device) into the next
+        free slots of the ring; returns the first slot: row i is named by -(start + i)."""
+        n = token_ids.numel()
+        if self._future_next + n > self.future_token_ids.numel():
+            self._future_next = 1
+        start = self._future_next
+        self._future_next += n
+        self.future_token_ids[start : start + n] = token_ids
+        return start
 
     def resolve_future_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Negative input ids name tokens that an earlier, still unresolved batch sampled
