@@ -63,6 +63,16 @@ class CudaGraphRunner:
     def load_inputs(self, batch: ModelWorkerBatch) -> ForwardBatch:
         """Copy a decode batch's inputs into the graphs' static buffer, padded to the next
         captured size."""
+        return self._staged(batch, self.padded_size(len(batch.seq_lens)))
+
+    def _capture_batch(self, bs: int) -> ForwardBatch:
+        """A pass of `bs` padded rows only: what a capture runs, laid out as replays are."""
+        empty = torch.empty(0, dtype=torch.int64)
+        return self._staged(
+            ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None), bs
+        )
+
+    def _staged(self, batch: ModelWorkerBatch, size: int) -> ForwardBatch:
         runner = self.runner
         return ForwardBatch.init_decode(
             batch,
@@ -71,23 +81,7 @@ class CudaGraphRunner:
             self.backend,
             runner.device,
             staging=self.staging,
-            padded_size=self.padded_size(len(batch.seq_lens)),
-            seq_len_fill=self.fill,
-        )
-
-    def _capture_batch(self, bs: int) -> ForwardBatch:
-        """A pass of `bs` padded rows only: what a capture runs, laid out as replays are."""
-        empty = torch.empty(0, dtype=torch.int64)
-        nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
-        runner = self.runner
-        return ForwardBatch.init_decode(
-            nothing,
-            runner.req_to_token_pool,
-            runner.token_to_kv_pool,
-            self.backend,
-            runner.device,
-            staging=self.staging,
-            padded_size=bs,
+            padded_size=size,
             seq_len_fill=self.fill,
         )
 

@@ -144,7 +144,8 @@ class ForwardBatch:
         bs = len(batch.seq_lens)
         n = padded_size or bs
         host = torch.empty((DECODE_INPUT_ROWS, n), dtype=torch.int64)
-        host[:, bs:] = torch.tensor([0, 0, 0, seq_len_fill, 0]).view(-1, 1)
+        if n > bs:
+            host[:, bs:] = torch.tensor([0, 0, 0, seq_len_fill, 0]).view(-1, 1)
         host[0, :bs] = batch.input_ids
         torch.sub(batch.seq_lens, 1, out=host[1, :bs])  # position of the new token
         host[2, :bs] = batch.req_pool_indices
