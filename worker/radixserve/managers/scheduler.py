@@ -581,9 +581,7 @@ def run_scheduler_process(
             "attention_backend": scheduler.runner.attention_backend_name,
         }
     )
-    poller = zmq.Poller()
-    poller.register(recv_sock, zmq.POLLIN)
-    _serve(scheduler, recv_sock, send_sock, to_ranks, poller, parent)
+    _serve(scheduler, recv_sock, send_sock, to_ranks, parent)
     if peers:
         _stop_peer_ranks(peers, to_ranks)
     # outputs for a front end that is gone must not hold the exit
@@ -598,7 +596,6 @@ def _serve(
     recv_sock: Any,
     send_sock: Any,
     to_ranks: list[Any],
-    poller: Any,
     parent: int,
 ) -> None:
     """Rank 0's loop, until SIGTERM (the front end stopping it) or the front end's death.
@@ -618,7 +615,7 @@ def _serve(
     while not stopping.is_set():
         busy = scheduler.has_work()
         # block (bounded, to notice a dead parent) only when there is nothing to run
-        if not busy and not poller.poll(timeout=200) and os.getppid() != parent:
+        if not busy and not recv_sock.poll(timeout=200) and os.getppid() != parent:
             logger.info("front end is gone; exiting")
             return
         messages = []
