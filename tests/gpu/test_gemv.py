@@ -56,3 +56,15 @@ def test_gemv_replays_in_a_cuda_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, linear(x, w))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_float32_logits_are_the_widened_product(dtype):
+    """The LM head's float32 output holds exactly `.float()` of the half-precision GEMV."""
+    w = (torch.randn(128256, 2048, device="cuda") * 0.02).to(dtype)
+    x = torch.randn(1, 2048, device="cuda").to(dtype)
+    wide = linear(x, w, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32
+    assert torch.equal(wide, linear(x, w).float())
+    many = torch.randn(3, 2048, device="cuda").to(dtype)  # cuBLAS, then widened
+    assert torch.equal(linear(many, w, out_dtype=torch.float32), F.linear(many, w).float())

@@ -42,4 +42,16 @@ for n, k, bn, bk in [(37, 300, 2, 128), (64, 256, 1, 256), (5, 1000, 8, 512), (3
                     "rel_err": ((y.double() - ref).norm() / ref.norm()).item(),
                 }
             )
-print(json.dumps(cases))
+# float32 output of a float16 product: exactly `.float()` of the float16 result
+widened = []
+for n, k, bn, bk in [(37, 300, 2, 128), (33, 96, 2, 1024)]:
+    w = torch.randn(n, k).to(torch.float16)
+    x = torch.randn(1, k).to(torch.float16)
+    wide = gemv(x, w, None, bn, bk, 4, out_dtype=torch.float32)
+    widened.append(
+        {
+            "dtype": str(wide.dtype),
+            "exact": bool(torch.equal(wide, gemv(x, w, None, bn, bk, 4).float())),
+        }
+    )
+print(json.dumps({"cases": cases, "widened": widened}))

@@ -15,12 +15,15 @@ TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
 
 def test_gemv_matches_float64_reference():
     pytest.importorskip("triton")
-    cases = run_interpreted("gemv_interpret_check.py")
+    result = run_interpreted("gemv_interpret_check.py")
+    cases = result["cases"]
     assert len(cases) == 16
     for case in cases:
         n = case["shape"][0]
         assert case["out_shape"] == [1, n] and case["out_dtype"] == case["dtype"], case
         assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+    # float32 logits straight out of a half-precision product: its values, widened
+    assert result["widened"] == [{"dtype": "torch.float32", "exact": True}] * 2
 
 
 def test_linear_off_cuda_is_exactly_f_linear():
@@ -31,4 +34,7 @@ def test_linear_off_cuda_is_exactly_f_linear():
     layer = Linear(16, 24)
     x = torch.randn(1, 16)
     assert torch.equal(layer(x), F.linear(x, layer.weight, layer.bias))
+    x16, w16 = x.half(), w.half()
+    wide = linear(x16, w16, out_dtype=torch.float32)
+    assert wide.dtype == torch.float32 and torch.equal(wide, F.linear(x16, w16).float())
     assert set(dict(layer.named_parameters())) == {"weight", "bias"}  # checkpoint names

@@ -57,7 +57,8 @@ def _gemv_kernel(
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
+    # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
+    tl.store(Y + rows, y.to(X.dtype.element_ty).to(Y.dtype.element_ty), mask=mask_n)
 
 
 def _block_config(n: int, k: int) -> tuple[int, int, int]:
@@ -71,11 +72,20 @@ def _block_config(n: int, k: int) -> tuple[int, int, int]:
     return 2, 1024, 4  # 1B qkv, o, down
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, through the GEMV when x is one half-precision row on a CUDA device where the
-    fused kernels are on (tests turn them off through `fused_ops.enabled_for` to get the torch
-    path). float32 stays on cuBLAS: it is the exactness reference, and not where speed is
-    measured."""
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias).to(out_dtype), through the GEMV when x is one half-precision
+    row on a CUDA device where the fused kernels are on (tests turn them off through
+    `fused_ops.enabled_for` to get the torch path). float32 stays on cuBLAS: it is the
+    exactness reference, and not where speed is measured.
+
+    `out_dtype=torch.float32` is for the logits: the GEMV stores the half-precision product
+    widened, the same values as `.float()` of it, without a cast kernel (4 us a step at a 128k
+    vocabulary)."""
     if (
         fused_ops.enabled_for(x)
         and x.dim() == 2
@@ -84,8 +94,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         and weight.dtype == x.dtype
         and weight.stride(1) == 1
     ):
-        return gemv(x, weight, bias, *_block_config(*weight.shape))
-    return F.linear(x, weight, bias)
+        return gemv(x, weight, bias, *_block_config(*weight.shape), out_dtype=out_dtype)
+    y = F.linear(x, weight, bias)
+    return y if out_dtype is None else y.to(out_dtype)
 
 
 class Linear(nn.Linear):
@@ -103,13 +114,15 @@ def gemv(
     block_n: int = 4,
     block_k: int = 512,
     num_warps: int = 4,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """F.linear(x, weight, bias) for x of one row ([1, K] or [K]); weight [N, K] unit-stride rows."""
+    """F.linear(x, weight, bias) for x of one row ([1, K] or [K]); weight [N, K] unit-stride
+    rows; rounded to x's dtype, stored as `out_dtype` (default x's)."""
     k = x.shape[-1]
     n = weight.shape[0]
     if x.numel() != k or weight.shape[1] != k or weight.stride(1) != 1:
         raise ValueError(f"gemv needs one row x and [N, K] weight, got {x.shape}, {weight.shape}")
-    y = torch.empty((*x.shape[:-1], n), dtype=x.dtype, device=x.device)
+    y = torch.empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
         weight,

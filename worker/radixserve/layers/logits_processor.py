@@ -29,6 +29,7 @@ class LogitsProcessor(nn.Module):
         if forward_batch.forward_mode.is_extend():
             last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             hidden = hidden[last]
-        # vocab-parallel head: each rank has a slice of the vocabulary (one rank: all of it)
-        logits = all_gather_last_dim(linear(hidden, lm_head_weight))
-        return logits[:, : self.vocab_size].float()
+        # vocab-parallel head: each rank has a slice of the vocabulary (one rank: all of it);
+        # float32 out of the product itself (the model-dtype values, widened)
+        logits = all_gather_last_dim(linear(hidden, lm_head_weight, out_dtype=torch.float32))
+        return logits[:, : self.vocab_size]
