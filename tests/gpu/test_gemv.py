@@ -8,7 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers.gemv import gemv, linear
+from radixserve.layers import fused_ops
+from radixserve.layers.gemv import gemv, linear, linear_silu_and_mul
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -68,3 +69,37 @@ def test_float32_logits_are_the_widened_product(dtype):
     assert torch.equal(wide, linear(x, w).float())
     many = torch.randn(3, 2048, device="cuda").to(dtype)  # cuBLAS, then widened
     assert torch.equal(linear(many, w, out_dtype=torch.float32), F.linear(many, w).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(16384, 2048), (28672, 4096), (2 * 1000, 300)])
+def test_gated_gemv_is_the_product_then_the_activation(n, k, dtype):
+    """silu(gate) * up from one launch: as accurate as the GEMV followed by the activation
+    kernel (which rounds the same products and computes the same float32 formula)."""
+    torch.manual_seed(n + k)
+    w = (torch.randn(n, k, device="cuda") * 0.02).to(dtype)
+    x = torch.randn(1, k, device="cuda").to(dtype)
+    b = (torch.randn(n, device="cuda") * 0.1).to(dtype)
+    ref = F.linear(x.float(), w.float(), b.float())
+    ref = F.silu(ref[:, : n // 2]) * ref[:, n // 2 :]
+    ours = linear_silu_and_mul(x, w, b)
+    two_kernels = fused_ops.silu_and_mul(linear(x, w, b))
+    assert ours.shape == (1, n // 2) and ours.dtype == dtype
+    assert rel_err(ours, ref) <= max(1.5 * rel_err(two_kernels, ref), 1e-3)
+    many = torch.randn(3, k, device="cuda").to(dtype)  # batches: cuBLAS, then the activation
+    assert torch.equal(
+        linear_silu_and_mul(many, w, b), fused_ops.silu_and_mul(F.linear(many, w, b))
+    )
+
+
+def test_gated_gemv_replays_in_a_cuda_graph():
+    w = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
+    linear_silu_and_mul(x, w)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = linear_silu_and_mul(x, w)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, linear_silu_and_mul(x, w))

@@ -17,6 +17,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
+from radixserve.layers.fused_ops import silu_and_mul  # noqa: E402
 from radixserve.layers.gemv import gemv  # noqa: E402
 
 _allow_one_element_index()  # the K loop's bound under numpy 2
@@ -54,4 +55,24 @@ for n, k, bn, bk in [(37, 300, 2, 128), (33, 96, 2, 1024)]:
             "exact": bool(torch.equal(wide, gemv(x, w, None, bn, bk, 4).float())),
         }
     )
-print(json.dumps({"cases": cases, "widened": widened}))
+# [gate; up] with the activation in the epilogue: the same values as the product followed by
+# the activation kernel (both rounded to the activation dtype, then silu(gate) * up in float32)
+gated = []
+for n, k, bn, bk in [(74, 300, 2, 128), (66, 96, 4, 1024), (10, 1000, 1, 512)]:
+    for with_bias in (False, True):
+        w = torch.randn(n, k).to(torch.float16)
+        x = torch.randn(1, k).to(torch.float16)
+        b = torch.randn(n).to(torch.float16) if with_bias else None
+        fused = gemv(x, w, b, bn, bk, 4, gated=True)
+        two_step = silu_and_mul(gemv(x, w, b, max(1, bn // 2), bk, 4))
+        ref = F.linear(x.double(), w.double(), None if b is None else b.double())
+        ref = F.silu(ref[:, : n // 2]) * ref[:, n // 2 :]
+        gated.append(
+            {
+                "shape": [n, k, bn, bk],
+                "out_shape": list(fused.shape),
+                "same_as_two_kernels": bool(torch.equal(fused, two_step)),
+                "rel_err": ((fused.double() - ref).norm() / ref.norm()).item(),
+            }
+        )
+print(json.dumps({"cases": cases, "widened": widened, "gated": gated}))

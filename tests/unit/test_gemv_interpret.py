@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from interpreter_harness import run_interpreted
 
-from radixserve.layers.gemv import Linear, linear
+from radixserve.layers.activation import silu_and_mul_native
+from radixserve.layers.gemv import Linear, linear, linear_silu_and_mul
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
 
@@ -24,6 +25,12 @@ def test_gemv_matches_float64_reference():
         assert case["rel_err"] < TOLERANCE[case["dtype"]], case
     # float32 logits straight out of a half-precision product: its values, widened
     assert result["widened"] == [{"dtype": "torch.float32", "exact": True}] * 2
+    # the gated product: silu(gate) * up with no activation kernel, the two-kernel values
+    assert len(result["gated"]) == 6
+    for case in result["gated"]:
+        assert case["out_shape"] == [1, case["shape"][0] // 2], case
+        assert case["same_as_two_kernels"], case
+        assert case["rel_err"] < TOLERANCE["torch.float16"], case
 
 
 def test_linear_off_cuda_is_exactly_f_linear():
@@ -38,3 +45,11 @@ def test_linear_off_cuda_is_exactly_f_linear():
     wide = linear(x16, w16, out_dtype=torch.float32)
     assert wide.dtype == torch.float32 and torch.equal(wide, F.linear(x16, w16).float())
     assert set(dict(layer.named_parameters())) == {"weight", "bias"}  # checkpoint names
+
+
+def test_linear_silu_and_mul_off_cuda_is_the_torch_reference():
+    torch.manual_seed(1)
+    w, b, x = torch.randn(24, 16), torch.randn(24), torch.randn(1, 16)
+    expected = silu_and_mul_native(F.linear(x, w, b))
+    assert linear_silu_and_mul(x, w, b).shape == (1, 12)
+    assert torch.equal(linear_silu_and_mul(x, w, b), expected)

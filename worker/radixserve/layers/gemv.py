@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers import fused_ops
+from radixserve.layers.activation import silu_and_mul
 
 try:
     import triton
@@ -39,26 +40,46 @@ def _gemv_kernel(
     K,
     stride_wn,
     HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
-    K loop and are reduced once at the end."""
+    K loop and are reduced once at the end.
+
+    GATED: W is a fused [gate; up] projection of 2N rows and y = silu(gate . x) * (up . x), each
+    product rounded to the activation dtype first, as the GEMV followed by `silu_and_mul` would
+    compute it; the up rows stream in the same loop, so the activation costs no launch."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    if GATED:
+        up_rows = w_rows + N.to(tl.int64) * stride_wn
+        acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
+        mask_w = mask_n[:, None] & mask_k[None, :]
         x = tl.load(X + ks, mask=mask_k, other=0.0).to(tl.float32)
-        w = tl.load(w_rows + ks[None, :], mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+        w = tl.load(w_rows + ks[None, :], mask=mask_w, other=0.0)
         acc += w.to(tl.float32) * x[None, :]
+        if GATED:
+            w_up = tl.load(up_rows + ks[None, :], mask=mask_w, other=0.0)
+            acc_up += w_up.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
-    tl.store(Y + rows, y.to(X.dtype.element_ty).to(Y.dtype.element_ty), mask=mask_n)
+    y = y.to(X.dtype.element_ty)
+    if GATED:
+        up = tl.sum(acc_up, axis=1)
+        if HAS_BIAS:
+            up += tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+        gate = y.to(tl.float32)
+        up = up.to(X.dtype.element_ty).to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate)) * up).to(X.dtype.element_ty)
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
 
 
 def _block_config(n: int, k: int) -> tuple[int, int, int]:
@@ -72,31 +93,48 @@ def _block_config(n: int, k: int) -> tuple[int, int, int]:
     return 2, 1024, 4  # 1B qkv, o, down
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-) -> torch.Tensor:
-    """F.linear(x, weight, bias).to(out_dtype), through the GEMV when x is one half-precision
-    row on a CUDA device where the fused kernels are on (tests turn them off through
-    `fused_ops.enabled_for` to get the torch path). float32 stays on cuBLAS: it is the
-    exactness reference, and not where speed is measured.
-
-    `out_dtype=torch.float32` is for the logits: the GEMV stores the half-precision product
-    widened, the same values as `.float()` of it, without a cast kernel (4 us a step at a 128k
-    vocabulary)."""
-    if (
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` (and `linear_silu_and_mul`) take the GEMV: x is one half-precision row on
+    a CUDA device where the fused kernels are on (tests turn them off through
+    `fused_ops.enabled_for` to get the torch path), and the weight has unit-stride rows.
+    float32 stays on cuBLAS: it is the exactness reference, and not where speed is measured."""
+    return (
         fused_ops.enabled_for(x)
         and x.dim() == 2
         and x.shape[0] == 1
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
         and weight.stride(1) == 1
-    ):
+    )
+
+
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias).to(out_dtype), through the GEMV where `uses_gemv` says so.
+
+    `out_dtype=torch.float32` is for the logits: the GEMV stores the half-precision product
+    widened, the same values as `.float()` of it, without a cast kernel (4 us a step at a 128k
+    vocabulary)."""
+    if uses_gemv(x, weight):
         return gemv(x, weight, bias, *_block_config(*weight.shape), out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """silu(gate) * up of the fused [gate; up] projection `weight`: one GEMV launch with the
+    activation in its epilogue where `uses_gemv` says so (the activation kernel and its launch
+    gap were about 2.5 us a layer of a 1B batch-1 step), else the product and then the
+    activation kernel."""
+    if uses_gemv(x, weight):
+        return gemv(x, weight, bias, *_block_config(*weight.shape), gated=True)
+    return silu_and_mul(linear(x, weight, bias))
 
 
 class Linear(nn.Linear):
@@ -115,13 +153,18 @@ def gemv(
     block_k: int = 512,
     num_warps: int = 4,
     out_dtype: torch.dtype | None = None,
+    gated: bool = False,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x of one row ([1, K] or [K]); weight [N, K] unit-stride
-    rows; rounded to x's dtype, stored as `out_dtype` (default x's)."""
+    rows; rounded to x's dtype, stored as `out_dtype` (default x's). `gated`: weight is
+    [gate; up] and the result silu(gate) * up, N / 2 wide; each program then takes `block_n / 2`
+    rows of each half, so it streams as many rows as the plain product's programs."""
     k = x.shape[-1]
     n = weight.shape[0]
-    if x.numel() != k or weight.shape[1] != k or weight.stride(1) != 1:
+    if x.numel() != k or weight.shape[1] != k or weight.stride(1) != 1 or (gated and n % 2):
         raise ValueError(f"gemv needs one row x and [N, K] weight, got {x.shape}, {weight.shape}")
+    if gated:
+        n, block_n = n // 2, max(1, block_n // 2)
     y = torch.empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype, device=x.device)
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
@@ -132,6 +175,7 @@ def gemv(
         k,
         weight.stride(0),
         HAS_BIAS=bias is not None,
+        GATED=gated,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,

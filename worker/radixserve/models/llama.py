@@ -22,8 +22,7 @@ from radixserve.distributed.parallel_state import (
     tp_size,
 )
 from radixserve.layers import fused_ops
-from radixserve.layers.activation import SiluAndMul
-from radixserve.layers.gemv import Linear
+from radixserve.layers.gemv import Linear, linear_silu_and_mul
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
@@ -118,10 +117,10 @@ class LlamaMLP(nn.Module):
         local = self.rows[1] - self.rows[0]
         self.gate_up_proj = Linear(config.hidden_size, 2 * local, bias=bias)
         self.down_proj = Linear(local, config.hidden_size, bias=bias)
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return all_reduce(self.down_proj(self.act_fn(self.gate_up_proj(x))))
+        up = self.gate_up_proj
+        return all_reduce(self.down_proj(linear_silu_and_mul(x, up.weight, up.bias)))
 
 
 class VocabParallelEmbedding(nn.Module):
