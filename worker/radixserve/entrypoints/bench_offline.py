@@ -107,8 +107,12 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
         outs = engine.generate(input_ids=work.prompts, sampling_params=params)
         seconds = time.perf_counter() - start
         info = engine.get_server_info()
-    busy = info.get("gpu_busy_ms", 0.0) - before.get("gpu_busy_ms", 0.0)
-    gap = info.get("gpu_gap_ms", 0.0) - before.get("gpu_gap_ms", 0.0)
+
+    def idle_share(busy_key: str, gap_key: str) -> float | None:
+        busy = info.get(busy_key, 0.0) - before.get(busy_key, 0.0)
+        gap = info.get(gap_key, 0.0) - before.get(gap_key, 0.0)
+        return gap / (busy + gap) if busy + gap else None
+
     produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     return Result(
@@ -122,7 +126,8 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
             "max_total_tokens": info.get("max_total_tokens"),
             "retractions": info.get("num_retractions"),
             "overlap": info.get("overlap"),
-            "gpu_idle_between_batches": gap / (busy + gap) if busy + gap else None,
+            "gpu_idle_between_batches": idle_share("gpu_busy_ms", "gpu_gap_ms"),
+            "gpu_idle_between_decode_steps": idle_share("gpu_decode_busy_ms", "gpu_decode_gap_ms"),
         },
     )
 
@@ -246,6 +251,9 @@ def run(args: argparse.Namespace) -> int:
             f"GPU idle between batches: {100 * idle:.2f}% of the batches' span "
             f"(overlap {'on' if results[0].extra.get('overlap') else 'off'})"
         )
+    decode_idle = results[0].extra.get("gpu_idle_between_decode_steps")
+    if decode_idle is not None:
+        print(f"GPU idle between consecutive decode steps: {100 * decode_idle:.2f}%")
     if peak is not None:
         achieved = results[0].total_tok_s * 2 * params / 1e12
         summary |= {"bf16_matmul_tflops": peak, "achieved_tflops": achieved}

@@ -211,8 +211,10 @@ class Scheduler:
             "protected_size": self.tree_cache.protected_size(),
             "new_token_ratio": self.new_token_ratio,
             "overlap": self.overlap,
-            "gpu_busy_ms": self.worker.gpu_busy_ms,
-            "gpu_gap_ms": self.worker.gpu_gap_ms,
+            "gpu_busy_ms": self.worker.timeline.busy_ms,
+            "gpu_gap_ms": self.worker.timeline.gap_ms,
+            "gpu_decode_busy_ms": self.worker.timeline.decode_busy_ms,
+            "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
             "matmul_parameters": self.model_config.matmul_parameters,
         }
 
@@ -247,7 +249,7 @@ class Scheduler:
         if previous is not None:
             self._resolve(previous)
         if batch is None:
-            self.worker.mark_idle()
+            self.worker.timeline.mark_idle()
         return batch is not None or previous is not None
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
@@ -268,7 +270,7 @@ class Scheduler:
 
     def _resolve(self, launched: LaunchedBatch) -> None:
         result = launched.pending.resolve()
-        self.worker.account(launched.pending)
+        self.worker.timeline.add(launched.pending, launched.mode.is_decode())
         mode = launched.mode.metric_label
         self.forward_steps_by_mode[mode] += 1
         elapsed = time.perf_counter() - launched.start

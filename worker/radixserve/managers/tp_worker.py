@@ -58,27 +58,44 @@ class PendingBatchResult:
         )
 
 
-class ModelWorker:
-    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
-        self.model_runner = ModelRunner(server_args, source)
-        # GPU timeline, from events the device records as it reaches them: busy = inside a
-        # batch, gap = between one batch's end and the next one's start while work was queued
-        self.gpu_busy_ms = 0.0
-        self.gpu_gap_ms = 0.0
-        self._last_done: torch.cuda.Event | None = None
+class GpuTimeline:
+    """Where the device's time went, from events it records as it reaches them: busy = inside a
+    batch, gap = between one batch's end and the next one's start while work was queued. The
+    decode_ pair counts only decode batches that follow a decode batch: steady-state decoding,
+    where overlap must hide all host work (a prefill's admission may not)."""
 
-    def account(self, pending: PendingBatchResult) -> None:
-        """Add a resolved batch to the GPU timeline (call in launch order)."""
+    def __init__(self) -> None:
+        self.busy_ms = 0.0
+        self.gap_ms = 0.0
+        self.decode_busy_ms = 0.0
+        self.decode_gap_ms = 0.0
+        self._last_done: torch.cuda.Event | None = None
+        self._last_was_decode = False
+
+    def add(self, pending: PendingBatchResult, decode: bool) -> None:
+        """Add a resolved batch (call in launch order)."""
         if pending.started is None or pending.done is None:
             return
-        self.gpu_busy_ms += pending.started.elapsed_time(pending.done)
+        busy = pending.started.elapsed_time(pending.done)
+        self.busy_ms += busy
         if self._last_done is not None:
-            self.gpu_gap_ms += self._last_done.elapsed_time(pending.started)
+            gap = self._last_done.elapsed_time(pending.started)
+            self.gap_ms += gap
+            if decode and self._last_was_decode:
+                self.decode_busy_ms += busy
+                self.decode_gap_ms += gap
         self._last_done = pending.done
+        self._last_was_decode = decode
 
     def mark_idle(self) -> None:
         """Nothing is queued: the time until the next launch is not a scheduling gap."""
         self._last_done = None
+
+
+class ModelWorker:
+    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
+        self.model_runner = ModelRunner(server_args, source)
+        self.timeline = GpuTimeline()
 
     @torch.inference_mode()
     def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:

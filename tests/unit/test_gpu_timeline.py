@@ -1,0 +1,49 @@
+"""GpuTimeline's bookkeeping of busy and idle device time, from event timestamps. The events
+here are stand-ins that carry a time in ms (the CUDA events' `elapsed_time` is end - start)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixserve.managers.tp_worker import GpuTimeline
+
+
+@dataclass
+class Stamp:
+    ms: float
+
+    def elapsed_time(self, later: Stamp) -> float:
+        return later.ms - self.ms
+
+
+@dataclass
+class Batch:
+    started: Stamp | None
+    done: Stamp | None
+
+
+def batch(start: float, end: float) -> Batch:
+    return Batch(Stamp(start), Stamp(end))
+
+
+def test_gaps_count_only_while_work_is_queued_and_decode_pairs_apart() -> None:
+    timeline = GpuTimeline()
+    timeline.add(batch(0, 10), decode=False)  # a prefill: no gap before the first batch
+    timeline.add(batch(13, 15), decode=True)  # decode after prefill: a gap, not a decode gap
+    timeline.add(batch(16, 18), decode=True)  # decode after decode: 1 ms decode gap
+    timeline.add(batch(18.5, 20.5), decode=True)  # and 0.5 ms
+    timeline.mark_idle()  # the queue ran dry: the pause until the next launch is not a gap
+    timeline.add(batch(100, 102), decode=True)
+    timeline.add(batch(103, 110), decode=False)  # prefill after decode: a gap, not a decode gap
+    timeline.add(batch(111, 112), decode=True)
+    assert timeline.busy_ms == 10 + 2 + 2 + 2 + 2 + 7 + 1
+    assert timeline.gap_ms == 3 + 1 + 0.5 + 1 + 1
+    assert timeline.decode_busy_ms == 2 + 2
+    assert timeline.decode_gap_ms == 1 + 0.5
+
+
+def test_batches_without_events_leave_the_timeline_alone() -> None:
+    timeline = GpuTimeline()  # the CPU device records no events
+    timeline.add(Batch(None, None), decode=True)
+    timeline.add(Batch(None, None), decode=True)
+    assert (timeline.busy_ms, timeline.gap_ms, timeline.decode_gap_ms) == (0.0, 0.0, 0.0)
