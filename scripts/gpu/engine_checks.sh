@@ -2,7 +2,7 @@
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
 # Stages: tests latency offline overlap (default), latency-1b, latency-8b, overlap-8b, profile,
-# profile-1b, tp (needs two GPUs).
+# profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs).
 # Logs/JSON under $OUT.
 set -u
 OUT=${OUT:-/tmp/out}
@@ -47,6 +47,8 @@ for stage in $stages; do
         > "$OUT/profile-1b.txt" 2>&1; grep "===" "$OUT/profile-1b.txt"
       timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3-8b 1 triton \
         > "$OUT/profile-8b.txt" 2>&1; grep "===" "$OUT/profile-8b.txt" ;;
+    host)
+      timeout 200 python3 scripts/gpu/profile_host.py random:llama-3.2-1b > "$OUT/host-1b.txt" 2>&1; grep "===" "$OUT/host-1b.txt" ;;
     profile-1b)
       timeout 120 python3 scripts/gpu/profile_decode.py random:llama-3.2-1b 1 triton \
         > "$OUT/profile-1b.txt" 2>&1; grep "===" "$OUT/profile-1b.txt" ;;

@@ -22,13 +22,20 @@ def test_equals_torch_argmax(rows, vocab, dtype):
     assert argmax(logits)[0].item() == 7
 
 
-def test_replays_in_a_cuda_graph():
+def test_replays_in_a_cuda_graph_scattering_into_a_ring():
+    """As a captured decode step uses it: the winners also land in the ring slots that the
+    step's inputs name (padded rows share slot 0), with new slots at every replay."""
     logits = torch.randn(8, 128256, device="cuda")
-    argmax(logits)  # compile outside the capture
+    ring = torch.zeros(64, dtype=torch.int64, device="cuda")
+    slots = torch.tensor([5, 6, 7, 8, 9, 0, 0, 0], device="cuda")
+    argmax(logits, scatter_to=(ring, slots))  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = argmax(logits)
+        out = argmax(logits, scatter_to=(ring, slots))
     logits.copy_(torch.randn_like(logits))
+    slots.copy_(torch.tensor([40, 41, 42, 43, 44, 0, 0, 0]))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, torch.argmax(logits, dim=-1))
+    expected = torch.argmax(logits, dim=-1)
+    assert torch.equal(out, expected)
+    assert torch.equal(ring[40:45], expected[:5])

@@ -23,6 +23,7 @@ from engine_harness import (  # noqa: E402
 from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source  # noqa: E402
+from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
 
 NEW = 48
 BACKENDS = ["triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
@@ -39,12 +40,12 @@ def prompts() -> list[list[int]]:
     return random_prompts(32, SMALL_LLAMA["vocab_size"], 10, 300, seed=11)
 
 
-def generate(model: str, dtype: str, prompts, **kw) -> dict[str, dict]:
+def generate(model: str, dtype: str, prompts, params=None, **kw) -> dict[str, dict]:
     source = load_model_source(model, dtype=dtype, device="cuda")
     scheduler = make_scheduler(
         model, source, device="cuda", dtype=dtype, max_total_tokens=20000, **kw
     )
-    return run_to_completion(scheduler, prompts, greedy(NEW)), scheduler
+    return run_to_completion(scheduler, prompts, params or greedy(NEW)), scheduler
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,35 @@ def test_graphs_match_eager_same_backend_fp32(model_path, prompts, backend):
     assert scheduler.runner.cuda_graph_runner is not None
     agreement = token_agreement(results, eager)
     print(f"{backend} graphs+overlap vs eager fp32 agreement {agreement:.4f}")
+    assert agreement >= 0.99
+
+
+@pytest.mark.parametrize("backend", FP32_BACKENDS)
+def test_graphs_sample_like_eager_fp32(model_path, prompts, backend):
+    """Batches that the sampler decides (seeded sampling, penalties, logprobs beside greedy
+    rows): the replayed graph's own greedy choice must give way to the sampler's, in the
+    tokens returned and in the future-token ring that the next step reads."""
+    params = [
+        SamplingParams(max_new_tokens=NEW, temperature=0.8, top_k=20, seed=i, ignore_eos=True)
+        if i % 3 == 0
+        else greedy(NEW, repetition_penalty=1.3)
+        if i % 3 == 1
+        else greedy(NEW)
+        for i in range(len(prompts))
+    ]
+    eager, _ = generate(
+        model_path,
+        "float32",
+        prompts,
+        params,
+        attention_backend=backend,
+        disable_cuda_graph=True,
+        disable_overlap=True,
+    )
+    results, scheduler = generate(model_path, "float32", prompts, params, attention_backend=backend)
+    assert scheduler.runner.cuda_graph_runner is not None and scheduler.overlap
+    agreement = token_agreement(results, eager)
+    print(f"{backend} sampled graphs+overlap vs eager fp32 agreement {agreement:.4f}")
     assert agreement >= 0.99
 
 

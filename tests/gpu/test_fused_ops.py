@@ -119,6 +119,19 @@ def check_silu_and_mul(tokens: int, d: int, dtype, device: str, gen) -> dict[str
     return {"silu_and_mul": rel_err(fused_ops.silu_and_mul(gate_up), expected)}
 
 
+def check_store_cells(device: str, gen) -> dict[str, float]:
+    """A decode step's scatter of KV slots into req_to_token (int64 values into an int32
+    table), 300 distinct cells over two programs, against index_put_: 0.0 when identical."""
+    table = torch.randint(0, 1000, (9, 40), generator=gen, dtype=torch.int32).to(device)
+    cells = torch.randperm(9 * 40, generator=gen)[:300]
+    rows, cols = (cells // 40).to(device), (cells % 40).to(device)
+    values = torch.randint(0, 1 << 20, (300,), generator=gen).to(device)
+    expected = table.clone()
+    expected[rows, cols] = values.to(torch.int32)
+    fused_ops.store_cells(table, rows, cols, values)
+    return {"store_cells": float(not torch.equal(table, expected))}
+
+
 @torch.no_grad()
 def check_rotary_and_store_kv(
     tokens: int,
@@ -287,6 +300,10 @@ def test_rotary_and_store_kv(head_dim, tokens, dtype, gen) -> None:
     padded = 3 if tokens > 3 else 0
     results = check_rotary_and_store_kv(tokens, 32, 8, head_dim, dtype, "cuda", gen, padded)
     _assert_within(results, dtype)
+
+
+def test_store_cells(gen) -> None:
+    assert check_store_cells("cuda", gen) == {"store_cells": 0.0}
 
 
 def test_rotary_casts_to_the_cache_dtype(gen) -> None:

@@ -65,4 +65,10 @@ with mock.patch.object(fused_ops, "enabled_for", lambda x: True):
         }
     )
     empty = argmax_module.argmax(torch.empty(0, 50))
-print(json.dumps({"cases": cases, "empty_shape": list(empty.shape)}))
+    # the winners also land in a table at each row's index (a padded row's at the spare slot 0)
+    table = torch.full((12,), -1, dtype=torch.int64)
+    logits = rows_of(1000)
+    index = torch.tensor([7, 3, 9, 0, 0, 0, 0, 0])
+    returned = argmax_module.argmax(logits, scatter_to=(table, index))
+    scatter = {"table": table.tolist(), "returned": returned.tolist()}
+print(json.dumps({"cases": cases, "empty_shape": list(empty.shape), "scatter": scatter}))

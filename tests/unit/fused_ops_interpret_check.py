@@ -23,6 +23,7 @@ from test_fused_ops import (  # noqa: E402
     check_rms_norm,
     check_rotary_and_store_kv,
     check_silu_and_mul,
+    check_store_cells,
     model_passes,
     rel_err,
 )
@@ -60,6 +61,7 @@ def kernel_results() -> list[dict]:
             add(f"rotary-{t}-{h}/{kvh}-d{d}-pad{pad}", dtype, errors)
     errors = check_rotary_and_store_kv(9, 8, 2, 64, torch.float32, "cpu", gen, 1, torch.float16)
     add("rotary-into-float16-cache", torch.float32, errors)
+    add("store_cells", torch.int32, check_store_cells("cpu", gen))
     return results
 
 

@@ -21,8 +21,17 @@ def test_kernels_give_torch_argmax():
     hard = result["cases"][0]["torch"][3:]
     assert hard == [5, 1, 3 * _CHUNK + 4, 0, (3 * _CHUNK + 5) // 2]
     assert result["empty_shape"] == [0]
+    scatter = result["scatter"]
+    table, returned = scatter["table"], scatter["returned"]
+    assert [table[7], table[3], table[9]] == returned[:3]
+    assert table[0] in returned[3:]  # the rows sharing slot 0: one of them
+    assert [table[i] for i in (1, 2, 4, 5, 6, 8, 10, 11)] == [-1] * 8  # nothing else written
 
 
 def test_off_cuda_it_is_torch_argmax():
     logits = torch.randn(4, 300)
-    assert torch.equal(argmax(logits), torch.argmax(logits, dim=-1))
+    expected = torch.argmax(logits, dim=-1)
+    assert torch.equal(argmax(logits), expected)
+    table = torch.zeros(10, dtype=torch.int64)
+    assert torch.equal(argmax(logits, scatter_to=(table, torch.tensor([2, 5, 6, 9]))), expected)
+    assert table[[2, 5, 6, 9]].tolist() == expected.tolist() and table[[0, 1, 3]].eq(0).all()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 
 from radixserve.managers.schedule_batch import ModelWorkerBatch
+from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.model_executor.forward_batch_info import (
     DECODE_INPUT_ROWS,
     ForwardBatch,
@@ -26,21 +27,26 @@ def decode_batch() -> ModelWorkerBatch:
     )
 
 
+def pool() -> ReqToTokenPool:
+    return ReqToTokenPool(size=10, max_context_len=32, device="cpu")
+
+
 def test_unpadded_decode_inputs():
-    fb = ForwardBatch.init_decode(decode_batch(), None, None, None, "cpu")
+    fb = ForwardBatch.init_decode(decode_batch(), pool(), None, None, "cpu", future_start=20)
     assert fb.batch_size == 3 and fb.forward_mode.is_decode()
     assert fb.input_ids.tolist() == [11, -3, 7]
     assert fb.positions.tolist() == [4, 16, 1]  # the new token sits at seq_len - 1
     assert fb.req_pool_indices.tolist() == [4, 0, 9]
     assert fb.seq_lens.tolist() == [5, 17, 2] and fb.seq_lens_cpu.tolist() == [5, 17, 2]
     assert fb.out_cache_loc.tolist() == [40, 41, 42]
+    assert fb.future_slots.tolist() == [20, 21, 22]  # where each row's next token goes
     assert fb.seq_lens_sum == 24
 
 
 def test_padded_into_a_staging_buffer():
     staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
     fb = ForwardBatch.init_decode(
-        decode_batch(), None, None, None, "cpu", staging=staging, padded_size=4, seq_len_fill=1
+        decode_batch(), pool(), None, None, "cpu", 5, staging=staging, padded_size=4, seq_len_fill=1
     )
     assert fb.batch_size == 4
     # rows of the captured size 4 sit back to back at the start of the buffer, as captured
@@ -52,8 +58,10 @@ def test_padded_into_a_staging_buffer():
     assert fb.req_pool_indices.tolist() == [4, 0, 9, 0]
     assert fb.seq_lens.tolist() == [5, 17, 2, 1]
     assert fb.out_cache_loc.tolist() == [40, 41, 42, 0]
+    assert fb.future_slots.tolist() == [5, 6, 7, 0]  # slot 0: never read
+    assert fb.future_slots.data_ptr() == staging[20:].data_ptr()
     assert fb.seq_lens_sum == 25
-    assert staging[20:].eq(-99).all()  # nothing beyond this size's rows is touched
+    assert staging[24:].eq(-99).all()  # nothing beyond this size's rows is touched
 
 
 def test_capture_layout_is_all_padding():
@@ -62,14 +70,15 @@ def test_capture_layout_is_all_padding():
     nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
     staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
     fb = ForwardBatch.init_decode(
-        nothing, None, None, None, "cpu", staging=staging, padded_size=2, seq_len_fill=1
+        nothing, pool(), None, None, "cpu", staging=staging, padded_size=2, seq_len_fill=1
     )
     assert fb.batch_size == 2 and fb.seq_lens_sum == 2
-    assert staging[:10].view(DECODE_INPUT_ROWS, 2).tolist() == [
+    assert staging[:12].view(DECODE_INPUT_ROWS, 2).tolist() == [
         [0, 0],
         [0, 0],
         [0, 0],
         [1, 1],
+        [0, 0],
         [0, 0],
     ]
     assert fb.seq_lens_cpu.tolist() == [1, 1]

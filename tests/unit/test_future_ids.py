@@ -20,7 +20,8 @@ def make_runner() -> ModelRunner:
 
 def test_stored_ids_resolve_and_real_ids_pass_through():
     runner = make_runner()
-    start = runner.store_future_ids(torch.tensor([11, 12, 13]))
+    start = runner.reserve_future_slots(3)
+    runner.store_future_ids(torch.tensor([11, 12, 13]), start)
     named = torch.tensor([-(start + 2), 7, -start, -(start + 1)])
     assert runner.resolve_future_ids(named).tolist() == [13, 7, 11, 12]
 
@@ -30,12 +31,14 @@ def test_ring_wraps_without_slot_0_or_overrunning():
     capacity = runner.future_token_ids.numel()  # slot 0 included, never handed out
     starts = []
     for step in range(capacity):
-        start = runner.store_future_ids(torch.full((3,), step))
+        start = runner.reserve_future_slots(3)
+        runner.store_future_ids(torch.full((3,), step), start)
         assert start >= 1 and start + 3 <= capacity
         starts.append(start)
         assert runner.resolve_future_ids(-torch.arange(start, start + 3)).tolist() == [step] * 3
     assert starts.count(1) >= 2  # it wrapped
     # the previous batch's slots are still intact after the next batch is stored
-    prev = runner.store_future_ids(torch.tensor([1, 2, 3]))
-    runner.store_future_ids(torch.tensor([4, 5, 6]))
+    prev = runner.reserve_future_slots(3)
+    runner.store_future_ids(torch.tensor([1, 2, 3]), prev)
+    runner.store_future_ids(torch.tensor([4, 5, 6]), runner.reserve_future_slots(3))
     assert runner.resolve_future_ids(-torch.arange(prev, prev + 3)).tolist() == [1, 2, 3]

@@ -1,7 +1,10 @@
 """ReqToTokenPool rows and their CPU mirror; TokenToKVPool buffers."""
 
+from unittest import mock
+
 import torch
 
+from radixserve.layers import fused_ops
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 
 
@@ -101,3 +104,23 @@ def test_write_columns_equals_one_slot_writes() -> None:
         single.write(row, col, slot.reshape(1))
     assert torch.equal(batched.req_to_token, single.req_to_token)
     assert batched.read(2, 16)[15] == 13
+
+
+def test_mirror_only_columns_wait_for_the_decode_pass() -> None:
+    """On a device pool the decode pass stores the cells; the host mirror has them at once.
+    (A CPU pool's mirror is its table: one write serves both.)"""
+    pool = ReqToTokenPool(size=4, max_context_len=16, device="cpu")
+    pool._mirror_is_device = False  # a device pool, stood in for by a second CPU table
+    pool._cpu_mirror = torch.zeros_like(pool.req_to_token)
+    pool.write_columns([3, 1], [5, 0], torch.tensor([11, 12]), mirror_only=True)
+    assert pool.read(3, 6)[5] == 11 and pool.read(1, 1)[0] == 12
+    assert not pool.req_to_token.any()  # the device table is untouched until the pass
+
+    # the kernel's contract (checked against index_put_ in test_fused_ops*), done by torch here
+    def index_put(table, rows, cols, values):
+        table.index_put_((rows, cols), values.to(table.dtype))
+
+    with mock.patch.object(fused_ops, "store_cells", side_effect=index_put) as store:
+        pool.store_decode_slots(torch.tensor([3, 1]), torch.tensor([5, 0]), torch.tensor([11, 12]))
+    store.assert_called_once()
+    assert torch.equal(pool.req_to_token, pool._cpu_mirror)

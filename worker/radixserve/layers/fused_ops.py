@@ -1,5 +1,6 @@
 """Fused elementwise kernels for the CUDA path: RMSNorm (with the residual add), SiLU-and-mul,
-and rotary + KV store, one Triton launch each.
+rotary + KV store, and the scatter of a decode step's KV slots into req_to_token, one Triton
+launch each.
 
 A batch-1 decode step of an 8B model is ~600 small torch kernels besides its GEMMs (RMSNorm
 alone is six), and their launches cost nearly as much as the GEMMs. Each wrapper here is one
@@ -167,6 +168,16 @@ def _rotary_store_kv_kernel(
     tl.store(v_ptrs + HALF, o2.to(V_Cache.dtype.element_ty), mask=is_v)
 
 
+@_jit
+def _store_cells_kernel(Table, stride_t, Rows, Cols, Values, n, BLOCK: tl.constexpr):
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = i < n
+    row = tl.load(Rows + i, mask=mask, other=0).to(tl.int64)
+    col = tl.load(Cols + i, mask=mask, other=0)
+    value = tl.load(Values + i, mask=mask, other=0)
+    tl.store(Table + row * stride_t + col, value.to(Table.dtype.element_ty), mask=mask)
+
+
 def _as_rows(x: torch.Tensor) -> torch.Tensor:
     """x as an [A, B, n] view (no copy): rows are its leading indices, last axis unit-stride."""
     if x.stride(-1) != 1:
@@ -307,4 +318,22 @@ def rotary_and_store_kv(
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
         num_warps=_warps(2 * block_h * block_half, 4, 4),
+    )
+
+
+def store_cells(
+    table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
+) -> None:
+    """table[rows[i], cols[i]] = values[i] (cast to the table's dtype) for a 2-D table with
+    unit-stride rows: torch's index_put_ plus the cast, in one launch. rows, cols and values
+    are 1-D device tensors of one length (distinct cells: which of two writes to one cell
+    wins is undefined)."""
+    n = rows.numel()
+    if table.dim() != 2 or table.stride(1) != 1 or not cols.numel() == values.numel() == n:
+        raise ValueError("store_cells needs a unit-stride 2-D table and equal-length indices")
+    if n == 0:
+        return
+    # one block size for every n: no compile per batch size in the middle of serving
+    _store_cells_kernel[(triton.cdiv(n, 256),)](
+        table, table.stride(0), rows, cols, values, n, BLOCK=256
     )

@@ -235,6 +235,12 @@ class ScheduleBatch:
         """Fold a decode step of `running` into this extend pass (MIXED): each decode request
         becomes a length-1 extend over its cached tokens."""
         running.prepare_for_decode()
+        # an extend-shaped pass does not store decode slots itself: write them on the device here
+        self.req_to_token_pool.write_columns(
+            [r.req_pool_idx for r in running.reqs],
+            [r.kv_len - 1 for r in running.reqs],
+            running.out_cache_loc,
+        )
         self.forward_mode = ForwardMode.MIXED
         self.input_ids = torch.cat([self.input_ids, running.input_ids])
         self.out_cache_loc = torch.cat([self.out_cache_loc, running.out_cache_loc])
@@ -287,8 +293,12 @@ class ScheduleBatch:
             dtype=torch.int64,
         )
         slots = self.alloc_token_slots(len(self.reqs))
+        # the device table gets these slots from the decode pass itself (ForwardBatch.init_decode)
         self.req_to_token_pool.write_columns(
-            [r.req_pool_idx for r in self.reqs], [r.kv_len for r in self.reqs], slots
+            [r.req_pool_idx for r in self.reqs],
+            [r.kv_len for r in self.reqs],
+            slots,
+            mirror_only=True,
         )
         for req in self.reqs:
             req.kv_len += 1

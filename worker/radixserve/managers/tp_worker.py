@@ -104,16 +104,23 @@ class ModelWorker:
         if runner.device.type == "cuda":
             started = torch.cuda.Event(enable_timing=True)
             started.record()
-        logits, forward_batch = runner.forward(batch)
-        out = runner.sample(logits, forward_batch)
-        # ranks sample from identical logits, but unseeded requests draw different noise on
-        # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift apart
-        broadcast_from_first(out.next_token_ids)
-        batch.sampling_info.update_with_new_tokens(out.next_token_ids)
-        start = runner.store_future_ids(out.next_token_ids)
-        return PendingBatchResult(
-            out.next_token_ids, out.logprobs, out.top_logprobs, start, started
-        )
+        start = runner.reserve_future_slots(len(batch.seq_lens))
+        out = runner.forward(batch, start)
+        info = batch.sampling_info
+        if out.greedy_ids is not None and info.is_plain_greedy and not batch.return_logprob:
+            # the graph picked these and put them in the ring; identical on every rank (the
+            # logits are), so there is nothing to sample, broadcast or store
+            next_token_ids, logprobs, top_logprobs = out.greedy_ids, None, None
+        else:
+            sampled = runner.sample(out.logits, out.forward_batch)
+            next_token_ids = sampled.next_token_ids
+            logprobs, top_logprobs = sampled.logprobs, sampled.top_logprobs
+            # ranks sample from identical logits, but unseeded requests draw different noise
+            # on each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift
+            broadcast_from_first(next_token_ids)
+            runner.store_future_ids(next_token_ids, start)
+        info.update_with_new_tokens(next_token_ids)
+        return PendingBatchResult(next_token_ids, logprobs, top_logprobs, start, started)
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Launch and wait: the synchronous path."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from radixserve.layers import fused_ops
 from radixserve.utils import device_tensor
 
 
@@ -77,15 +78,36 @@ class ReqToTokenPool:
         values = torch.cat([t.to(device="cpu", dtype=torch.int32) for t in indices])
         self._put(rows, cols, values)
 
-    def write_columns(self, req_indices: list[int], cols: list[int], values: torch.Tensor) -> None:
-        """One slot per row (a decode step): row req_indices[i] gets values[i] at cols[i]."""
+    def write_columns(
+        self,
+        req_indices: list[int],
+        cols: list[int],
+        values: torch.Tensor,
+        mirror_only: bool = False,
+    ) -> None:
+        """One slot per row (a decode step): row req_indices[i] gets values[i] at cols[i].
+
+        `mirror_only` leaves the device table to the decode pass, which stores the same cells
+        from the inputs it copies to the device anyway (`store_decode_slots`): a step then
+        pays no host-to-device copy and no index_put for them."""
         if not req_indices:
             return
-        self._put(
-            torch.tensor(req_indices, dtype=torch.int64),
-            torch.tensor(cols, dtype=torch.int64),
-            values.to(device="cpu", dtype=torch.int32),
-        )
+        rows = torch.tensor(req_indices, dtype=torch.int64)
+        col_ids = torch.tensor(cols, dtype=torch.int64)
+        values = values.to(device="cpu", dtype=torch.int32)
+        if mirror_only:
+            self._cpu_mirror[rows, col_ids] = values
+        else:
+            self._put(rows, col_ids, values)
+
+    def store_decode_slots(
+        self, req_indices: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """The device half of `write_columns(..., mirror_only=True)`, from device tensors
+        (a decode pass's request rows, positions and KV slots). On a CPU device the mirror
+        is the table: the host write already made it."""
+        if not self._mirror_is_device:
+            fused_ops.store_cells(self.req_to_token, req_indices, cols, values)
 
     def _put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
         """Write the mirror now and queue the device write behind the work in flight: one

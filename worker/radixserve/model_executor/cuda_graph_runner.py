@@ -5,7 +5,9 @@ than running them. Capturing each batch size once and replaying it removes the l
 Batches are padded up to the next captured size: padded rows read and write KV slot 0 (reserved
 for this) with the backend's fill sequence length, and their logits are dropped. All graphs share
 one memory pool and one static input buffer, which a step fills with a single host-to-device
-copy; tokens of a batch still in flight (overlap scheduling) are looked up inside the graph.
+copy; tokens of a batch still in flight (overlap scheduling) are looked up inside the graph, and
+the graph ends with the greedy choice of every row, stored into the row's future-token slot: a
+batch of plain greedy rows needs no kernel after the replay but the copy of its tokens.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.layers.argmax import argmax
 from radixserve.managers.schedule_batch import ModelWorkerBatch
 from radixserve.model_executor.forward_batch_info import (
     DECODE_INPUT_ROWS,
@@ -53,26 +56,26 @@ class CudaGraphRunner:
             DECODE_INPUT_ROWS * self.max_bs, dtype=torch.int64, device=model_runner.device
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # logits, greedy ids
         self.backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
     def padded_size(self, bs: int) -> int:
         return self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
 
-    def load_inputs(self, batch: ModelWorkerBatch) -> ForwardBatch:
+    def load_inputs(self, batch: ModelWorkerBatch, future_start: int) -> ForwardBatch:
         """Copy a decode batch's inputs into the graphs' static buffer, padded to the next
         captured size."""
-        return self._staged(batch, self.padded_size(len(batch.seq_lens)))
+        return self._staged(batch, self.padded_size(len(batch.seq_lens)), future_start)
 
     def _capture_batch(self, bs: int) -> ForwardBatch:
         """A pass of `bs` padded rows only: what a capture runs, laid out as replays are."""
         empty = torch.empty(0, dtype=torch.int64)
         return self._staged(
-            ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None), bs
+            ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None), bs, 0
         )
 
-    def _staged(self, batch: ModelWorkerBatch, size: int) -> ForwardBatch:
+    def _staged(self, batch: ModelWorkerBatch, size: int, future_start: int) -> ForwardBatch:
         runner = self.runner
         return ForwardBatch.init_decode(
             batch,
@@ -80,14 +83,17 @@ class CudaGraphRunner:
             runner.token_to_kv_pool,
             self.backend,
             runner.device,
+            future_start,
             staging=self.staging,
             padded_size=size,
             seq_len_fill=self.fill,
         )
 
-    def _run_model(self, fb: ForwardBatch) -> torch.Tensor:
-        ids = self.runner.resolve_future_ids(fb.input_ids)
-        return self.runner.model(ids, fb.positions, fb)
+    def _run_model(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        runner = self.runner
+        logits = runner.model(runner.resolve_future_ids(fb.input_ids), fb.positions, fb)
+        assert fb.future_slots is not None
+        return logits, argmax(logits, scatter_to=(runner.future_token_ids, fb.future_slots))
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -115,9 +121,9 @@ class CudaGraphRunner:
     def can_run(self, batch: ModelWorkerBatch) -> bool:
         return batch.forward_mode.is_decode() and len(batch.seq_lens) <= self.max_bs
 
-    def replay(self, forward_batch: ForwardBatch, raw_bs: int) -> torch.Tensor:
-        """Run the graph of `forward_batch` (from `load_inputs`); logits of the first `raw_bs`
-        rows (the rest are padding)."""
+    def replay(self, forward_batch: ForwardBatch, raw_bs: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the graph of `forward_batch` (from `load_inputs`); logits and greedy ids of the
+        first `raw_bs` rows (the rest are padding)."""
         bs = forward_batch.batch_size
         self.backend.init_forward_metadata_replay_cuda_graph(
             bs,
@@ -127,4 +133,5 @@ class CudaGraphRunner:
             forward_batch.seq_lens_cpu,
         )
         self.graphs[bs].replay()
-        return self.outputs[bs][:raw_bs]
+        logits, greedy_ids = self.outputs[bs]
+        return logits[:raw_bs], greedy_ids[:raw_bs]

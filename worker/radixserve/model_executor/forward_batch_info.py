@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 
 # a decode pass's per-request inputs, packed as rows for one host-to-device copy:
-# input ids, positions, request rows, sequence lengths, KV slots
-DECODE_INPUT_ROWS = 5
+# input ids, positions, request rows, sequence lengths, KV slots, future-token ring slots
+DECODE_INPUT_ROWS = 6
 
 
 class ForwardMode(IntEnum):
@@ -73,6 +73,8 @@ class ForwardBatch:
     extend_start_loc: torch.Tensor | None = None  # [bs] offset of each request in input_ids
     extend_seq_lens_cpu: list[int] | None = None
     extend_prefix_lens_cpu: list[int] | None = None
+    # decode only: the slot of ModelRunner.future_token_ids each row's next token goes to
+    future_slots: torch.Tensor | None = None
     # logits: which rows to keep (the last token of each request unless logprobs need all)
     sampling_info: SamplingBatchInfo | None = None
     return_logprob: bool = False
@@ -86,9 +88,12 @@ class ForwardBatch:
         token_to_kv_pool: TokenToKVPool,
         attn_backend: AttentionBackend,
         device: torch.device | str,
+        future_start: int = 0,
     ) -> ForwardBatch:
         if batch.forward_mode.is_decode():
-            return cls.init_decode(batch, req_to_token_pool, token_to_kv_pool, attn_backend, device)
+            return cls.init_decode(
+                batch, req_to_token_pool, token_to_kv_pool, attn_backend, device, future_start
+            )
 
         def dev(t: torch.Tensor) -> torch.Tensor:
             return device_tensor(t, torch.int64, device)
@@ -131,31 +136,38 @@ class ForwardBatch:
         token_to_kv_pool: TokenToKVPool,
         attn_backend: AttentionBackend,
         device: torch.device | str,
+        future_start: int = 0,
         staging: torch.Tensor | None = None,
         padded_size: int | None = None,
         seq_len_fill: int = 1,
     ) -> ForwardBatch:
-        """A decode pass's five per-request inputs reach the device in one copy: packed on the
-        host as rows of one tensor, copied once, used as views.
+        """A decode pass's per-request inputs reach the device in one copy: packed on the
+        host as rows of one tensor, copied once, used as views. From them the pass also
+        stores its new KV slots into req_to_token on the device (the scheduler wrote only the
+        host mirror), and row i's next token is bound for future slot `future_start + i`.
 
         A CUDA graph runner passes its static `staging` buffer and the captured size to pad to:
         the copy then lands where the graph's kernels read, and padded rows get request row 0,
-        KV slot 0 (reserved) and `seq_len_fill`. `batch_size` is the padded size."""
+        KV slot 0 (reserved), `seq_len_fill` and future slot 0 (never read). `batch_size` is
+        the padded size."""
         bs = len(batch.seq_lens)
         n = padded_size or bs
         host = torch.empty((DECODE_INPUT_ROWS, n), dtype=torch.int64)
         if n > bs:
-            host[:, bs:] = torch.tensor([0, 0, 0, seq_len_fill, 0]).view(-1, 1)
+            host[:, bs:] = torch.tensor([0, 0, 0, seq_len_fill, 0, 0]).view(-1, 1)
         host[0, :bs] = batch.input_ids
         torch.sub(batch.seq_lens, 1, out=host[1, :bs])  # position of the new token
         host[2, :bs] = batch.req_pool_indices
         host[3, :bs] = batch.seq_lens
         host[4, :bs] = batch.out_cache_loc
+        torch.arange(future_start, future_start + bs, out=host[5, :bs])
         if staging is None:
             packed = device_tensor(host, torch.int64, device)
         else:
             packed = staging[: DECODE_INPUT_ROWS * n].view(DECODE_INPUT_ROWS, n)
             packed.copy_(host.pin_memory() if packed.is_cuda else host, non_blocking=True)
+        if bs:
+            req_to_token_pool.store_decode_slots(packed[2, :bs], packed[1, :bs], packed[4, :bs])
         seq_lens_cpu = host[3]
         return cls(
             forward_mode=ForwardMode.DECODE,
@@ -170,6 +182,7 @@ class ForwardBatch:
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool=token_to_kv_pool,
             attn_backend=attn_backend,
+            future_slots=packed[5],
             sampling_info=batch.sampling_info,
             return_logprob=batch.return_logprob,
             top_logprobs_nums=batch.top_logprobs_nums,

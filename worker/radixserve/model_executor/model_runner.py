@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 
 import torch
 
@@ -50,6 +51,15 @@ def weights_fit_problem(need: int, free: int, total: int, device: str) -> str | 
         f"and {free / GiB:.2f} GiB of the device's {total / GiB:.2f} GiB are free; shard it over "
         "more GPUs with --tp-size, choose a smaller --dtype, or a smaller model"
     )
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [bs, vocab] float32
+    forward_batch: ForwardBatch
+    # a replayed decode graph's greedy choice per row, already stored in the row's future
+    # slot: what the sampler would pick for a batch of plain greedy rows
+    greedy_ids: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -151,16 +161,18 @@ class ModelRunner:
             )
         return requested
 
-    def store_future_ids(self, token_ids: torch.Tensor) -> int:
-        """Queue `token_ids` (a launched batch's samples, still on the device) into the next
-        free slots of the ring; returns the first slot: row i is named by -(start + i)."""
-        n = token_ids.numel()
+    def reserve_future_slots(self, n: int) -> int:
+        """The first of `n` consecutive ring slots for a batch about to launch: row i's
+        sampled token is stored at start + i, and later batches name it -(start + i)."""
         if self._future_next + n > self.future_token_ids.numel():
             self._future_next = 1
         start = self._future_next
         self._future_next += n
-        self.future_token_ids[start : start + n] = token_ids
         return start
+
+    def store_future_ids(self, token_ids: torch.Tensor, start: int) -> None:
+        """Put a launched batch's samples (still on the device) into its reserved slots."""
+        self.future_token_ids[start : start + token_ids.numel()] = token_ids
 
     def resolve_future_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Negative input ids name tokens that an earlier, still unresolved batch sampled
@@ -169,19 +181,26 @@ class ModelRunner:
             input_ids < 0, self.future_token_ids[(-input_ids).clamp(min=0)], input_ids
         )
 
-    def forward(self, batch: ModelWorkerBatch) -> tuple[torch.Tensor, ForwardBatch]:
+    def forward(self, batch: ModelWorkerBatch, future_start: int) -> ForwardOutput:
+        """One pass; `future_start` is the batch's first reserved future slot."""
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(batch):
-            forward_batch = graphs.load_inputs(batch)
-            return graphs.replay(forward_batch, len(batch.seq_lens)), forward_batch
+            forward_batch = graphs.load_inputs(batch, future_start)
+            logits, greedy_ids = graphs.replay(forward_batch, len(batch.seq_lens))
+            return ForwardOutput(logits, forward_batch, greedy_ids)
         forward_batch = ForwardBatch.init_new(
-            batch, self.req_to_token_pool, self.token_to_kv_pool, self.attn_backend, self.device
+            batch,
+            self.req_to_token_pool,
+            self.token_to_kv_pool,
+            self.attn_backend,
+            self.device,
+            future_start,
         )
         if batch.has_future_ids:
             forward_batch.input_ids = self.resolve_future_ids(forward_batch.input_ids)
         self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
-        return logits, forward_batch
+        return ForwardOutput(logits, forward_batch)
 
     def sample(self, logits: torch.Tensor, forward_batch: ForwardBatch) -> SamplerOutput:
         return self.sampler(

@@ -122,6 +122,11 @@ class SamplingBatchInfo:
         return len(self.sampling_params)
 
     @property
+    def is_plain_greedy(self) -> bool:
+        """Every row takes the argmax of the raw logits: all greedy, no logit processors."""
+        return self.is_all_greedy and self.penalizers.is_empty
+
+    @property
     def need_top_k(self) -> bool:
         return self.max_top_k > 0
 
