@@ -306,6 +306,23 @@ def test_store_cells(gen) -> None:
     assert check_store_cells("cuda", gen) == {"store_cells": 0.0}
 
 
+def test_per_step_kernels_compile_once_for_every_batch_size() -> None:
+    """The scatter runs eagerly every decode step and RMSNorm on every prefill's token count:
+    a new count or an index view at another alignment must not compile a new variant
+    mid-serving (seen as a second of idle GPU in the offline benchmark)."""
+    table = torch.zeros(64, 300, dtype=torch.int32, device="cuda")
+    # a model's hidden size: one row per program whatever the count (BLOCK_M stays 1)
+    x = torch.randn(300, 4096, device="cuda", dtype=torch.bfloat16)
+    weight = torch.ones(4096, device="cuda", dtype=torch.bfloat16)
+    for n in (1, 2, 3, 16, 17, 32, 255, 256, 300):
+        packed = torch.arange(6 * n, device="cuda").view(6, n) % 64
+        fused_ops.store_cells(table, packed[2], packed[1], packed[4])
+        fused_ops.rms_norm(x[:n], weight, 1e-5)
+    for kernel in (fused_ops._store_cells_kernel, fused_ops._rms_norm_kernel):
+        compiled = kernel.device_caches[torch.cuda.current_device()][0]  # Triton 3.x internals
+        assert len(compiled) == 1, (kernel, list(compiled))
+
+
 def test_rotary_casts_to_the_cache_dtype(gen) -> None:
     results = check_rotary_and_store_kv(
         7, 32, 8, 128, torch.float32, "cuda", gen, 0, torch.bfloat16

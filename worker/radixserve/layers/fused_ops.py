@@ -19,7 +19,9 @@ imports (the torch paths never call in here) and `enabled_for` is always False.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -37,8 +39,12 @@ _TILE = 2048
 _ROTARY_SPREAD_MAX_TOKENS = 64
 
 
-def _jit(fn: Callable) -> Callable:
-    return triton.jit(fn) if triton is not None else fn
+def _jit(fn: Callable | None = None, **options: Any) -> Callable:
+    """triton.jit (with its `options`) where Triton is installed; elsewhere the function itself,
+    which is never launched."""
+    if fn is None:
+        return functools.partial(_jit, **options)
+    return triton.jit(fn, **options) if triton is not None else fn
 
 
 def enabled_for(x: torch.Tensor) -> bool:
@@ -56,7 +62,9 @@ def _warps(elements: int, per_thread: int, most: int) -> int:
     return max(1, min(most, elements // (32 * per_thread)))
 
 
-@_jit
+# n_rows follows the token count of a prefill: not specialised on, or a new kind of count
+# (1, a multiple of 16) would compile a variant in the middle of serving
+@_jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
     X,
     R,
@@ -168,7 +176,10 @@ def _rotary_store_kv_kernel(
     tl.store(v_ptrs + HALF, o2.to(V_Cache.dtype.element_ty), mask=is_v)
 
 
-@_jit
+# Called eagerly once per decode step with a batch size that keeps changing: no specialisation
+# on the count or on the index tensors' alignment (views of the packed inputs at offsets that
+# follow the batch size), or each new kind of size would compile a variant mid-serving.
+@_jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["Rows", "Cols", "Values"])
 def _store_cells_kernel(Table, stride_t, Rows, Cols, Values, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n
