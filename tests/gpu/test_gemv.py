@@ -46,17 +46,20 @@ def test_linear_dispatch():
     assert torch.equal(linear(one32, w32), F.linear(one32, w32))  # float32 stays exact
 
 
-def test_gemv_replays_in_a_cuda_graph():
-    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    linear(x, w)  # compile outside the capture
+@pytest.mark.parametrize(
+    "product,n,k", [(linear, 4096, 4096), (linear_silu_and_mul, 2 * 8192, 2048)]
+)
+def test_gemv_replays_in_a_cuda_graph(product, n, k):
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    product(x, w)  # compile outside the capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = linear(x, w)
+        out = product(x, w)
     x.copy_(torch.randn_like(x))
     graph.replay()
     torch.cuda.synchronize()
-    assert torch.equal(out, linear(x, w))
+    assert torch.equal(out, product(x, w))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -90,16 +93,3 @@ def test_gated_gemv_is_the_product_then_the_activation(n, k, dtype):
     assert torch.equal(
         linear_silu_and_mul(many, w, b), fused_ops.silu_and_mul(F.linear(many, w, b))
     )
-
-
-def test_gated_gemv_replays_in_a_cuda_graph():
-    w = torch.randn(2 * 8192, 2048, device="cuda", dtype=torch.bfloat16) * 0.02
-    x = torch.randn(1, 2048, device="cuda", dtype=torch.bfloat16)
-    linear_silu_and_mul(x, w)  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = linear_silu_and_mul(x, w)
-    x.copy_(torch.randn_like(x))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, linear_silu_and_mul(x, w))
