@@ -1,4 +1,5 @@
-"""Batch-1 projections as a Triton matrix-vector product, and `linear`, which picks it.
+"""Batch-1 projections as a Triton matrix-vector product, and `linear`, which picks it (and
+`linear_silu_and_mul`, which also applies the MLP's activation in the product's epilogue).
 
 At batch 1 a projection reads its whole weight to produce one row: it is a pure stream of the
 weight, and the time is bytes / bandwidth. On the H200 cuBLAS reaches 40-75% of the bandwidth
