@@ -11,27 +11,16 @@ Ties and infinities go as in torch.argmax (the first maximal index wins; a row o
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
 from radixserve.layers import fused_ops
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only install: never launched
-    triton = None
+from radixserve.layers.fused_ops import jit, tl, triton
 
 # Elements one program of the first stage reduces: 63 programs for a 128k vocabulary
 _CHUNK = 2048
 
 
-def _jit(fn: Callable) -> Callable:
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _chunk_max_kernel(X, stride_x, n_cols, ChunkMax, ChunkIdx, n_chunks, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
@@ -44,7 +33,7 @@ def _chunk_max_kernel(X, stride_x, n_cols, ChunkMax, ChunkIdx, n_chunks, BLOCK: 
     tl.store(ChunkIdx + row * n_chunks + chunk, (chunk * BLOCK + at).to(tl.int64))
 
 
-@_jit
+@jit
 def _row_max_kernel(
     ChunkMax, ChunkIdx, Out, Table, TableIdx, n_chunks, SCATTER: tl.constexpr, BLOCK: tl.constexpr
 ):

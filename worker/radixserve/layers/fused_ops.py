@@ -28,8 +28,8 @@ import torch
 try:
     import triton
     import triton.language as tl
-except ImportError:  # a CPU-only install: the kernels below are never launched
-    triton = None
+except ImportError:  # a CPU-only install: the kernels here and in gemv/argmax never launch
+    triton = tl = None
 
 # Elements one program holds: enough work per program to stream memory at full bandwidth,
 # few enough registers per thread to keep several programs resident per SM.
@@ -39,11 +39,11 @@ _TILE = 2048
 _ROTARY_SPREAD_MAX_TOKENS = 64
 
 
-def _jit(fn: Callable | None = None, **options: Any) -> Callable:
+def jit(fn: Callable | None = None, **options: Any) -> Callable:
     """triton.jit (with its `options`) where Triton is installed; elsewhere the function itself,
-    which is never launched."""
+    which is never launched. The layers' other Triton modules (gemv, argmax) use it too."""
     if fn is None:
-        return functools.partial(_jit, **options)
+        return functools.partial(jit, **options)
     return triton.jit(fn, **options) if triton is not None else fn
 
 
@@ -64,7 +64,7 @@ def _warps(elements: int, per_thread: int, most: int) -> int:
 
 # n_rows follows the token count of a prefill: not specialised on, or a new kind of count
 # (1, a multiple of 16) would compile a variant in the middle of serving
-@_jit(do_not_specialize=["n_rows"])
+@jit(do_not_specialize=["n_rows"])
 def _rms_norm_kernel(
     X,
     R,
@@ -107,7 +107,7 @@ def _rms_norm_kernel(
     tl.store(o_ptrs, (normed * w[None, :]).to(Out.dtype.element_ty), mask=mask)
 
 
-@_jit
+@jit
 def _silu_and_mul_kernel(GateUp, Out, d, stride_g, stride_o, BLOCK: tl.constexpr):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
@@ -118,7 +118,7 @@ def _silu_and_mul_kernel(GateUp, Out, d, stride_g, stride_o, BLOCK: tl.constexpr
     tl.store(Out + token * stride_o + cols, out.to(Out.dtype.element_ty), mask=mask)
 
 
-@_jit
+@jit
 def _rotary_store_kv_kernel(
     Positions,
     QKV,
@@ -179,7 +179,7 @@ def _rotary_store_kv_kernel(
 # Called eagerly once per decode step with a batch size that keeps changing: no specialisation
 # on the count or on the index tensors' alignment (views of the packed inputs at offsets that
 # follow the batch size), or each new kind of size would compile a variant mid-serving.
-@_jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["Rows", "Cols", "Values"])
+@jit(do_not_specialize=["n"], do_not_specialize_on_alignment=["Rows", "Cols", "Values"])
 def _store_cells_kernel(Table, stride_t, Rows, Cols, Values, n, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = i < n

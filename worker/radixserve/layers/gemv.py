@@ -11,27 +11,16 @@ and beat cuBLAS on every projection of the 1B and 8B shapes, LM heads included.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from radixserve.layers import fused_ops
 from radixserve.layers.activation import silu_and_mul
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # a CPU-only install: never launched
-    triton = None
+from radixserve.layers.fused_ops import jit, tl, triton
 
 
-def _jit(fn: Callable) -> Callable:
-    return triton.jit(fn) if triton is not None else fn
-
-
-@_jit
+@jit
 def _gemv_kernel(
     X,
     W,
