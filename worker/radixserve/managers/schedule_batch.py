@@ -234,13 +234,7 @@ class ScheduleBatch:
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Fold a decode step of `running` into this extend pass (MIXED): each decode request
         becomes a length-1 extend over its cached tokens."""
-        running.prepare_for_decode()
-        # an extend-shaped pass does not store decode slots itself: write them on the device here
-        self.req_to_token_pool.write_columns(
-            [r.req_pool_idx for r in running.reqs],
-            [r.kv_len - 1 for r in running.reqs],
-            running.out_cache_loc,
-        )
+        running.prepare_for_decode(write_device=True)
         self.forward_mode = ForwardMode.MIXED
         self.input_ids = torch.cat([self.input_ids, running.input_ids])
         self.out_cache_loc = torch.cat([self.out_cache_loc, running.out_cache_loc])
@@ -286,19 +280,22 @@ class ScheduleBatch:
         if req.last_node is not None:
             self.tree_cache.dec_lock_ref(req.last_node)
 
-    def prepare_for_decode(self) -> None:
+    def prepare_for_decode(self, write_device: bool = False) -> None:
+        """One new token per request: its slot allocated and recorded in req_to_token. A decode
+        pass stores the slots on the device itself, from its packed inputs
+        (ForwardBatch.init_decode), so only the host mirror is written here, unless
+        `write_device`: the step rides in an extend-shaped pass instead (mix_with_running)."""
         self.forward_mode = ForwardMode.DECODE
         self.input_ids = torch.tensor(
             [r.output_ids[-1] if r.future_slot is None else -r.future_slot for r in self.reqs],
             dtype=torch.int64,
         )
         slots = self.alloc_token_slots(len(self.reqs))
-        # the device table gets these slots from the decode pass itself (ForwardBatch.init_decode)
         self.req_to_token_pool.write_columns(
             [r.req_pool_idx for r in self.reqs],
             [r.kv_len for r in self.reqs],
             slots,
-            mirror_only=True,
+            mirror_only=not write_device,
         )
         for req in self.reqs:
             req.kv_len += 1

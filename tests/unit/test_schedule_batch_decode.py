@@ -1,0 +1,53 @@
+"""ScheduleBatch.prepare_for_decode's req_to_token writes on a device pool: the decode pass
+stores the new slots itself, so the step writes the host mirror only, unless the step rides in
+an extend-shaped (mixed) pass, which stores nothing itself.
+
+A CPU pool's mirror is its table; a second CPU table stands in for the device's here."""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.managers.schedule_batch import Req, ScheduleBatch
+from radixserve.mem_cache.allocator import TokenSlotAllocator
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.memory_pool import ReqToTokenPool
+from radixserve.sampling.sampling_params import SamplingParams
+
+
+def prefilled_batch() -> tuple[ScheduleBatch, ReqToTokenPool]:
+    pool = ReqToTokenPool(size=4, max_context_len=32, device="cpu")
+    allocator = TokenSlotAllocator(256)
+    cache = ChunkCache(pool, allocator)
+    params = SamplingParams(max_new_tokens=4, temperature=0.0)
+    reqs = [Req(f"r{i}", list(range(10, 15 + 3 * i)), params) for i in range(3)]
+    for req in reqs:
+        req.init_next_round_input(cache)
+    batch = ScheduleBatch(reqs, pool, allocator, cache, 100, "cpu", set())
+    batch.prepare_for_extend()
+    for req in reqs:
+        req.output_ids.append(7)
+    # from here on the pool behaves as a device pool: a separate host mirror
+    pool._cpu_mirror = pool.req_to_token.clone()
+    pool._mirror_is_device = False
+    return batch, pool
+
+
+def new_cells(batch: ScheduleBatch, table: torch.Tensor) -> list[int]:
+    return [int(table[r.req_pool_idx, r.kv_len - 1]) for r in batch.reqs]
+
+
+def test_a_decode_step_writes_the_mirror_and_leaves_the_device_to_the_pass() -> None:
+    batch, pool = prefilled_batch()
+    before = pool.req_to_token.clone()
+    batch.prepare_for_decode()
+    assert new_cells(batch, pool._cpu_mirror) == batch.out_cache_loc.tolist()
+    assert torch.equal(pool.req_to_token, before)
+
+
+def test_a_step_for_a_mixed_pass_writes_the_device_too() -> None:
+    batch, pool = prefilled_batch()
+    batch.prepare_for_decode(write_device=True)
+    assert new_cells(batch, pool._cpu_mirror) == batch.out_cache_loc.tolist()
+    assert new_cells(batch, pool.req_to_token) == batch.out_cache_loc.tolist()
+    assert torch.equal(pool.req_to_token, pool._cpu_mirror)
