@@ -1,72 +1,116 @@
 """Every knob of the worker in one dataclass, shared by the CLI, the Engine and the scheduler.
 
-One place for defaults means the CLI, the in-process Engine and the operator's generated
-arguments cannot drift apart; `add_cli_args`/`from_cli_args` derive the flags from the fields.
+One place for defaults and descriptions means the CLI (`--help` included), the in-process Engine
+and the operator's generated arguments cannot drift apart: `entrypoints/arguments.py` derives
+the flags from these fields. Choices that name implementations (attention backends, schedule
+policies) are not listed here: they come from their registries, which that module consults.
+This module imports nothing of radixserve, so every layer may read it.
 """
 
 from __future__ import annotations
 
-import argparse
-import dataclasses
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
 
 
+def option(default: Any, help: str, **extra: Any) -> Any:
+    """A field with its CLI description (and, via `extra`, static `choices`)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
 @dataclass
 class ServerArgs:
-    model: str = BUILTIN_SMOLLM2
-    served_model_name: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8000
-    device: str = "auto"  # auto | cpu | cuda
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
-    attention_backend: str = "auto"  # auto | torch_native | triton | flashinfer
-    max_running_requests: int | None = None
-    max_total_tokens: int | None = None
-    context_length: int | None = None
-    chunked_prefill_size: int = 2048
-    max_prefill_tokens: int = 16384
-    mem_fraction_static: float = 0.85
-    schedule_policy: str = "lpm"  # lpm | fcfs
-    # Run the running batch's decode step inside a prefill pass (ForwardMode.MIXED) instead of
-    # pausing decode while a long prompt is prefilled chunk by chunk.
-    enable_mixed_chunk: bool = False
-    disable_radix_cache: bool = False
-    disable_cuda_graph: bool = False
-    # every batch of the default --max-running-requests (256 on CUDA) replays a graph
-    cuda_graph_max_bs: int = 256
-    disable_overlap: bool = False
-    tp_size: int = 1
-    max_queued_requests: int = 1024
-    drain_timeout: float = 30.0
-    random_seed: int = 0
-    log_level: str = "info"
-    # Fraction of a running request's remaining max_new_tokens the admission check
-    # reserves; retraction corrects for the optimism of a value below 1.
-    new_token_ratio: float = 0.7
+    model: str = option(
+        BUILTIN_SMOLLM2,
+        "a safetensors directory, a .gguf file, a Hub repository (org/name or hf://org/name), "
+        f"{BUILTIN_SMOLLM2} (the bundled SmolLM2-135M-Instruct), or random:PRESET / "
+        "random:/path/config.json (random weights, for tests and benchmarks)",
+    )
+    served_model_name: str | None = option(
+        None, "the model name clients ask for (default: derived from --model)"
+    )
+    host: str = option("0.0.0.0", "address to listen on")
+    port: int = option(8000, "HTTP port")
+    device: str = option("auto", "where the model runs", choices=("auto", "cpu", "cuda"))
+    dtype: str = option(
+        "auto",
+        "weights and KV dtype (auto: the checkpoint's on CUDA, float32 on the CPU)",
+        choices=("auto", "float32", "bfloat16", "float16"),
+    )
+    attention_backend: str = option(
+        "auto", "attention kernels (auto: flashinfer if installed, else triton; CPU: torch_native)"
+    )
+    max_running_requests: int | None = option(
+        None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"
+    )
+    max_total_tokens: int | None = option(
+        None, "KV cache capacity in tokens (default: what --mem-fraction-static leaves)"
+    )
+    context_length: int | None = option(
+        None, "override the model's context length (default: the model config's)"
+    )
+    chunked_prefill_size: int = option(
+        2048, "longest prompt piece prefilled in one pass; longer prompts go in chunks"
+    )
+    max_prefill_tokens: int = option(16384, "prompt tokens admitted into one prefill pass")
+    mem_fraction_static: float = option(
+        0.85, "fraction of device memory for weights plus KV cache (CPU: of available memory)"
+    )
+    schedule_policy: str = option(
+        "lpm", "admission order: lpm (longest cached prefix first) or fcfs"
+    )
+    enable_mixed_chunk: bool = option(
+        False,
+        "run the running batch's decode step inside a prefill pass instead of pausing decode "
+        "while a long prompt is prefilled chunk by chunk",
+    )
+    disable_radix_cache: bool = option(False, "no prefix sharing across requests")
+    disable_cuda_graph: bool = option(False, "launch decode kernels eagerly (no CUDA graphs)")
+    cuda_graph_max_bs: int = option(
+        256, "largest decode batch captured in a CUDA graph; bigger batches run eagerly"
+    )
+    disable_overlap: bool = option(
+        False, "resolve each batch before forming the next (no overlap scheduling)"
+    )
+    tp_size: int = option(1, "tensor-parallel ranks (one GPU each)")
+    max_queued_requests: int = option(
+        1024, "requests waiting for admission before new ones get 429"
+    )
+    drain_timeout: float = option(30.0, "seconds in-flight requests get to finish after SIGTERM")
+    random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
+    log_level: str = option(
+        "info", "log level", choices=("debug", "info", "warning", "error", "critical")
+    )
+    new_token_ratio: float = option(
+        0.7,
+        "fraction of a running request's remaining max_new_tokens that admission reserves; "
+        "retraction corrects the optimism of a value below 1",
+    )
 
     def __post_init__(self) -> None:
         if self.served_model_name is None:
             self.served_model_name = _default_served_name(self.model)
-        choices = {
-            "device": ("auto", "cpu", "cuda"),
-            "dtype": ("auto", "float32", "bfloat16", "float16"),
-            "attention_backend": ("auto", "torch_native", "triton", "flashinfer"),
-            "schedule_policy": ("lpm", "fcfs"),
-        }
-        for name, allowed in choices.items():
+        for name, allowed in static_choices().items():
             value = getattr(self, name)
             if value not in allowed:
-                raise ValueError(
-                    f"--{name.replace('_', '-')} must be one of {allowed}, got {value!r}"
-                )
-        if self.chunked_prefill_size <= 0:
-            raise ValueError("--chunked-prefill-size must be positive")
+                raise ValueError(f"{flag_of(name)} must be one of {allowed}, got {value!r}")
+        positive = ("port", "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs")
+        positive += ("tp_size", "max_queued_requests")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{flag_of(name)} must be positive, got {getattr(self, name)}")
+        for name in ("max_running_requests", "max_total_tokens", "context_length"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{flag_of(name)} must be positive, got {value}")
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError("--mem-fraction-static must be in (0, 1)")
-        if self.tp_size < 1:
-            raise ValueError("--tp-size must be >= 1")
+        if not 0.0 < self.new_token_ratio <= 1.0:
+            raise ValueError("--new-token-ratio must be in (0, 1]")
+        if self.drain_timeout < 0:
+            raise ValueError("--drain-timeout must not be negative")
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -75,24 +119,16 @@ class ServerArgs:
 
         return "cuda" if torch.cuda.is_available() else "cpu"
 
-    @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        for f in dataclasses.fields(ServerArgs):
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default
-            if isinstance(default, bool):
-                parser.add_argument(flag, action="store_true", default=default)
-            elif f.name in ("max_running_requests", "max_total_tokens", "context_length"):
-                parser.add_argument(flag, type=int, default=default)
-            elif f.name == "served_model_name":
-                parser.add_argument(flag, type=str, default=None)
-            else:
-                parser.add_argument(flag, type=type(default), default=default)
 
-    @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> ServerArgs:
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{n: getattr(args, n) for n in names if hasattr(args, n)})
+def static_choices() -> dict[str, tuple[str, ...]]:
+    """Fields whose allowed values are fixed here (registry-backed ones are not)."""
+    from dataclasses import fields
+
+    return {f.name: f.metadata["choices"] for f in fields(ServerArgs) if "choices" in f.metadata}
+
+
+def flag_of(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _default_served_name(model: str) -> str:

@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from radixserve.server_args import ServerArgs
+from radixserve.entrypoints.arguments import add_server_args, server_args_from
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    ServerArgs.add_cli_args(parser)
+    add_server_args(parser)
     parser.add_argument("--batch-sizes", default="1", help="comma list, e.g. 1,8,64,256")
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=64)
@@ -171,7 +171,7 @@ def run(args: argparse.Namespace) -> int:
     from radixserve.mem_cache.memory_pool import TokenToKVPool
     from radixserve.model_loader.loader import load_model_source_for
 
-    server_args = ServerArgs.from_cli_args(args)
+    server_args = server_args_from(args)
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if server_args.max_running_requests is None:
         server_args.max_running_requests = max(batch_sizes)

@@ -17,6 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from radixserve.entrypoints.arguments import add_server_args, server_args_from
 from radixserve.server_args import ServerArgs
 
 
@@ -53,7 +54,7 @@ class Result:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    ServerArgs.add_cli_args(parser)
+    add_server_args(parser)
     parser.add_argument("--num-prompts", type=int, default=32)
     parser.add_argument("--input-len", type=int, default=128, help="longest prompt")
     parser.add_argument(
@@ -210,7 +211,7 @@ def measure_matmul_tflops() -> float | None:
 def run(args: argparse.Namespace) -> int:
     from radixserve.model_loader.loader import load_model_source_for
 
-    server_args = ServerArgs.from_cli_args(args)
+    server_args = server_args_from(args)
     source = load_model_source_for(server_args)
     work = make_workload(args, source.config.vocab_size)
     results = [run_engine(server_args, work)]

@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-from radixserve.server_args import ServerArgs
+from radixserve.entrypoints.arguments import add_server_args, server_args_from
 
 BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
@@ -31,8 +31,12 @@ def configure_logging(level: str) -> None:
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="radixserve", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    serve = commands.add_parser("serve", help="serve a model over HTTP (OpenAI-compatible)")
-    ServerArgs.add_cli_args(serve)
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model over HTTP (OpenAI-compatible)",
+        description="Serve a model over HTTP with an OpenAI-compatible API.",
+    )
+    add_server_args(serve)
     bench = commands.add_parser("bench", help="run a benchmark")
     names = bench.add_subparsers(dest="benchmark", required=True)
     for name, module_path in BENCHMARKS.items():
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         try:
-            server_args = ServerArgs.from_cli_args(args)
+            server_args = server_args_from(args)
         except ValueError as exc:
             parser.error(str(exc))
         configure_logging(server_args.log_level)

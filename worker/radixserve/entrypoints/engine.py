@@ -21,6 +21,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from radixserve.entrypoints.arguments import check_server_args
 from radixserve.managers.io_struct import TokenLogprob
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
@@ -123,6 +124,7 @@ class Engine:
             server_args = ServerArgs(**kwargs)
         elif kwargs:
             server_args = dataclasses.replace(server_args, **kwargs)
+        check_server_args(server_args)
         self.server_args = server_args
         # Servers refuse work beyond --max-queued-requests; an offline batch is one caller
         # that wants all of its prompts run, so in-process use skips the limit by default.

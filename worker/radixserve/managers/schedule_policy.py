@@ -9,12 +9,12 @@ tokens of everything already running so admission rarely forces a retraction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
-from radixserve.managers.schedule_batch import Req
-
 if TYPE_CHECKING:
+    from radixserve.managers.schedule_batch import Req
     from radixserve.mem_cache.allocator import TokenSlotAllocator
     from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
 
@@ -24,25 +24,47 @@ LPM_MAX_QUEUE = 128
 CLIP_MAX_NEW_TOKENS = 4096
 
 
+def longest_prefix_first(waiting: list[Req], tree_cache: BasePrefixCache) -> tuple[list[Req], bool]:
+    """LPM: requests that share a cached prefix run while it is still cached. It must match
+    the whole queue to sort it, so past LPM_MAX_QUEUE (or with no cache) it falls back to
+    arrival order."""
+    if tree_cache.disabled or len(waiting) > LPM_MAX_QUEUE:
+        return first_come_first_served(waiting, tree_cache)
+    for req in waiting:
+        req.init_next_round_input(tree_cache)
+    # stable sort: equal prefixes keep arrival order
+    return sorted(waiting, key=lambda r: -len(r.prefix_indices)), True
+
+
+def first_come_first_served(
+    waiting: list[Req], tree_cache: BasePrefixCache
+) -> tuple[list[Req], bool]:
+    """Arrival order; matching is left to admission, which matches only the requests it
+    actually considers."""
+    return list(waiting), False
+
+
+# --schedule-policy name -> ordering: (waiting queue, prefix cache) -> (admission order,
+# whether every request's prefix is already matched). A new policy is one function plus a line.
+SCHEDULE_POLICIES: dict[str, Callable[[list[Req], BasePrefixCache], tuple[list[Req], bool]]] = {
+    "lpm": longest_prefix_first,
+    "fcfs": first_come_first_served,
+}
+
+
 class SchedulePolicy:
     def __init__(self, policy: str, tree_cache: BasePrefixCache) -> None:
-        if policy not in ("lpm", "fcfs"):
-            raise ValueError(f"unknown schedule policy {policy!r}")
+        if policy not in SCHEDULE_POLICIES:
+            raise ValueError(
+                f"unknown schedule policy {policy!r}; one of {tuple(SCHEDULE_POLICIES)}"
+            )
         self.policy = policy
+        self._order = SCHEDULE_POLICIES[policy]
         self.tree_cache = tree_cache
 
     def order(self, waiting: list[Req]) -> tuple[list[Req], bool]:
-        """The admission order, and whether every request's prefix is already matched.
-
-        LPM must match the whole queue to sort it; FCFS leaves matching to admission, which
-        then matches only the requests it actually considers.
-        """
-        if self.policy == "lpm" and not self.tree_cache.disabled and len(waiting) <= LPM_MAX_QUEUE:
-            for req in waiting:
-                req.init_next_round_input(self.tree_cache)
-            # stable sort: equal prefixes keep arrival order
-            return sorted(waiting, key=lambda r: -len(r.prefix_indices)), True
-        return list(waiting), False
+        """The admission order, and whether every request's prefix is already matched."""
+        return self._order(waiting, self.tree_cache)
 
 
 class AddResult(Enum):
