@@ -59,7 +59,7 @@ def launch_scheduler(
     server_args: ServerArgs,
 ) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
     """Spawn the scheduler process and wait until it has loaded the model."""
-    from radixserve.managers.scheduler import PortArgs, run_scheduler_process
+    from radixserve.managers.scheduler_process import PortArgs, run_scheduler_process
 
     port_args = PortArgs.new()
     context = multiprocessing.get_context("spawn")

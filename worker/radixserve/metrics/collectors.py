@@ -19,7 +19,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from radixserve.managers.io_struct import SchedulerStats
+from radixserve.metrics.stats import SchedulerStats
 
 # `_created` series double the exposition size and no dashboard reads them.
 disable_created_metrics()
