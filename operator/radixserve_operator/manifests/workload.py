@@ -44,23 +44,23 @@ def build_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
 
 
 def worker_args(spec: ServiceSpec) -> list[str]:
-    """The ``radixserve serve`` command line for this spec (the worker's CLI contract)."""
-    args = [
-        "serve",
-        "--model",
-        _model_argument(spec.model),
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(DEFAULT_PORT),
-        "--device",
-        "cuda" if spec.resources.gpu > 0 else "cpu",
-        "--served-model-name",
-        spec.model.served_name,
-        "--drain-timeout",
-        str(spec.lifecycle.drain_timeout_seconds),
+    """The ``radixserve serve`` command line for this spec (the worker's CLI contract).
+
+    Values are joined to their flags (``--flag=value``): a value that starts with a dash (a
+    served model name, say) must not read as a flag of its own."""
+    valued: list[tuple[str, object]] = [
+        ("--model", _model_argument(spec.model)),
+        ("--host", "0.0.0.0"),
+        ("--port", DEFAULT_PORT),
+        ("--device", "cuda" if spec.resources.gpu > 0 else "cpu"),
+        ("--served-model-name", spec.model.served_name),
+        ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
-    return args + _engine_args(spec.engine) + list(spec.engine.extra_args)
+    return ["serve", *_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
+
+
+def _flags(valued: list[tuple[str, object]]) -> list[str]:
+    return [f"{flag}={value}" for flag, value in valued if value is not None]
 
 
 def _engine_args(engine: Engine) -> list[str]:
@@ -75,13 +75,12 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--mem-fraction-static", engine.mem_fraction_static),
         ("--schedule-policy", engine.schedule_policy),
     ]
-    args = [part for flag, value in valued if value is not None for part in (flag, str(value))]
     switches = {
         "--disable-cuda-graph": not engine.cuda_graph,
         "--disable-radix-cache": not engine.radix_cache,
         "--disable-overlap": not engine.overlap_schedule,
     }
-    return args + [flag for flag, on in switches.items() if on]
+    return _flags(valued) + [flag for flag, on in switches.items() if on]
 
 
 def _model_argument(model: ModelSource) -> str:
