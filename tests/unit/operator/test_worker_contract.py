@@ -8,19 +8,14 @@ refused by the CRD (or by the operator, which reports it as Degraded) instead.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, given, settings
+from operator_crd_checks import EXAMPLES, SCHEMA, spec_strategy
 
-sys.path.insert(0, str(Path(__file__).parent / "operator"))
-from operator_crd_checks import EXAMPLES, SCHEMA, spec_strategy  # noqa: E402
-
-from radixserve.entrypoints.arguments import parse_server_args, registered_choices  # noqa: E402
-from radixserve.server_args import static_choices  # noqa: E402
-from radixserve_operator.manifests import worker_args  # noqa: E402
-from radixserve_operator.spec import InvalidSpecError, parse_spec  # noqa: E402
+from radixserve.entrypoints.arguments import parse_server_args, registered_choices
+from radixserve.server_args import static_choices
+from radixserve_operator.manifests import worker_args
+from radixserve_operator.spec import InvalidSpecError, parse_spec
 
 ENGINE = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
 
