@@ -13,7 +13,7 @@ if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl
 fi
-SITE=${SITE:-/tmp/site}
+export SITE=${SITE:-/tmp/site}
 export PYTHONUNBUFFERED=1
 rounds=${1:-1}
 
