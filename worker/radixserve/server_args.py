@@ -79,6 +79,11 @@ class ServerArgs:
         1024, "requests waiting for admission before new ones get 429"
     )
     drain_timeout: float = option(30.0, "seconds in-flight requests get to finish after SIGTERM")
+    scheduler_stall_timeout: float = option(
+        30.0,
+        "seconds the scheduler loop may go without a step or an idle heartbeat before /ready "
+        "answers 503 (a wedged scheduler; a busy one keeps stepping)",
+    )
     random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error", "critical")
@@ -111,6 +116,8 @@ class ServerArgs:
             raise ValueError("--new-token-ratio must be in (0, 1]")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
+        if self.scheduler_stall_timeout <= 0:
+            raise ValueError("--scheduler-stall-timeout must be positive")
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -29,6 +29,7 @@ from radixserve.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixserve.metrics.collectors import ServerMetrics
+from radixserve.metrics.startup import StartupPhases
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -53,6 +54,8 @@ class ModelInfo:
     model_description: str
     device: str
     attention_backend: str
+    # seconds per start-up phase in the scheduler process (metrics/startup.py)
+    startup_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def launch_scheduler(
@@ -67,6 +70,7 @@ def launch_scheduler(
     process = context.Process(
         target=run_scheduler_process,
         args=(server_args, port_args, child_conn),
+        kwargs={"spawned_at": time.time()},
         name="radixserve-scheduler",
     )
     process.start()
@@ -148,6 +152,10 @@ class Engine:
             except Exception:
                 stop_process(self._process)
                 raise
+        self.startup = StartupPhases()
+        self.startup.update(self.model_info.startup_phases)
+        # when the scheduler was up: what the front end adds after this is the "ready" phase
+        self.scheduler_ready_at = time.perf_counter()
         logger.info(
             "loaded %s in %.1fs: %s on %s, attention %s, KV capacity %d tokens, "
             "context %d, up to %d running requests",

@@ -35,6 +35,7 @@ from radixserve.managers.tokenizer_manager import (
     QueueFullError,
     RequestAbortedError,
     SchedulerUnavailableError,
+    TokenizerManager,
 )
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
 from radixserve.sampling.sampling_params import SamplingParams
@@ -44,11 +45,6 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 RETRY_AFTER_S = 1
-# A readiness probe runs when no token came out for this long; /ready fails once no probe (or
-# real token) succeeded for READY_STALE_S.
-PROBE_INTERVAL_S = 5.0
-PROBE_TIMEOUT_S = 60.0
-READY_STALE_S = 30.0
 # Requests still running when the drain ends are aborted; their handlers get this long to reply.
 ABORT_GRACE_S = 5.0
 
@@ -62,8 +58,6 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 class ServerState:
     draining: bool = False
     in_flight: int = 0
-    last_probe_ok: float | None = None
-    not_ready_reason: str = "the readiness probe has not completed yet"
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -463,7 +457,9 @@ class Handlers:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        reason = readiness_problem(self.state, self.tm.scheduler_alive)
+        reason = readiness_problem(
+            self.state, self.tm, self.engine.server_args.scheduler_stall_timeout
+        )
         if reason is not None:
             return web.json_response({"status": "not ready", "reason": reason}, status=503)
         return web.json_response({"status": "ready"})
@@ -487,41 +483,18 @@ class Handlers:
         return web.json_response({"success": True, "message": reply.message})
 
 
-def readiness_problem(state: ServerState, scheduler_alive: bool) -> str | None:
+def readiness_problem(state: ServerState, tm: TokenizerManager, stall_timeout: float) -> str | None:
+    """Why this pod should get no traffic now, or None. A busy queue is no reason: a saturated
+    pod whose scheduler keeps stepping stays ready; a scheduler loop that stops reporting (a
+    step's outputs, or its idle heartbeat) is one."""
     if state.draining:
         return "draining"
-    if not scheduler_alive:
+    if not tm.scheduler_alive:
         return "the scheduler process is down"
-    if state.last_probe_ok is None:
-        return state.not_ready_reason
-    if time.monotonic() - state.last_probe_ok > READY_STALE_S:
-        return f"no token generated in the last {READY_STALE_S:.0f}s"
+    silent = time.monotonic() - tm.last_scheduler_report
+    if silent > stall_timeout:
+        return f"the scheduler loop has not reported for {silent:.0f}s (a stuck step?)"
     return None
-
-
-async def run_readiness_probes(engine: Engine, state: ServerState) -> None:
-    """Keep `state.last_probe_ok` fresh: recent real output counts, otherwise a 1-token probe."""
-    tm = engine.tokenizer_manager
-    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
-    while True:
-        recent_output = time.perf_counter() - tm.last_output_time < PROBE_INTERVAL_S
-        if recent_output:
-            state.last_probe_ok = time.monotonic()
-        elif tm.scheduler_alive:
-            probe = GenerateInput(input_ids=[0], sampling_params=params, internal=True)
-            try:
-                await asyncio.wait_for(_drain(tm.generate(probe)), PROBE_TIMEOUT_S)
-                state.last_probe_ok = time.monotonic()
-            except Exception as exc:
-                state.not_ready_reason = f"the readiness probe failed: {exc!r}"
-                logger.warning("%s", state.not_ready_reason)
-        await asyncio.sleep(PROBE_INTERVAL_S)
-
-
-async def _drain(stream: AsyncIterator[Any]) -> None:
-    async with contextlib.aclosing(stream):
-        async for _ in stream:
-            pass
 
 
 def build_app(engine: Engine, state: ServerState) -> web.Application:
@@ -562,7 +535,9 @@ async def serve(engine: Engine, server_args: ServerArgs) -> None:
     await runner.setup()
     site = web.TCPSite(runner, server_args.host, server_args.port)
     await site.start()
-    probes = loop.create_task(run_readiness_probes(engine, state))
+    engine.startup.add("ready", time.perf_counter() - engine.scheduler_ready_at)
+    engine.metrics.set_startup(engine.startup.seconds)
+    logger.info("startup: %s", engine.startup.summary())
     logger.info(
         "serving %r on http://%s:%d (KV capacity %d tokens)",
         engine.server_args.served_model_name,
@@ -582,9 +557,6 @@ async def serve(engine: Engine, server_args: ServerArgs) -> None:
         logger.warning("drain timeout: aborting %d requests", state.in_flight)
         await engine.tokenizer_manager.abort_all()
         await _wait_for(lambda: state.in_flight == 0, ABORT_GRACE_S)
-    probes.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await probes
     await runner.cleanup()
     await engine.async_shutdown()
     logger.info("shut down cleanly")
