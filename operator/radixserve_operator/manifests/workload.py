@@ -178,6 +178,9 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
             "preStop": {"exec": {"command": ["sleep", str(spec.lifecycle.pre_stop_sleep_seconds)]}}
         },
         "resources": _resources(spec),
+        # a crashed worker's last log lines become its termination message, which the
+        # operator shows in the service's Degraded condition
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
