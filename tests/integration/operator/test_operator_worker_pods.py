@@ -31,37 +31,29 @@ RUNNING = {
     "conditions": [{"type": "PodScheduled", "status": "True"}],
     "containerStatuses": [worker_status(ready=True, restartCount=3, state={"running": {}})],
 }
+
+
+def crash_looping(restarts: int, last_termination: dict[str, Any]) -> dict[str, Any]:
+    """A worker the kubelet keeps restarting, with how its last run ended."""
+    return {
+        "phase": "Running",
+        "containerStatuses": [
+            worker_status(
+                ready=False,
+                restartCount=restarts,
+                state={"waiting": {"reason": "CrashLoopBackOff"}},
+                lastState={"terminated": last_termination},
+            )
+        ],
+    }
+
+
 BROKEN: dict[str, tuple[dict[str, Any], str]] = {
     "CrashLoopBackOff": (
-        {
-            "phase": "Running",
-            "containerStatuses": [
-                worker_status(
-                    ready=False,
-                    restartCount=3,
-                    state={"waiting": {"reason": "CrashLoopBackOff"}},
-                    lastState={
-                        "terminated": {"reason": "Error", "exitCode": 1, "message": LOG_TAIL}
-                    },
-                )
-            ],
-        },
+        crash_looping(3, {"reason": "Error", "exitCode": 1, "message": LOG_TAIL}),
         LOG_TAIL,
     ),
-    "OOMKilled": (
-        {
-            "phase": "Running",
-            "containerStatuses": [
-                worker_status(
-                    ready=False,
-                    restartCount=1,
-                    state={"waiting": {"reason": "CrashLoopBackOff"}},
-                    lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137}},
-                )
-            ],
-        },
-        "OOM-killed",
-    ),
+    "OOMKilled": (crash_looping(1, {"reason": "OOMKilled", "exitCode": 137}), "OOM-killed"),
     "Unschedulable": (
         {
             "phase": "Pending",

@@ -32,7 +32,11 @@ def deployment(desired: int, ready: int, updated: int | None = None, **status: A
 
 
 def status_of(
-    dep: dict | None, problem: Problem | None = None, previous: dict | None = None, now: str = "T1"
+    dep: dict | None,
+    problem: Problem | None = None,
+    previous: dict | None = None,
+    now: str = "T1",
+    workers: Problem | None = None,
 ) -> dict:
     return compute_status(
         observed_generation=5,
@@ -42,6 +46,7 @@ def status_of(
         url="http://svc.ns.svc:8000",
         previous=previous,
         now=now,
+        workers=workers,
     )
 
 
@@ -219,27 +224,9 @@ def test_most_telling_problem_of_all_pods_in_a_stable_order() -> None:
 
 def test_worker_problem_is_degraded_after_a_reconcile_problem() -> None:
     crash = Problem("CrashLoopBackOff", "pod p is crash-looping")
-    both = compute_status(
-        observed_generation=5,
-        deployment=DeploymentState.from_body(deployment(1, 0)),
-        problem=Problem("InvalidSpec", "bad"),
-        selector=SELECTOR,
-        url=None,
-        previous=None,
-        now="T1",
-        workers=crash,
-    )
+    both = status_of(deployment(1, 0), Problem("InvalidSpec", "bad"), workers=crash)
     assert conditions(both)["Degraded"] == ("True", "InvalidSpec")
-    only_pods = compute_status(
-        observed_generation=5,
-        deployment=DeploymentState.from_body(deployment(1, 0)),
-        problem=None,
-        selector=SELECTOR,
-        url=None,
-        previous=both,
-        now="T2",
-        workers=crash,
-    )
+    only_pods = status_of(deployment(1, 0), previous=both, now="T2", workers=crash)
     assert conditions(only_pods)["Degraded"] == ("True", "CrashLoopBackOff")
     assert problem_from_status(only_pods) is None  # not a reconcile problem
     assert problem_from_status(only_pods, WORKER_PROBLEMS) == crash

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.logging_config import configure_logging
 from radixserve.managers.io_struct import (
     AbortReq,
     BatchReqOutput,
@@ -529,10 +530,7 @@ def run_scheduler_process(
     """
     import zmq
 
-    logging.basicConfig(
-        level=server_args.log_level.upper(),
-        format=f"%(asctime)s scheduler{tp_rank or ''} %(levelname)s %(message)s",
-    )
+    configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
     parent = os.getppid()
     peers: list[multiprocessing.process.BaseProcess] = []
     try:
@@ -548,6 +546,7 @@ def run_scheduler_process(
                 torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
             )
         scheduler = Scheduler(server_args)
+        logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")
         if ready_conn is not None:

@@ -28,9 +28,11 @@ from radixserve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
-# On the CPU there is no device to measure; cap the KV pool at a size that serves the
-# bundled model well without claiming a large share of host memory.
-CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+MiB = 1 << 20
+# On the CPU the default KV pool takes a share of the available memory, at most this much: the
+# bundled model's server (both processes, weights and torch included) then stays under 2 GiB,
+# and the pool still holds one full-context request of it (8192 tokens of 45 KiB).
+CPU_DEFAULT_KV_BYTES = 384 * MiB
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -150,7 +152,7 @@ class ModelRunner:
         requested = self.server_args.max_total_tokens
         if requested is None:
             requested = (
-                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_KV_BYTES // per_token)
             )
         if fits < requested or requested < 1:
             raise RuntimeError(
