@@ -28,7 +28,6 @@ request_logger = logging.getLogger("radixserve.requests")
 
 GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate"})
 CLIENT_CLOSED_REQUEST = 499
-RECORD_KEY = "radixserve.request_record"
 LOG_REQUESTS_KEY = web.AppKey("log_requests", bool)
 MODEL_NAME_KEY = web.AppKey("model_name", str)
 
@@ -94,6 +93,9 @@ class RequestRecord:
             else round(self.first_token_at - self.started, 4),
             "e2e_s": round(now - self.started, 4),
         }
+
+
+RECORD_KEY = web.RequestKey("request_record", RequestRecord)
 
 
 def record_of(request: web.Request) -> RequestRecord | None:
