@@ -20,8 +20,6 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from radixserve.mem_cache.memory_pool import TokenToKVPool
-from radixserve.model_executor.model_runner import CPU_DEFAULT_KV_BYTES
 from radixserve.model_loader import random_init
 from radixserve.model_loader import tokenizer as tokenizer_module
 from radixserve.model_loader.config import resolve_dtype
@@ -92,16 +90,6 @@ def test_bundled_config_is_smollm2_135m(bundled: ModelSource) -> None:
     assert config.dtype == torch.float32
     assert config.eos_token_ids == {bundled.tokenizer.convert_tokens_to_ids("<|im_end|>")}
     assert "GGUF" in bundled.description
-
-
-def test_the_cpu_default_kv_pool_holds_one_full_context_request_of_the_bundled_model(
-    bundled: ModelSource,
-) -> None:
-    cfg = bundled.config
-    per_token = TokenToKVPool.bytes_per_token(
-        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, torch.float32
-    )
-    assert CPU_DEFAULT_KV_BYTES // per_token >= cfg.context_len
 
 
 def test_bundled_weights_equal_transformers_gguf_loading(

@@ -48,7 +48,7 @@ class ServerArgs:
     max_total_tokens: int | None = option(
         None,
         "KV cache capacity in tokens (default: what --mem-fraction-static leaves; on the CPU "
-        "at most 384 MiB of KV)",
+        "at most 256 MiB of KV)",
     )
     context_length: int | None = option(
         None, "override the model's context length (default: the model config's)"

@@ -30,9 +30,9 @@ logger = logging.getLogger(__name__)
 GiB = 1 << 30
 MiB = 1 << 20
 # On the CPU the default KV pool takes a share of the available memory, at most this much: the
-# bundled model's server (both processes, weights and torch included) then stays under 2 GiB,
-# and the pool still holds one full-context request of it (8192 tokens of 45 KiB).
-CPU_DEFAULT_KV_BYTES = 384 * MiB
+# bundled model's server (both processes, weights and torch included) then stays under 2 GiB
+# of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
+CPU_DEFAULT_KV_BYTES = 256 * MiB
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
