@@ -8,10 +8,10 @@ generation stream, which aborts the request in the scheduler and frees its KV sl
 finished request).
 
 Lifecycle: the listening port is bound before the model loads (a port in use fails at once,
-and nothing can take the port meanwhile); SIGTERM (or SIGINT) makes `/ready` answer 503 at once and new generation requests
-get 503 + Retry-After, while requests already in flight run to completion for at most
-`--drain-timeout` seconds; then the rest are aborted, the scheduler process is stopped and the
-process exits 0.
+and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
+once and new generation requests get 503 + Retry-After, while requests already in flight run
+to completion for at most `--drain-timeout` seconds; then the rest are aborted, the scheduler
+process is stopped and the process exits 0.
 """
 
 from __future__ import annotations
@@ -461,8 +461,9 @@ class Handlers:
         with self._counted():
             if not stream:
                 results = await self.engine.async_generate(**kwargs)
-                for index, result in enumerate(results if isinstance(results, list) else [results]):
-                    if record is not None:
+                if record is not None:
+                    batch = results if isinstance(results, list) else [results]
+                    for index, result in enumerate(batch):
                         record.observe_native(index, result, streamed=False)
                 return web.json_response(results)
             sse = SSEWriter(request)
