@@ -120,7 +120,7 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
 @pytest.fixture(scope="module")
 def prometheus(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus package is required: apt-get install -y prometheus"
+    assert binary, "prometheus is not on PATH: `make test` puts Debian's package into .venv"
     home = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

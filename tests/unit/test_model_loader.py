@@ -4,8 +4,10 @@ an integration test: tests/integration/test_bundled_gguf.py)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,7 @@ from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from radixserve.model_loader import random_init
+from radixserve.model_loader import tokenizer as tokenizer_module
 from radixserve.model_loader.config import resolve_dtype
 from radixserve.model_loader.gguf_file import (
     hf_tensor_name,
@@ -317,6 +320,58 @@ def test_gguf_tokenizer_is_converted_once_then_read_from_the_cache(
         converted.eos_token_id,
     )
     assert cached.chat_template == converted.chat_template == _TEST_CHAT_TEMPLATE
+
+
+def test_concurrent_first_loads_convert_once_and_both_succeed(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The front end and the scheduler load the tokenizer at the same moment on first start:
+    one converts and writes the cache atomically, the other waits and reads it (no error)."""
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    path, _, _ = written_gguf
+    conversions = []
+    convert = tokenizer_module.convert_gguf_tokenizer
+
+    def slow_convert(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+        conversions.append(gguf_path)
+        time.sleep(0.5)  # both threads are surely inside load_gguf_tokenizer meanwhile
+        return convert(gguf_path)
+
+    monkeypatch.setattr(tokenizer_module, "convert_gguf_tokenizer", slow_convert)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        loaded = list(pool.map(load_gguf_tokenizer, [path, path]))
+    assert len(conversions) == 1
+    text = "<|im_start|>hello world<|im_end|>"
+    assert loaded[0].encode(text) == loaded[1].encode(text)
+    cache = gguf_tokenizer_cache_path(path)
+    # the cache and its lock, no staging directory left behind
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".lock"]
+
+
+def test_a_cache_written_by_someone_else_meanwhile_is_kept(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer the lock cannot see (another node on a shared volume) renamed its copy into
+    place first: the rename's ENOTEMPTY is not an error, and the first copy stays."""
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    path, _, _ = written_gguf
+    cache = gguf_tokenizer_cache_path(path)
+    convert = tokenizer_module.convert_gguf_tokenizer
+
+    def convert_while_another_writes(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+        tokenizer = convert(gguf_path)
+        tokenizer.save_pretrained(str(cache))  # the other writer wins the race
+        (cache / "marker").write_text("first")
+        return tokenizer
+
+    monkeypatch.setattr(tokenizer_module, "convert_gguf_tokenizer", convert_while_another_writes)
+    assert load_gguf_tokenizer(path).encode("hello") == convert(path).encode("hello")
+    assert (cache / "marker").read_text() == "first"
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".lock"]
 
 
 def test_directory_with_one_gguf_loads_it(

@@ -46,7 +46,9 @@ class ServerArgs:
         None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"
     )
     max_total_tokens: int | None = option(
-        None, "KV cache capacity in tokens (default: what --mem-fraction-static leaves)"
+        None,
+        "KV cache capacity in tokens (default: what --mem-fraction-static leaves; on the CPU "
+        "at most 256 MiB of KV)",
     )
     context_length: int | None = option(
         None, "override the model's context length (default: the model config's)"
@@ -87,6 +89,16 @@ class ServerArgs:
     random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error", "critical")
+    )
+    log_format: str = option(
+        "plain",
+        "log lines as plain text or as one JSON object each, for every worker process",
+        choices=("plain", "json"),
+    )
+    log_requests: bool = option(
+        False,
+        "log one line per finished generation request: its id, model, prompt, completion and "
+        "cached tokens, finish reason, time to first token, end-to-end latency and HTTP status",
     )
     new_token_ratio: float = option(
         0.7,

@@ -190,16 +190,17 @@ def test_tensor_parallel_sets_the_gpu_count() -> None:
         ("file:///weights/llama.gguf", "/weights/llama.gguf", None),
         ("pvc://weights/llama-8b", "/models/source/llama-8b", "model-source"),
         ("pvc://weights", "/models/source", "model-source"),
-        ("hf://org/repo", "org/repo", "model-cache"),
+        ("hf://org/repo", "org/repo", None),
     ],
 )
 def test_model_sources(uri: str, model_arg: str, volume: str | None) -> None:
+    """Every pod has scratch space and a model cache (kernels, tokenizer, Hub downloads)."""
     spec = parse_spec({"model": {"uri": uri}}, name="svc", default_image="img")
     args = worker_args(spec)
     assert arg_value(args, "--model") == model_arg
     pod = by_kind(children({"model": {"uri": uri}}))["Deployment"]["spec"]["template"]["spec"]
     names = [v["name"] for v in pod.get("volumes", [])]
-    assert names == ([volume] if volume else [])
+    assert names == ["tmp", *([volume] if volume else []), "model-cache"]
 
 
 def test_engine_flags_map_to_worker_cli() -> None:

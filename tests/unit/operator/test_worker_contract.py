@@ -9,8 +9,9 @@ refused by the CRD (or by the operator, which reports it as Degraded) instead.
 from __future__ import annotations
 
 import pytest
+from crd_strategies import accepted, specs
 from hypothesis import HealthCheck, given, settings
-from operator_crd_checks import EXAMPLES, SCHEMA, spec_strategy
+from operator_crd_checks import EXAMPLES, SCHEMA
 
 from radixserve.entrypoints.arguments import parse_server_args, registered_choices
 from radixserve.server_args import static_choices
@@ -43,7 +44,7 @@ def test_every_example_yields_arguments_the_worker_accepts(example):
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
-@given(spec_strategy())
+@given(specs.filter(accepted))
 def test_any_accepted_spec_yields_arguments_the_worker_accepts(spec):
     worker_accepts(spec)
 

@@ -373,7 +373,7 @@ class Engine:
         """Generate for one prompt (a dict back) or a batch (a list back), with `n` samples per
         prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
         "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-        "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
+        "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
         inputs, batched = self.build_inputs(
             prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
         )
@@ -516,8 +516,14 @@ class _ResultBuilder:
         self.output_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerateChunk | None = None
+        self.first_token_latency: float | None = None
+
+    def _note_first_token(self, chunk: GenerateChunk) -> None:
+        if chunk.token_ids and self.first_token_latency is None:
+            self.first_token_latency = time.perf_counter() - self.started
 
     def add(self, chunk: GenerateChunk) -> None:
+        self._note_first_token(chunk)
         self.text_parts.append(chunk.text)
         self.output_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -533,6 +539,7 @@ class _ResultBuilder:
             "cached_tokens": chunk.cached_tokens,
             "finish_reason": chunk.finish_reason,
             "e2e_latency": time.perf_counter() - self.started,
+            "time_to_first_token": self.first_token_latency,
         }
         if self.request.return_logprob:
             meta["output_token_logprobs"] = [
@@ -548,6 +555,7 @@ class _ResultBuilder:
         }
 
     def stream_item(self, chunk: GenerateChunk) -> dict[str, Any]:
+        self._note_first_token(chunk)
         self.last = chunk
         return {
             "text": chunk.text,

@@ -3,12 +3,15 @@
 Handlers are thin: they validate with `openai_protocol`, hand token ids to the Engine's
 TokenizerManager and shape its chunks into JSON or server-sent events. aiohttp cancels a
 handler whose client disconnects (`handler_cancellation=True`), and cancellation closes the
-generation stream, which aborts the request in the scheduler and frees its KV slots.
+generation stream, which aborts the request in the scheduler and frees its KV slots
+(`request_log` notes the disconnect in one debug line and, with `--log-requests`, logs each
+finished request).
 
-Lifecycle: SIGTERM (or SIGINT) makes `/ready` answer 503 at once and new generation requests
-get 503 + Retry-After, while requests already in flight run to completion for at most
-`--drain-timeout` seconds; then the rest are aborted, the scheduler process is stopped and the
-process exits 0.
+Lifecycle: the listening port is bound before the model loads (a port in use fails at once,
+and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
+once and new generation requests get 503 + Retry-After, while requests already in flight run
+to completion for at most `--drain-timeout` seconds; then the rest are aborted, the scheduler
+process is stopped and the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import re
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -28,6 +32,13 @@ from aiohttp import web
 
 from radixserve.entrypoints import openai_protocol as oai
 from radixserve.entrypoints.engine import Engine, PromptTooLongError
+from radixserve.entrypoints.request_log import (
+    LOG_REQUESTS_KEY,
+    MODEL_NAME_KEY,
+    observed,
+    record_of,
+    request_lifecycle,
+)
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
@@ -112,7 +123,7 @@ async def openai_errors(
     try:
         return await handler(request)
     except ConnectionResetError:
-        raise  # the client went away mid-stream: nobody to answer, nothing to log
+        raise  # the client went away mid-stream: request_lifecycle notes it
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -230,6 +241,14 @@ class Handlers:
         return inputs
 
     @staticmethod
+    def _new_response_id(request: web.Request, prefix: str, samples_per_prompt: int) -> str:
+        response_id = oai.new_id(prefix)
+        record = record_of(request)
+        if record is not None:
+            record.id, record.samples_per_prompt = response_id, samples_per_prompt
+        return response_id
+
+    @staticmethod
     def _usage(chunks_by_index: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
         prompt_tokens = cached = completion = 0
         for index, chunk in chunks_by_index.items():
@@ -259,9 +278,9 @@ class Handlers:
         echo_texts = [
             (p if isinstance(p, str) else self.tm.decode(p)) if req.echo else "" for p in prompts
         ]
-        response_id = oai.new_id("cmpl")
+        response_id = self._new_response_id(request, "cmpl", req.n)
         with self._counted():
-            stream = self.tm.generate_many(inputs)
+            stream = observed(request, self.tm.generate_many(inputs))
             if req.stream:
                 return await self._stream_completions(request, req, stream, response_id, echo_texts)
             texts = {i: [echo_texts[i // req.n]] for i in range(len(inputs))}
@@ -346,9 +365,9 @@ class Handlers:
         dicts = [req.sampling_dict(max_tokens)]
         top_logprobs = req.top_logprobs or 0
         inputs = self._inputs([input_ids], dicts, req.n, req.logprobs, top_logprobs)
-        response_id = oai.new_id("chatcmpl")
+        response_id = self._new_response_id(request, "chatcmpl", req.n)
         with self._counted():
-            stream = self.tm.generate_many(inputs)
+            stream = observed(request, self.tm.generate_many(inputs))
             if req.stream:
                 return await self._stream_chat(request, req, stream, response_id)
             texts: dict[int, list[str]] = {i: [] for i in range(len(inputs))}
@@ -432,14 +451,22 @@ class Handlers:
             "return_logprob": body.get("return_logprob", False),
             "top_logprobs_num": body.get("top_logprobs_num", 0),
         }
+        record = record_of(request)
         with self._counted():
             if not stream:
-                return web.json_response(await self.engine.async_generate(**kwargs))
+                results = await self.engine.async_generate(**kwargs)
+                if record is not None:
+                    batch = results if isinstance(results, list) else [results]
+                    for index, result in enumerate(batch):
+                        record.observe_native(index, result, streamed=False)
+                return web.json_response(results)
             sse = SSEWriter(request)
             items = self.engine.async_generate_stream(**kwargs)
             try:
                 async with contextlib.aclosing(items):
                     async for item in items:
+                        if record is not None:
+                            record.observe_native(0, item, streamed=True)
                         await sse.send(item)
             except (SchedulerUnavailableError, RequestAbortedError, GenerationError) as exc:
                 return await sse.fail(as_openai_error(exc))
@@ -498,10 +525,14 @@ def readiness_problem(state: ServerState, tm: TokenizerManager, stall_timeout: f
 
 
 def build_app(engine: Engine, state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        middlewares=[request_lifecycle, openai_errors], client_max_size=MAX_BODY_BYTES
+    )
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = state
     h = Handlers(engine, state)
+    app[LOG_REQUESTS_KEY] = engine.server_args.log_requests
+    app[MODEL_NAME_KEY] = h.model_name
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat_completions)
     app.router.add_get("/v1/models", h.models)
@@ -518,8 +549,8 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
 # ---------------------------------------------------------------------------- serving
 
 
-async def serve(engine: Engine, server_args: ServerArgs) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and shut the engine down."""
+async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket) -> None:
+    """Serve on `listener` until SIGTERM/SIGINT, then drain and shut the engine down."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -533,7 +564,7 @@ async def serve(engine: Engine, server_args: ServerArgs) -> None:
         shutdown_timeout=ABORT_GRACE_S,
     )
     await runner.setup()
-    site = web.TCPSite(runner, server_args.host, server_args.port)
+    site = web.SockSite(runner, listener)
     await site.start()
     engine.startup.add("ready", time.perf_counter() - engine.scheduler_ready_at)
     engine.metrics.set_startup(engine.startup.seconds)
@@ -568,16 +599,36 @@ async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before anything slow starts: a port in use fails
+    in a second, not after the model has loaded, and nobody can take it meanwhile."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return socket.create_server(address, family=family)
+
+
 def run_server(server_args: ServerArgs) -> None:
-    """Load the model (blocking), then serve on a fresh event loop."""
+    """Claim the port, load the model (blocking), then serve on a fresh event loop."""
+    try:
+        listener = bind_listener(server_args.host, server_args.port)
+    except OSError as exc:
+        logger.error(
+            "cannot listen on %s:%d: %s; is another server running there? choose another --port",
+            server_args.host,
+            server_args.port,
+            exc.strerror or exc,
+        )
+        raise SystemExit(1) from None
     # Until the loop's own handler takes over, SIGTERM during the model load exits cleanly
     # (the Engine stops the half-started scheduler on the way out).
     signal.signal(signal.SIGTERM, _exit_during_startup)
-    engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
-    try:
-        asyncio.run(serve(engine, server_args))
-    finally:
-        engine.shutdown()
+    with listener:
+        engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
+        try:
+            asyncio.run(serve(engine, server_args, listener))
+        finally:
+            engine.shutdown()
 
 
 def _exit_during_startup(signum: int, frame: object) -> None:

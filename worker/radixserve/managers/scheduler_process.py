@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.logging_config import configure_logging
 from radixserve.managers.io_struct import (
     BatchReqOutput,
     StopRanksReq,
@@ -147,10 +148,7 @@ def run_scheduler_process(
     startup = StartupPhases()
     if spawned_at is not None:
         startup.add("imports", time.time() - spawned_at)
-    logging.basicConfig(
-        level=server_args.log_level.upper(),
-        format=f"%(asctime)s scheduler{tp_rank or ''} %(levelname)s %(message)s",
-    )
+    configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
     parent = os.getppid()
     peers: list[multiprocessing.process.BaseProcess] = []
     try:
@@ -168,6 +166,7 @@ def run_scheduler_process(
         scheduler = build_scheduler(server_args, startup=startup)
         with startup.timed("kernel_warmup"):
             warm_up(scheduler)
+        logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")
         if ready_conn is not None:
