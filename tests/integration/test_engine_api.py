@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from radixserve.entrypoints.engine import Engine, PromptTooLongError
+from radixserve.entrypoints.engine import Engine
+from radixserve.managers.tokenizer_manager import PromptTooLongError
 
 pytestmark = pytest.mark.slow
 
