@@ -69,6 +69,7 @@ ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
 SAMPLING_PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 ENGINE_KEY = web.AppKey("engine", Engine)
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
 
 @dataclasses.dataclass
@@ -122,7 +123,7 @@ async def request_ids(
     if request_id is None:
         request_id = uuid.uuid4().hex
     elif len(request_id) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.match(request_id):
-        request["request_id"] = uuid.uuid4().hex
+        request[REQUEST_ID_KEY] = uuid.uuid4().hex
         return error_response(
             APIError(
                 f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII "
@@ -130,14 +131,14 @@ async def request_ids(
                 code="invalid_request_id",
             )
         )
-    request["request_id"] = request_id
+    request[REQUEST_ID_KEY] = request_id
     return await handler(request)
 
 
 async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
     """on_response_prepare: the header goes on every reply, streams and errors included."""
-    if "request_id" in request:
-        response.headers[REQUEST_ID_HEADER] = request["request_id"]
+    if REQUEST_ID_KEY in request:
+        response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]
 
 
 @web.middleware
@@ -156,7 +157,7 @@ async def openai_errors(
     except Exception as exc:
         error = as_api_error(exc)
         if error.status >= 500:
-            logger.warning("request %s failed: %s", request.get("request_id"), error.message)
+            logger.warning("request %s failed: %s", request.get(REQUEST_ID_KEY), error.message)
         return error_response(error)
 
 
@@ -173,7 +174,7 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
         if key is not None and not _bearer_matches(request, key):
-            logger.info("request %s to %s: missing or wrong API key", request["request_id"], path)
+            logger.info("request %s to %s: missing or wrong API key", request[REQUEST_ID_KEY], path)
             return web.json_response(
                 APIError(
                     "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
@@ -278,13 +279,13 @@ class Handlers:
         self._admit()
         body = await read_json(request)
         return await self._reply(
-            request, self.openai.prepare_completion(body, request["request_id"])
+            request, self.openai.prepare_completion(body, request[REQUEST_ID_KEY])
         )
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
         body = await read_json(request)
-        return await self._reply(request, self.openai.prepare_chat(body, request["request_id"]))
+        return await self._reply(request, self.openai.prepare_chat(body, request[REQUEST_ID_KEY]))
 
     # -- native API
 
@@ -299,7 +300,7 @@ class Handlers:
             "sampling_params": req.known_sampling_params(SAMPLING_PARAM_NAMES, self.policy),
             "return_logprob": req.return_logprob,
             "top_logprobs_num": req.top_logprobs_num,
-            "request_id": request["request_id"],
+            "request_id": request[REQUEST_ID_KEY],
         }
         with self._counted():
             if not req.stream:
