@@ -10,7 +10,6 @@ import json
 import aiohttp
 import openai
 import pytest
-from conftest import ADMIN_API_KEY, API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -61,15 +60,16 @@ def test_the_api_needs_the_key(api_server, api_client):
     assert (status, body["error"]["code"]) == (401, "invalid_api_key")
 
 
-def test_probes_and_metrics_are_open_and_admin_endpoints_need_the_admin_key(api_server):
+def test_probes_and_metrics_are_open_and_admin_endpoints_need_the_admin_key(api_server, api_keys):
+    api_key, admin_api_key = api_keys
     for path in ("/health", "/ready", "/metrics"):
         assert api_server.get(path)[0] == 200, path
-    assert request(api_server, "POST", "/flush_cache", API_KEY)[0] == 401
-    assert request(api_server, "POST", "/flush_cache", ADMIN_API_KEY)[0] == 200
-    status, info, _ = request(api_server, "GET", "/get_server_info", ADMIN_API_KEY)
+    assert request(api_server, "POST", "/flush_cache", api_key)[0] == 401
+    assert request(api_server, "POST", "/flush_cache", admin_api_key)[0] == 200
+    status, info, _ = request(api_server, "GET", "/get_server_info", admin_api_key)
     assert status == 200
     assert info["api_key"] == info["admin_api_key"] == "<redacted>"
-    assert API_KEY not in json.dumps(info)
+    assert api_key not in json.dumps(info)
 
 
 # ------------------------------------------------------------------ tolerance, request ids
@@ -95,9 +95,9 @@ def test_fields_agent_frameworks_send_are_served(api_client):
     assert completion.choices[0].text is not None
 
 
-def test_native_generate_tolerates_unknown_fields(api_server):
+def test_native_generate_tolerates_unknown_fields(api_server, api_keys):
     body = {"text": "Hello", "sampling_params": {"max_new_tokens": 2, "new_knob": 1}, "rid": 3}
-    status, reply, _ = request(api_server, "POST", "/generate", API_KEY, body)
+    status, reply, _ = request(api_server, "POST", "/generate", api_keys[0], body)
     assert status == 200
     assert reply["meta_info"]["completion_tokens"] == 2
 

@@ -11,8 +11,6 @@ import pytest
 from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.openai.chat_template import ChatTemplate
 from radixserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
-from radixserve.model_loader.loader import load_tokenizer
-from radixserve.server_args import BUILTIN_SMOLLM2
 
 HERMES = TOOL_PARSERS["hermes"]
 WEATHER = {
@@ -67,8 +65,8 @@ TOOL_AWARE_TEMPLATE = """
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    return load_tokenizer(BUILTIN_SMOLLM2)
+def smollm2(smollm2_tokenizer):
+    return smollm2_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,34 +1,20 @@
-"""The HTTP front end with the official `openai` client, over a scripted model.
-
-Everything but the model is real: the aiohttp app and its middlewares, the OpenAI protocol,
-the bundled SmolLM2 tokenizer and chat template, the front door (`build_inputs`), and the
-tool-call and reasoning parsers. The scripted TokenizerManager answers each request with the
-next scripted output, in small chunks, so a model that calls tools under `tool_choice: auto`
-(which a tiny model rarely does) is exercised end to end, streamed and not.
-"""
+"""The HTTP front end with the official `openai` client over a scripted model (see
+scripted_server.py): a model that calls tools under `tool_choice: auto` (which a tiny model
+rarely does) is exercised end to end, streamed and not, with reasoning, request ids, API keys
+and tolerant or strict fields."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
-import aiohttp
 import openai
 import pytest
-from aiohttp.test_utils import TestServer
+from scripted_server import MODEL, serve
 
-from radixserve.entrypoints.engine import Engine, ModelInfo
-from radixserve.entrypoints.http_server import ServerState, build_app
-from radixserve.managers.io_struct import FlushCacheReqOutput
-from radixserve.managers.tokenizer_manager import GenerateChunk, GenerateInput, TokenizerManager
-from radixserve.metrics.collectors import ServerMetrics
-from radixserve.model_loader.loader import load_tokenizer
-from radixserve.server_args import BUILTIN_SMOLLM2, ServerArgs
+from radixserve.server_args import ServerArgs
 
-MODEL = "smollm2-135m"
 WEATHER = {
     "type": "function",
     "function": {
@@ -50,105 +36,6 @@ FINAL_ANSWER = "Paris has 18C and sun; Rome has 21C and clouds."
 QUESTION = [{"role": "user", "content": "What is the weather in Paris and Rome?"}]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(BUILTIN_SMOLLM2)
-
-
-class ScriptedTokenizerManager(TokenizerManager):
-    """The real front door over a scripted model: request k gets script[k], 3 characters a
-    chunk, ending with EOS."""
-
-    def __init__(self, tokenizer: Any, script: list[str]) -> None:
-        super().__init__(
-            tokenizer=tokenizer,
-            scheduler_input_ipc_name="ipc://unused",
-            tokenizer_ipc_name="ipc://unused",
-            scheduler_process=None,  # type: ignore[arg-type]
-            metrics=ServerMetrics(MODEL),
-            max_queued_requests=16,
-            vocab_size=len(tokenizer),
-            max_request_tokens=4096,
-        )
-        self.script = list(script)
-        self.seen: list[GenerateInput] = []
-
-    @property
-    def scheduler_alive(self) -> bool:
-        return True
-
-    async def generate_many(
-        self, requests: Sequence[GenerateInput], enforce_queue_limit: bool = True
-    ) -> AsyncIterator[tuple[int, GenerateChunk]]:
-        for index, request in enumerate(requests):
-            self.seen.append(request)
-            text = self.script.pop(0)
-            pieces = [text[i : i + 3] for i in range(0, len(text), 3)] or [""]
-            for k, piece in enumerate(pieces):
-                last = k == len(pieces) - 1
-                yield (
-                    index,
-                    GenerateChunk(
-                        rid=request.rid,
-                        text=piece,
-                        token_ids=[100 + k],
-                        logprobs=[],
-                        finish_reason={"type": "stop", "matched": 2} if last else None,
-                        prompt_tokens=len(request.input_ids),
-                        completion_tokens=k + 1,
-                        cached_tokens=0,
-                    ),
-                )
-
-    async def start(self) -> None:
-        """Nothing to connect to."""
-
-    async def flush_cache(self) -> FlushCacheReqOutput:
-        return FlushCacheReqOutput(success=True)
-
-    async def get_scheduler_info(self) -> dict[str, Any]:
-        return {}
-
-    def prompt_text(self, k: int) -> str:
-        return self.tokenizer.decode(self.seen[k].input_ids, skip_special_tokens=False)
-
-
-def scripted_engine(tokenizer: Any, script: list[str], **server_args: Any) -> Engine:
-    """The real Engine's request path (the native API included) with no scheduler process."""
-    engine = Engine.__new__(Engine)
-    engine.server_args = ServerArgs(model=BUILTIN_SMOLLM2, **server_args)
-    engine.tokenizer_manager = ScriptedTokenizerManager(tokenizer, script)
-    engine.model_info = ModelInfo(4096, 16, 2048, len(tokenizer), "scripted", "cpu", "none")
-    engine.metrics = engine.tokenizer_manager.metrics
-    engine.enforce_queue_limit = True
-    engine._loop = None
-    return engine
-
-
-def serve(tokenizer, script: list[str], test, client_key: str = "unused", **server_args: Any):
-    """Run `test(client, session, engine)` against the app, on one event loop."""
-    engine = scripted_engine(tokenizer, script, **server_args)
-
-    async def main():
-        await engine.start()
-        server = TestServer(build_app(engine, ServerState()))
-        await server.start_server()
-        base_url = str(server.make_url(""))
-        try:
-            async with (
-                openai.AsyncOpenAI(
-                    base_url=base_url + "/v1", api_key=client_key, max_retries=0
-                ) as client,
-                aiohttp.ClientSession(base_url=base_url) as session,
-            ):
-                await test(client, session, engine.tokenizer_manager)
-        finally:
-            await server.close()
-
-    asyncio.run(main())
-    return engine.tokenizer_manager
-
-
 def as_dicts(calls) -> list[dict[str, Any]]:
     return [{"name": c.function.name, "arguments": json.loads(c.function.arguments)} for c in calls]
 
@@ -163,7 +50,7 @@ EXPECTED_CALLS = [
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_auto_tool_round_trip_with_two_parallel_calls(tokenizer, stream):
+def test_auto_tool_round_trip_with_two_parallel_calls(smollm2_tokenizer, stream):
     async def test(client, session, tm):
         request = {"model": MODEL, "messages": QUESTION, "tools": [WEATHER], "temperature": 0}
         if stream:
@@ -194,7 +81,7 @@ def test_auto_tool_round_trip_with_two_parallel_calls(tokenizer, stream):
         assert final.choices[0].finish_reason == "stop"
         assert not final.choices[0].message.tool_calls
 
-    tm = serve(tokenizer, [TWO_CALLS, FINAL_ANSWER], test)
+    tm = serve(smollm2_tokenizer, [TWO_CALLS, FINAL_ANSWER], test)
     first, second = tm.prompt_text(0), tm.prompt_text(1)
     assert json.dumps(WEATHER) in first  # the built-in template describes the tool
     # the second turn carries the calls, in Hermes form, and both results
@@ -203,7 +90,7 @@ def test_auto_tool_round_trip_with_two_parallel_calls(tokenizer, stream):
     assert "<tool_response>\n21C, cloudy\n</tool_response>" in second
 
 
-def test_streamed_tool_call_deltas_have_openai_shape(tokenizer):
+def test_streamed_tool_call_deltas_have_openai_shape(smollm2_tokenizer):
     async def test(client, session, tm):
         stream = await client.chat.completions.create(
             model=MODEL, messages=QUESTION, tools=[WEATHER], stream=True
@@ -222,20 +109,20 @@ def test_streamed_tool_call_deltas_have_openai_shape(tokenizer):
         arguments = ["".join(p.function.arguments or "" for p in by_index[i]) for i in (0, 1)]
         assert [json.loads(a) for a in arguments] == [{"city": "Paris"}, {"city": "Rome"}]
 
-    serve(tokenizer, [TWO_CALLS], test)
+    serve(smollm2_tokenizer, [TWO_CALLS], test)
 
 
-def test_without_parallel_tool_calls_only_the_first_call_is_returned(tokenizer):
+def test_without_parallel_tool_calls_only_the_first_call_is_returned(smollm2_tokenizer):
     async def test(client, session, tm):
         reply = await client.chat.completions.create(
             model=MODEL, messages=QUESTION, tools=[WEATHER], parallel_tool_calls=False
         )
         assert as_dicts(reply.choices[0].message.tool_calls) == EXPECTED_CALLS[:1]
 
-    serve(tokenizer, [TWO_CALLS], test)
+    serve(smollm2_tokenizer, [TWO_CALLS], test)
 
 
-def test_tool_choice_none_offers_no_tools_and_parses_no_calls(tokenizer):
+def test_tool_choice_none_offers_no_tools_and_parses_no_calls(smollm2_tokenizer):
     async def test(client, session, tm):
         reply = await client.chat.completions.create(
             model=MODEL, messages=QUESTION, tools=[WEATHER], tool_choice="none"
@@ -244,11 +131,11 @@ def test_tool_choice_none_offers_no_tools_and_parses_no_calls(tokenizer):
         assert reply.choices[0].message.tool_calls is None
         assert reply.choices[0].finish_reason == "stop"
 
-    tm = serve(tokenizer, [TWO_CALLS], test)
+    tm = serve(smollm2_tokenizer, [TWO_CALLS], test)
     assert "get_weather" not in tm.prompt_text(0)
 
 
-def test_a_parser_with_special_token_markers_keeps_special_tokens(tokenizer):
+def test_a_parser_with_special_token_markers_keeps_special_tokens(smollm2_tokenizer):
     mistral = '[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris"}}]'
 
     async def test(client, session, tm):
@@ -259,7 +146,7 @@ def test_a_parser_with_special_token_markers_keeps_special_tokens(tokenizer):
         plain = await client.chat.completions.create(model=MODEL, messages=QUESTION)
         assert plain.choices[0].message.content == "plain"
 
-    tm = serve(tokenizer, [mistral, "plain"], test, tool_call_parser="mistral")
+    tm = serve(smollm2_tokenizer, [mistral, "plain"], test, tool_call_parser="mistral")
     assert tm.seen[0].sampling_params.skip_special_tokens is False
     assert tm.seen[1].sampling_params.skip_special_tokens is True
 
@@ -268,7 +155,7 @@ def test_a_parser_with_special_token_markers_keeps_special_tokens(tokenizer):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_reasoning_is_split_into_reasoning_content(tokenizer, stream):
+def test_reasoning_is_split_into_reasoning_content(smollm2_tokenizer, stream):
     output = "<think>\nParis is in France; it is spring.\n</think>\n\nIt is mild in Paris."
 
     async def test(client, session, tm):
@@ -284,10 +171,10 @@ def test_reasoning_is_split_into_reasoning_content(tokenizer, stream):
         assert reasoning == "\nParis is in France; it is spring.\n"
         assert content == "It is mild in Paris."
 
-    serve(tokenizer, [output], test, reasoning_parser="qwen3")
+    serve(smollm2_tokenizer, [output], test, reasoning_parser="qwen3")
 
 
-def test_reasoning_then_tool_calls(tokenizer):
+def test_reasoning_then_tool_calls(smollm2_tokenizer):
     output = "<think>I need the weather tool.</think>\n" + TWO_CALLS
 
     async def test(client, session, tm):
@@ -298,13 +185,13 @@ def test_reasoning_then_tool_calls(tokenizer):
         assert message.reasoning_content == "I need the weather tool."
         assert as_dicts(message.tool_calls) == EXPECTED_CALLS
 
-    serve(tokenizer, [output], test, reasoning_parser="deepseek-r1")
+    serve(smollm2_tokenizer, [output], test, reasoning_parser="deepseek-r1")
 
 
 # ------------------------------------------------------------------ request ids
 
 
-def test_x_request_id_is_the_request_id_and_is_echoed(tokenizer):
+def test_x_request_id_is_the_request_id_and_is_echoed(smollm2_tokenizer):
     async def test(client, session, tm):
         raw = await client.chat.completions.with_raw_response.create(
             model=MODEL,
@@ -322,14 +209,14 @@ def test_x_request_id_is_the_request_id_and_is_echoed(tokenizer):
         async with session.get("/v1/nothing-here", headers={"X-Request-Id": "t-404"}) as r:
             assert (r.status, r.headers["X-Request-Id"]) == (404, "t-404")
 
-    tm = serve(tokenizer, ["a", "b", "c"], test)
+    tm = serve(smollm2_tokenizer, ["a", "b", "c"], test)
     assert [r.rid for r in tm.seen[:2]] == ["trace-42-0", "trace-42-1"]
 
 
 # ------------------------------------------------------------------ API keys
 
 
-def test_api_keys_guard_the_api_and_the_admin_endpoints(tokenizer):
+def test_api_keys_guard_the_api_and_the_admin_endpoints(smollm2_tokenizer):
     async def test(client, session, tm):
         assert [m.id for m in (await client.models.list()).data] == [MODEL]
         async with openai.AsyncOpenAI(
@@ -362,18 +249,23 @@ def test_api_keys_guard_the_api_and_the_admin_endpoints(tokenizer):
             assert r.status == 503  # open to probes, not ready: no probe ran in this test
 
     serve(
-        tokenizer, ["ok"], test, client_key="sk-user", api_key="sk-user", admin_api_key="sk-admin"
+        smollm2_tokenizer,
+        ["ok"],
+        test,
+        client_key="sk-user",
+        api_key="sk-user",
+        admin_api_key="sk-admin",
     )
 
 
-def test_the_admin_endpoints_take_the_api_key_when_no_admin_key_is_set(tokenizer):
+def test_the_admin_endpoints_take_the_api_key_when_no_admin_key_is_set(smollm2_tokenizer):
     async def test(client, session, tm):
         async with session.post("/flush_cache") as r:
             assert r.status == 401
         async with session.post("/flush_cache", headers={"Authorization": "Bearer sk-1"}) as r:
             assert r.status == 200
 
-    serve(tokenizer, [], test, api_key="sk-1")
+    serve(smollm2_tokenizer, [], test, api_key="sk-1")
 
 
 def test_the_api_key_comes_from_the_environment(monkeypatch):
@@ -387,7 +279,7 @@ def test_the_api_key_comes_from_the_environment(monkeypatch):
 # ------------------------------------------------------------------ tolerance and bad input
 
 
-def test_unknown_fields_are_served_and_strict_api_refuses_them(tokenizer, caplog):
+def test_unknown_fields_are_served_and_strict_api_refuses_them(smollm2_tokenizer, caplog):
     body = {
         "model": MODEL,
         "messages": QUESTION,
@@ -414,16 +306,16 @@ def test_unknown_fields_are_served_and_strict_api_refuses_them(tokenizer, caplog
             assert (await r.json())["error"]["param"] == "brand_new_field"
 
     caplog.set_level(logging.WARNING)
-    serve(tokenizer, ["fine", "native", "completed"], tolerant)
+    serve(smollm2_tokenizer, ["fine", "native", "completed"], tolerant)
     warnings = [r.getMessage() for r in caplog.records]
     for name in ("brand_new_field", "sampling_params.shiny", "rid"):
         assert sum(f"'{name}'" in w for w in warnings) == 1, name  # once, for all endpoints
     for known in ("reasoning_effort", "service_tier", "store", "metadata", "user"):
         assert not any(f"'{known}'" in w for w in warnings), known
-    serve(tokenizer, [], strict, strict_api=True)
+    serve(smollm2_tokenizer, [], strict, strict_api=True)
 
 
-def test_bad_tools_are_400s_naming_the_parameter_and_the_server_keeps_serving(tokenizer):
+def test_bad_tools_are_400s_naming_the_parameter_and_the_server_keeps_serving(smollm2_tokenizer):
     async def test(client, session, tm):
         for kwargs, param in [
             (
@@ -444,4 +336,4 @@ def test_bad_tools_are_400s_naming_the_parameter_and_the_server_keeps_serving(to
         reply = await client.chat.completions.create(model=MODEL, messages=QUESTION)
         assert reply.choices[0].message.content == "still here"
 
-    serve(tokenizer, ["still here"], test)
+    serve(smollm2_tokenizer, ["still here"], test)

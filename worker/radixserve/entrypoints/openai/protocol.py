@@ -37,7 +37,11 @@ MAX_LOGIT_BIAS = 100.0
 # A response_format of json_object: any JSON object.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # Request field names that differ from the SamplingParams field they set.
-OPENAI_PARAM_NAMES = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
+OPENAI_PARAM_NAMES = {
+    "max_new_tokens": "max_tokens",
+    "min_new_tokens": "min_tokens",
+    "json_schema": "response_format",
+}
 
 
 class FieldPolicy:
