@@ -12,7 +12,7 @@ from radixserve_operator.manifests.meta import (
     object_meta,
     selector_labels,
 )
-from radixserve_operator.spec import DEFAULT_PORT, Engine, ModelSource, ServiceSpec
+from radixserve_operator.spec import API_KEY_ENV, DEFAULT_PORT, Engine, ModelSource, ServiceSpec
 
 MODEL_SOURCE_MOUNT = "/models/source"
 MODEL_CACHE_MOUNT = "/models/cache"
@@ -154,6 +154,11 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
         # offline (so builtin: models never touch the network), hf:// models must not be
         env.append({"name": "HF_HOME", "value": MODEL_CACHE_MOUNT})
         env.append({"name": "HF_HUB_OFFLINE", "value": "0"})
+    if spec.api_key_secret is not None:
+        # From the Secret through the environment: never an argument anyone can read in the
+        # pod spec or the process list.
+        secret = {"name": spec.api_key_secret.name, "key": spec.api_key_secret.key}
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret}})
     if env:
         container["env"] = env
     mounts = _volume_mounts(spec)
