@@ -287,14 +287,17 @@ class _ChatRun:
     async def events(self) -> AsyncIterator[dict[str, Any]]:
         req, model = self.req, self.serving.model_name
         last: dict[int, GenerateChunk] = {}
-        for index in range(len(self.inputs)):
-            role = responses.chat_chunk_choice(
-                index, {"role": "assistant", "content": ""}, None, None
-            )
-            yield responses.stream_chunk(CHUNK_OBJECT, self.response_id, model, [role])
         stream = self.serving.tm.generate_many(self.inputs)
         async with contextlib.aclosing(stream):
-            async for index, chunk in stream:
+            # Admission (a full queue, a request id in flight) fails on the first step: wait for
+            # it before the role chunks, so such failures are plain error replies, not events.
+            first = await anext(stream)
+            for index in range(len(self.inputs)):
+                role = responses.chat_chunk_choice(
+                    index, {"role": "assistant", "content": ""}, None, None
+                )
+                yield responses.stream_chunk(CHUNK_OBJECT, self.response_id, model, [role])
+            async for index, chunk in _prepend(first, stream):
                 last[index] = chunk
                 output = self.outputs[index]
                 reasoning, content, deltas = output.feed(chunk.text)
@@ -336,6 +339,12 @@ class _ChatRun:
                 for d in _merged(deltas)
             ]
         return delta
+
+
+async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
+    yield first
+    async for item in rest:
+        yield item
 
 
 def _merged(deltas: list[ToolCallDelta]) -> list[ToolCallDelta]:
