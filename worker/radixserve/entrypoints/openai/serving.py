@@ -34,6 +34,7 @@ from radixserve.entrypoints.openai.tool_parsers import (
     collect_calls,
     default_tool_parser,
 )
+from radixserve.managers.io_struct import TokenLogprob
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
@@ -53,6 +54,13 @@ class PreparedRequest:
     stream: bool
     response: Callable[[], Any]
     events: Callable[[], AsyncIterator[dict[str, Any]]]
+
+
+@dataclass
+class WholeOutput:
+    text: str
+    logprobs: list[TokenLogprob]
+    last: GenerateChunk
 
 
 class OpenAIServing:
@@ -82,7 +90,8 @@ class OpenAIServing:
                 code="model_not_found",
             )
 
-    def _usage(self, last: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
+    def usage(self, last: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
+        """Usage of a request's inputs (n per prompt) from each one's last chunk."""
         prompt_tokens = cached = completion = 0
         for index, chunk in last.items():
             completion += chunk.completion_tokens
@@ -90,6 +99,19 @@ class OpenAIServing:
                 prompt_tokens += chunk.prompt_tokens
                 cached += chunk.cached_tokens
         return responses.usage_dict(prompt_tokens, completion, cached)
+
+    async def collect(self, inputs: list[GenerateInput]) -> list[WholeOutput]:
+        """Run the inputs to completion: each one's text, logprobs and last chunk."""
+        texts: dict[int, list[str]] = {i: [] for i in range(len(inputs))}
+        logprobs: dict[int, list[TokenLogprob]] = {i: [] for i in range(len(inputs))}
+        last: dict[int, GenerateChunk] = {}
+        stream = self.tm.generate_many(inputs)
+        async with contextlib.aclosing(stream):
+            async for index, chunk in stream:
+                texts[index].append(chunk.text)
+                logprobs[index].extend(chunk.logprobs)
+                last[index] = chunk
+        return [WholeOutput("".join(texts[i]), logprobs[i], last[i]) for i in range(len(inputs))]
 
     # ---------------------------------------------------------------- completions
 
@@ -182,26 +204,17 @@ class _CompletionRun:
         return responses.completion_logprobs(chunk_logprobs, self.serving.tm.token_text, offset)
 
     async def response(self) -> dict[str, Any]:
-        req, n = self.req, self.req.n
-        texts = {i: [self.echo[i // n]] for i in range(len(self.inputs))}
-        logprobs: dict[int, list] = {i: [] for i in range(len(self.inputs))}
-        last: dict[int, GenerateChunk] = {}
-        stream = self.serving.tm.generate_many(self.inputs)
-        async with contextlib.aclosing(stream):
-            async for index, chunk in stream:
-                texts[index].append(chunk.text)
-                logprobs[index].extend(chunk.logprobs)
-                last[index] = chunk
+        wholes = await self.serving.collect(self.inputs)
         choices = [
             responses.completion_choice(
                 i,
-                "".join(texts[i]),
-                self._logprobs(logprobs[i]),
-                responses.openai_finish_reason(last[i].finish_reason),
+                self.echo[i // self.req.n] + whole.text,
+                self._logprobs(whole.logprobs),
+                responses.openai_finish_reason(whole.last.finish_reason),
             )
-            for i in range(len(self.inputs))
+            for i, whole in enumerate(wholes)
         ]
-        usage = self.serving._usage(last, req.n)
+        usage = self.serving.usage({i: w.last for i, w in enumerate(wholes)}, self.req.n)
         return responses.completion_response(
             self.response_id, self.serving.model_name, choices, usage
         )
@@ -227,7 +240,7 @@ class _CompletionRun:
                         "text_completion", self.response_id, model, [choice]
                     )
         if req.include_usage_in_stream:
-            usage = self.serving._usage(last, req.n)
+            usage = self.serving.usage(last, req.n)
             yield responses.stream_chunk("text_completion", self.response_id, model, [], usage)
 
 
@@ -249,20 +262,12 @@ class _ChatRun:
         return responses.chat_logprobs(chunk_logprobs, self.serving.tm.token_text)
 
     async def response(self) -> dict[str, Any]:
-        texts: dict[int, list[str]] = {i: [] for i in range(len(self.inputs))}
-        logprobs: dict[int, list] = {i: [] for i in range(len(self.inputs))}
-        last: dict[int, GenerateChunk] = {}
-        stream = self.serving.tm.generate_many(self.inputs)
-        async with contextlib.aclosing(stream):
-            async for index, chunk in stream:
-                texts[index].append(chunk.text)
-                logprobs[index].extend(chunk.logprobs)
-                last[index] = chunk
+        wholes = await self.serving.collect(self.inputs)
         choices = [
-            self._choice(i, "".join(texts[i]), logprobs[i], last[i])
-            for i in range(len(self.inputs))
+            self._choice(i, whole.text, whole.logprobs, whole.last)
+            for i, whole in enumerate(wholes)
         ]
-        usage = self.serving._usage(last, self.req.n)
+        usage = self.serving.usage({i: w.last for i, w in enumerate(wholes)}, self.req.n)
         return responses.chat_response(self.response_id, self.serving.model_name, choices, usage)
 
     def _choice(self, index: int, text: str, logprobs: list, last: GenerateChunk) -> dict[str, Any]:
@@ -316,7 +321,7 @@ class _ChatRun:
                 )
                 yield responses.stream_chunk(CHUNK_OBJECT, self.response_id, model, [choice])
         if req.include_usage_in_stream:
-            usage = self.serving._usage(last, req.n)
+            usage = self.serving.usage(last, req.n)
             yield responses.stream_chunk(CHUNK_OBJECT, self.response_id, model, [], usage)
 
     @staticmethod
