@@ -1,9 +1,12 @@
 """The worker's HTTP front end: OpenAI-compatible and native endpoints, probes, metrics, drain.
 
-Handlers are thin: they validate with `openai_protocol`, hand token ids to the Engine's
-TokenizerManager and shape its chunks into JSON or server-sent events. aiohttp cancels a
-handler whose client disconnects (`handler_cancellation=True`), and cancellation closes the
-generation stream, which aborts the request in the scheduler and frees its KV slots.
+Handlers are thin: `entrypoints/openai` validates, templates and shapes (the native
+`/generate` goes through the Engine), the TokenizerManager's front door builds the inputs, and
+handlers write JSON or server-sent events. Middlewares give every request its id (the client's
+X-Request-Id or a new one, echoed on every reply), render errors in OpenAI's shape and check
+API keys. aiohttp cancels a handler whose client disconnects (`handler_cancellation=True`),
+and cancellation closes the generation stream, which aborts the request in the scheduler and
+frees its KV slots.
 
 Lifecycle: SIGTERM (or SIGINT) makes `/ready` answer 503 at once and new generation requests
 get 503 + Retry-After, while requests already in flight run to completion for at most
