@@ -437,6 +437,14 @@ class FunctionDefinition(_Request):
     def parameters_schema(self) -> dict[str, Any]:
         return self.parameters if self.parameters is not None else {"type": "object"}
 
+    def template_dict(self) -> dict[str, Any]:
+        """The function as chat templates show it to the model (unknown fields left out)."""
+        function: dict[str, Any] = {"name": self.name}
+        if self.description is not None:
+            function["description"] = self.description
+        function["parameters"] = self.parameters_schema()
+        return function
+
 
 class Tool(_Request):
     type: Literal["function"]

@@ -145,7 +145,7 @@ class OpenAIServing:
         tools = None
         if req.tools_offered:
             tools = [
-                {"type": "function", "function": t.function.model_dump(exclude_none=True)}
+                {"type": "function", "function": t.function.template_dict()}
                 for t in req.tools or []
             ]
         prompt_text = self.chat_template.render(
