@@ -10,6 +10,7 @@ response or yields stream chunks; the HTTP layer only writes them.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +43,8 @@ from radixserve.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
 
 CHUNK_OBJECT = "chat.completion.chunk"
 
@@ -79,6 +82,13 @@ class OpenAIServing:
             REASONING_PARSERS[server_args.reasoning_parser]
             if server_args.reasoning_parser
             else None
+        )
+        logger.info(
+            "tool calls: %s format (%s), tools rendered by %s; reasoning parser: %s",
+            self.tool_parser.name,
+            "--tool-call-parser" if server_args.tool_call_parser else "the model's family",
+            "the chat template" if self.chat_template.renders_tools else "the built-in template",
+            server_args.reasoning_parser or "off",
         )
 
     def check_model(self, model: str) -> None:
