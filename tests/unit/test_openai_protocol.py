@@ -111,6 +111,12 @@ def test_body_must_be_an_object():
         protocol.parse_request(protocol.CompletionRequest, ["not", "an", "object"], TOLERANT)
 
 
+def test_null_means_the_default():
+    req = chat(n=None, stream=None, logprobs=None, max_tokens=None, stream_options=None)
+    assert (req.n, req.stream, req.logprobs, req.requested_max_tokens) == (1, False, False, None)
+    assert completion(max_tokens=None, echo=None).echo is False
+
+
 def test_integers_are_accepted_for_floats():
     assert completion(temperature=1, top_p=1).temperature == 1
 

@@ -76,6 +76,14 @@ class FieldPolicy:
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="allow", populate_by_name=True)
 
+    @pydantic.model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """Clients send explicit nulls for what they leave unset (`"n": null`)."""
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None or k not in cls.model_fields}
+        return data
+
     def check_supported(self) -> None:
         """Refuse values this server knows but cannot honour (after field validation)."""
 
