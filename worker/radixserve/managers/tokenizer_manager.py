@@ -4,13 +4,13 @@ One `TokenizerManager` lives in the front-end process, on one asyncio loop. It i
 door every API shares: `/generate`, `/v1/completions` and `/v1/chat/completions` (after its
 chat template) all reduce to a `GenerateRequest`, which `build_inputs` validates, tokenizes and
 fans out into one `GenerateInput` per (prompt, sample); errors name the offending parameter.
-It pushes
-`TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives `BatchReqOutput`
-deltas on a background task and routes them to per-request queues, which `generate` turns into
-text chunks. A request whose consumer goes away (client disconnect, cancelled task, closed
-generator) is aborted in the scheduler so that its KV slots are freed. The scheduler process is
-watched through its sentinel: when it dies every waiting request fails at once instead of
-hanging, and `scheduler_alive` turns false for `/health`.
+
+It pushes `TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives
+`BatchReqOutput` deltas on a background task and routes them to per-request queues, which
+`generate` turns into text chunks. A request whose consumer goes away (client disconnect,
+cancelled task, closed generator) is aborted in the scheduler so that its KV slots are freed.
+The scheduler process is watched through its sentinel: when it dies every waiting request
+fails at once instead of hanging, and `scheduler_alive` turns false for `/health`.
 """
 
 from __future__ import annotations
