@@ -1,7 +1,9 @@
 """Per-request sampling parameters: what a client may ask for, checked before it reaches a batch.
 
 Types are checked when a `SamplingParams` is built (so a malformed request never crosses the
-IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size.
+IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size. Every
+problem is an `InvalidParameterError` naming the field, which each API renames into its own
+spelling (OpenAI's max_tokens, the native sampling_params.max_new_tokens).
 """
 
 from __future__ import annotations
