@@ -8,8 +8,9 @@ import time
 import pytest
 from engine_harness import make_scheduler
 
-from radixserve.entrypoints.engine import Engine, PromptTooLongError
+from radixserve.entrypoints.engine import Engine
 from radixserve.managers.scheduler_process import warm_up
+from radixserve.managers.tokenizer_manager import PromptTooLongError
 
 pytestmark = pytest.mark.slow
 
