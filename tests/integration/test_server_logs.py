@@ -53,7 +53,11 @@ def test_each_finished_request_is_one_line_with_its_numbers(server) -> None:
     client = OpenAI(base_url=process.base_url + "/v1", api_key="none")
     before = len(request_lines(log, 0))
     completion = client.completions.create(
-        model=MODEL, prompt="The capital of France is", max_tokens=8, temperature=0
+        model=MODEL,
+        prompt="The capital of France is",
+        max_tokens=8,
+        temperature=0,
+        extra_headers={"X-Request-Id": "log-plain"},
     )
     chunks = list(
         client.chat.completions.create(
@@ -62,6 +66,7 @@ def test_each_finished_request_is_one_line_with_its_numbers(server) -> None:
             max_tokens=5,
             stream=True,
             stream_options={"include_usage": True},
+            extra_headers={"X-Request-Id": "log-streamed"},
         )
     )
     status, body = process.get("/v1/models")
@@ -72,7 +77,9 @@ def test_each_finished_request_is_one_line_with_its_numbers(server) -> None:
     assert len(lines) == 3, lines
     plain, streamed, missing = lines
     usage = completion.usage
-    assert plain["id"] == completion.id and plain["model"] == MODEL
+    # a line carries the request id (the client's X-Request-Id), which the response id holds
+    assert plain["id"] == "log-plain" and completion.id == "cmpl-log-plain"
+    assert plain["model"] == MODEL
     assert plain["path"] == "/v1/completions" and plain["status"] == 200
     assert (plain["prompt_tokens"], plain["completion_tokens"], plain["cached_tokens"]) == (
         usage.prompt_tokens,
@@ -81,8 +88,9 @@ def test_each_finished_request_is_one_line_with_its_numbers(server) -> None:
     )
     assert plain["finish_reason"] == "length"
     assert 0 < plain["ttft_s"] <= plain["e2e_s"]
-    assert plain["message"].startswith(f"request id={completion.id} model={MODEL} ")
-    assert streamed["id"] == chunks[0].id and streamed["status"] == 200
+    assert plain["message"].startswith(f"request id=log-plain model={MODEL} ")
+    assert streamed["id"] == "log-streamed" and chunks[0].id == "chatcmpl-log-streamed"
+    assert streamed["status"] == 200
     assert streamed["completion_tokens"] == chunks[-1].usage.completion_tokens
     assert streamed["finish_reason"] in {"stop", "length"}
     assert 0 < streamed["ttft_s"] <= streamed["e2e_s"]
@@ -95,11 +103,11 @@ def test_native_generate_is_logged_too(server) -> None:
     before = len(request_lines(log, 0))
     connection = http.client.HTTPConnection("127.0.0.1", process.port, timeout=120)
     body = {"text": "Hello", "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
-    connection.request("POST", "/generate", json.dumps(body))
+    connection.request("POST", "/generate", json.dumps(body), {"X-Request-Id": "log-native"})
     result = json.loads(connection.getresponse().read())
     (line,) = request_lines(log, before + 1)[before:]
     meta = result["meta_info"]
-    assert line["id"] == meta["id"] and line["path"] == "/generate"
+    assert line["id"] == "log-native" and line["path"] == "/generate"
     assert line["completion_tokens"] == meta["completion_tokens"] == 4
     assert 0 < line["ttft_s"] <= line["e2e_s"] and meta["time_to_first_token"] > 0
 

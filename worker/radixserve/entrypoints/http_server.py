@@ -322,6 +322,8 @@ class Handlers:
             "request_id": request[REQUEST_ID_KEY],
         }
         record = record_of(request)
+        if record is not None:
+            record.id = request[REQUEST_ID_KEY]
         with self._counted():
             if not req.stream:
                 results = await self.engine.async_generate(**kwargs)

@@ -64,8 +64,6 @@ class RequestRecord:
     def observe_native(self, index: int, item: dict[str, Any], streamed: bool) -> None:
         """A native (/generate) result or stream item: its meta_info has the counts."""
         meta = item["meta_info"]
-        if self.id is None:
-            self.id = meta["id"]
         if streamed and item["output_ids"] and self.first_token_at is None:
             self.first_token_at = time.perf_counter()
         elif not streamed and meta.get("time_to_first_token") is not None:
