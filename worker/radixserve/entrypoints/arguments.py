@@ -14,6 +14,7 @@ import types
 import typing
 
 from radixserve.layers.attention.registry import BACKEND_CHOICES
+from radixserve.layers.quantization.registry import QUANTIZATION_CHOICES
 from radixserve.managers.schedule_policy import SCHEDULE_POLICIES
 from radixserve.server_args import ServerArgs, flag_of, static_choices
 
@@ -23,6 +24,7 @@ def registered_choices() -> dict[str, tuple[str, ...]]:
     return {
         "attention_backend": BACKEND_CHOICES,
         "schedule_policy": tuple(SCHEDULE_POLICIES),
+        "quantization": QUANTIZATION_CHOICES,
     }
 
 
@@ -68,6 +70,8 @@ def check_server_args(args: ServerArgs) -> None:
     """The checks ServerArgs cannot make itself: registry-backed choices."""
     for name, allowed in registered_choices().items():
         value = getattr(args, name)
+        if value is None and getattr(ServerArgs, name, None) is None:
+            continue  # an optional choice left unset
         if value not in allowed:
             raise ValueError(f"{flag_of(name)} must be one of {allowed}, got {value!r}")
 

@@ -18,6 +18,8 @@ from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
+from radixserve.layers.quantization.base import resolve_quantization
+from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -34,6 +36,12 @@ GiB = 1 << 30
 # On the CPU there is no device to measure; cap the KV pool at a size that serves the
 # bundled model well without claiming a large share of host memory.
 CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: auto stores K/V in the model dtype."""
+    return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -71,8 +79,12 @@ class ModelRunner:
         self.model_config = source.config
         self.device = torch.device(server_args.resolved_device())
         self.dtype = source.config.dtype
+        self.kv_dtype = kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         torch.manual_seed(server_args.random_seed)
 
+        self.quantization = resolve_quantization(
+            source.config.hf_config, server_args.quantization
+        )
         self.model = self._load_model(source)
         # every rank must schedule identically: agree on the smallest capacity
         self.max_total_tokens = min_across_ranks(self._kv_capacity())
@@ -88,9 +100,12 @@ class ModelRunner:
             cfg.num_hidden_layers,
             self.local_kv_heads,
             cfg.head_dim,
-            self.dtype,
+            self.kv_dtype,
             self.device,
         )
+        if self.token_to_kv_pool.is_fp8:
+            for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
+                self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
         self.allocator = TokenSlotAllocator(self.max_total_tokens)
         self.attention_backend_name = resolve_backend_name(
             server_args.attention_backend, self.device.type
@@ -124,13 +139,13 @@ class ModelRunner:
                 # sized on the meta device first: a model that cannot fit fails here, clearly,
                 # instead of with an allocator error halfway through loading
                 with torch.device("meta"):
-                    need = weight_bytes(model_cls(self.model_config.hf_config))
+                    need = weight_bytes(model_cls(self.model_config.hf_config, self.quantization))
                 free, total = torch.cuda.mem_get_info(self.device)
                 problem = weights_fit_problem(need, free, total, str(self.device))
                 if problem is not None:
                     raise RuntimeError(problem)
             with torch.device(self.device):
-                model = model_cls(self.model_config.hf_config)
+                model = model_cls(self.model_config.hf_config, self.quantization)
         finally:
             torch.set_default_dtype(default_dtype)
         model.load_weights(source.weights())
@@ -147,6 +162,7 @@ class ModelRunner:
             num_kv_heads=shard.kv_count,
             head_dim=cfg.head_dim,
             req_to_token=self.req_to_token_pool.req_to_token,
+            variants=attention_variants(self.model),
         )
 
     @property
@@ -157,7 +173,7 @@ class ModelRunner:
     def _kv_capacity(self) -> int:
         cfg = self.model_config
         per_token = TokenToKVPool.bytes_per_token(
-            cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.dtype
+            cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.kv_dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

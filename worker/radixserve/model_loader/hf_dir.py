@@ -1,7 +1,9 @@
 """Read a Hugging Face checkpoint directory: config.json plus safetensors shards.
 
 Tensors are read lazily, one at a time, through `safetensors.safe_open` (memory-mapped), so
-loading never holds a second full copy of the checkpoint in host memory.
+loading never holds a second full copy of the checkpoint in host memory. Quantized checkpoints
+keep what quantization owns as stored: FP8 weights stay FP8 and scales stay float32; the
+model's quantization method (layers/quantization) takes them from there.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
-from radixserve.model_loader.config import as_id_set
+from radixserve.model_loader.config import as_id_set, check_architecture
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Buffers some old checkpoints saved alongside the parameters; the model recomputes them.
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
+# Quantization scales: kept in float32 whatever the model dtype.
+SCALE_SUFFIXES = ("_scale", "_scale_inv")
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -42,7 +46,19 @@ def safetensors_files(directory: Path) -> list[Path]:
 
 
 def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
+    """The directory's config, its architecture checked on the raw JSON first (so a model we
+    do not serve fails with one clear line, also where transformers does not know it)."""
+    raw = json.loads((directory / "config.json").read_text())
+    check_architecture(raw.get("model_type"), raw.get("architectures"))
     return AutoConfig.from_pretrained(str(directory))
+
+
+def as_loaded(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor in the form the model loads: floating weights in the model dtype,
+    but one-byte (FP8) weights and quantization scales untouched."""
+    if tensor.element_size() == 1 or name.endswith(SCALE_SUFFIXES):
+        return tensor
+    return tensor.to(dtype)
 
 
 def generation_eos_token_ids(directory: Path) -> set[int]:
@@ -59,4 +75,4 @@ def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[st
             for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
                 if name.endswith(_NON_PARAMETER_SUFFIXES):
                     continue
-                yield name, shard.get_tensor(name).to(dtype)
+                yield name, as_loaded(name, shard.get_tensor(name), dtype)
