@@ -55,6 +55,21 @@ class ModelInfo:
     attention_backend: str
 
 
+def check_model(server_args: ServerArgs) -> None:
+    """Refuse, before any process starts, a model that cannot be served: an architecture or a
+    quantization method the worker does not have (the error names it and lists what is
+    supported), or a --model that names nothing loadable."""
+    from radixserve.model_loader.loader import load_hf_config_for
+    from radixserve.models.registry import check_servable
+
+    try:
+        hf_config = load_hf_config_for(server_args.model)
+        if hf_config is not None:
+            check_servable(hf_config, server_args.quantization)
+    except ValueError as exc:
+        raise EngineStartupError(str(exc)) from None
+
+
 def launch_scheduler(
     server_args: ServerArgs,
 ) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
@@ -138,6 +153,8 @@ class Engine:
         )
         # imported here: the loader pulls in torch, which the front end otherwise never needs
         from radixserve.model_loader.loader import load_tokenizer
+
+        check_model(server_args)
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The tokenizer loads here while the scheduler process loads the weights.

@@ -26,10 +26,12 @@ from radixserve.layers.attention.triton_ops.decode_attention import dot_precisio
 @triton.jit
 def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     """Fold one [BLOCK_M, BLOCK_N] tile of scores (base-2 logits) and its values into the
-    running state."""
+    running state. A row that has seen no visible key yet (a sliding window can hide a whole
+    tile from it) keeps its empty state instead of turning into -inf - -inf = nan."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
