@@ -187,7 +187,9 @@ def check_rotary_and_store_kv(
     exp_v = qkv[:, q_size + kv_size :].clone()
     if fp8:
         exp_k_cache[loc] = quantize_fp8(exp_k, kv_scales[0], cache_dtype)
-        exp_v_cache[loc] = quantize_fp8(exp_v.reshape(-1, kv_heads, head_dim), kv_scales[1], cache_dtype)
+        exp_v_cache[loc] = quantize_fp8(
+            exp_v.reshape(-1, kv_heads, head_dim), kv_scales[1], cache_dtype
+        )
     else:
         exp_k_cache[loc] = exp_k.to(cache_dtype)
         exp_v_cache[loc] = exp_v.reshape(-1, kv_heads, head_dim).to(cache_dtype)

@@ -18,7 +18,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
 import torch  # noqa: E402
-from radixserve.layers.layernorm import GemmaRMSNorm  # noqa: E402
 from test_fused_ops import (  # noqa: E402
     check_head_norm,
     check_rms_norm,
@@ -29,6 +28,8 @@ from test_fused_ops import (  # noqa: E402
     rel_err,
 )
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
+
+from radixserve.layers.layernorm import GemmaRMSNorm  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16)
 # a prompt past the rotary kernel's one-head-per-program size, one below it, one of a few tokens

@@ -67,9 +67,7 @@ def check_alignment(topk_ids: torch.Tensor, experts: int, block_m: int) -> dict:
         "num_padded": used == expected_padded,
         "within_bound": used <= max_padded_pairs(numel, experts, block_m),
         "blocks_owned": blocks_ok
-        and all(
-            int(owners[b]) == int(flat[ids[b * block_m]]) for b in range(used // block_m)
-        ),
+        and all(int(owners[b]) == int(flat[ids[b * block_m]]) for b in range(used // block_m)),
         "unused_blocks": bool((owners[used // block_m :] == -1).all()),
         "expert_use": use.tolist() == [int((counts > 0).sum()), 1],
     }
@@ -120,8 +118,12 @@ for tokens, experts, top_k, hidden, inter, used, activation in [
         x = randn(tokens, hidden, dtype=dtype)
         w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.2)
         w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
-        weights, ids = select_experts_native(routing_logits(tokens, experts, used), top_k, True, False)
-        ref = fused_moe_native(x.double(), w13.double(), w2.double(), weights.double(), ids, activation)
+        weights, ids = select_experts_native(
+            routing_logits(tokens, experts, used), top_k, True, False
+        )
+        ref = fused_moe_native(
+            x.double(), w13.double(), w2.double(), weights.double(), ids, activation
+        )
         use = torch.zeros(2, dtype=torch.int64)
         out = fused_moe(x, w13, w2, weights, ids, use, activation)
         native = fused_moe_native(x, w13, w2, weights, ids, activation)
@@ -141,9 +143,7 @@ for tokens, experts, top_k, hidden, inter, used, activation in [
     x = randn(tokens, hidden, dtype=torch.float16)
     use = torch.zeros(2, dtype=torch.int64)
     out = fused_moe(x, w13_q, w2_q, weights, ids, use, activation, w13_s, w2_s)
-    ref = fused_moe_native(
-        x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s
-    )
+    ref = fused_moe_native(x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s)
     results.setdefault("fp8", []).append(
         {"case": [tokens, experts], "rel_err": float((out.double() - ref).norm() / ref.norm())}
     )

@@ -59,7 +59,15 @@ VARIANT_CASES = [
     (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"sliding_window": 20}),
     (ForwardMode.MIXED, [70, 9, 3], [40, 1, 1], 2, 2, 48, {"sliding_window": 64, "logit_cap": 0.3}),
     (ForwardMode.DECODE, [200, 17], [1, 1], 4, 2, 32, {"logit_cap": 0.5}),
-    (ForwardMode.DECODE, [5, 130, 0, 300], [1, 1, 1, 1], 8, 2, 64, {"kv_dtype": torch.float8_e4m3fn}),
+    (
+        ForwardMode.DECODE,
+        [5, 130, 0, 300],
+        [1, 1, 1, 1],
+        8,
+        2,
+        64,
+        {"kv_dtype": torch.float8_e4m3fn},
+    ),
     (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"kv_dtype": torch.float8_e4m3fn}),
 ]
 
@@ -86,10 +94,9 @@ def main() -> None:
             mode, prefix, extend, heads, kv_heads, head_dim, torch.float32, "cpu", gen, **options
         )
         out = run_backend(TritonAttnBackend(case.context), case)
-        native_case = make_case(
-            mode, prefix, extend, heads, kv_heads, head_dim, torch.float32, "cpu",
-            torch.Generator().manual_seed(len(variants)), **options
-        )  # fmt: skip
+        native_gen = torch.Generator().manual_seed(len(variants))
+        shape = (mode, prefix, extend, heads, kv_heads, head_dim, torch.float32, "cpu")
+        native_case = make_case(*shape, native_gen, **options)
         native = run_backend(TorchNativeAttnBackend(native_case.context), native_case)
         variants.append(
             {

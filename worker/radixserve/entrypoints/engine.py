@@ -140,6 +140,7 @@ class Engine:
         elif kwargs:
             server_args = dataclasses.replace(server_args, **kwargs)
         check_server_args(server_args)
+        check_model(server_args)
         self.server_args = server_args
         # Servers refuse work beyond --max-queued-requests; an offline batch is one caller
         # that wants all of its prompts run, so in-process use skips the limit by default.
@@ -153,8 +154,6 @@ class Engine:
         )
         # imported here: the loader pulls in torch, which the front end otherwise never needs
         from radixserve.model_loader.loader import load_tokenizer
-
-        check_model(server_args)
 
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             # The tokenizer loads here while the scheduler process loads the weights.

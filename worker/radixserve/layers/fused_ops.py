@@ -128,7 +128,9 @@ def gelu_tanh(x):
 
 
 @jit
-def _act_and_mul_kernel(GateUp, Out, d, stride_g, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr):
+def _act_and_mul_kernel(
+    GateUp, Out, d, stride_g, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr
+):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -308,9 +310,7 @@ def gelu_tanh_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) ->
     return act_and_mul(gate_up, gelu=True, out=out)
 
 
-def act_and_mul(
-    gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None
-) -> torch.Tensor:
+def act_and_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
     """act(gate) * up of [..., 2d] rows, act SiLU or (gelu) GELU-tanh, in one launch."""
     d = gate_up.shape[-1] // 2
     rows = gate_up.view(-1, 2 * d)

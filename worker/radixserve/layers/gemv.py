@@ -150,12 +150,15 @@ class Linear(nn.Linear):
         """silu(gate) * up of this [gate; up] projection of x."""
         return linear_silu_and_mul(x, self.weight, self.bias)
 
+    @torch.no_grad()
     def load_rows(self, kind: str, start: int, count: int, tensor: torch.Tensor) -> set[str]:
         """Copy checkpoint rows [start, start + count) of parameter `kind` (weight or bias);
         the names of the parameters written."""
         target = getattr(self, kind)[start : start + count]
         if target.shape != tensor.shape:
-            raise ValueError(f"{kind}: checkpoint rows {tuple(tensor.shape)} != {tuple(target.shape)}")
+            raise ValueError(
+                f"{kind}: checkpoint rows {tuple(tensor.shape)} != {tuple(target.shape)}"
+            )
         target.copy_(tensor)
         return {kind}
 

@@ -180,7 +180,9 @@ class TokenToKVPool:
 
     def set_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
         if k_scale <= 0 or v_scale <= 0:
-            raise ValueError(f"layer {layer_id}: KV scales must be positive, got {k_scale}, {v_scale}")
+            raise ValueError(
+                f"layer {layer_id}: KV scales must be positive, got {k_scale}, {v_scale}"
+            )
         self._scales[layer_id] = (float(k_scale), float(v_scale))
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:

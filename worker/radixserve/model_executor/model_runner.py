@@ -82,9 +82,7 @@ class ModelRunner:
         self.kv_dtype = kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         torch.manual_seed(server_args.random_seed)
 
-        self.quantization = resolve_quantization(
-            source.config.hf_config, server_args.quantization
-        )
+        self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
         self.model = self._load_model(source)
         # every rank must schedule identically: agree on the smallest capacity
         self.max_total_tokens = min_across_ranks(self._kv_capacity())

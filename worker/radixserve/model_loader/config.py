@@ -33,6 +33,7 @@ NO_WINDOW = -1
 class UnsupportedModelError(ValueError):
     """A model of an architecture the worker does not serve."""
 
+
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float": torch.float32,

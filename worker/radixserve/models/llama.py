@@ -122,7 +122,9 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             heads = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
             self.q_norm.normalize_heads_(heads[:, : self.num_heads])
-            self.k_norm.normalize_heads_(heads[:, self.num_heads : self.num_heads + self.num_kv_heads])
+            self.k_norm.normalize_heads_(
+                heads[:, self.num_heads : self.num_heads + self.num_kv_heads]
+            )
         pool = forward_batch.token_to_kv_pool
         k_cache, v_cache = pool.get_kv_buffer(self.attn.layer_id)
         self.rotary.rotate_and_store_kv(
@@ -321,9 +323,7 @@ class LlamaForCausalLM(nn.Module):
     # a per-expert checkpoint projection's name -> gate, up or down
     expert_projections: dict[str, str] = {}
 
-    def __init__(
-        self, config: PretrainedConfig, quant: QuantizationConfig | None = None
-    ) -> None:
+    def __init__(self, config: PretrainedConfig, quant: QuantizationConfig | None = None) -> None:
         super().__init__()
         self.config = config
         self.quant = quant
@@ -404,7 +404,9 @@ class LlamaForCausalLM(nn.Module):
         self.kv_cache_scales.setdefault(layer, [1.0, 1.0])[which] = float(tensor.float().max())
         return True
 
-    def _load_shard(self, target: str, kind: str, shard: str | int, tensor: torch.Tensor) -> set[str]:
+    def _load_shard(
+        self, target: str, kind: str, shard: str | int, tensor: torch.Tensor
+    ) -> set[str]:
         """Write this rank's rows of a q/k/v or gate/up checkpoint tensor (weight, bias or
         per-channel scale; a per-tensor scale covers all the shard's rows) into `target`."""
         module = self._modules_by_name[target]

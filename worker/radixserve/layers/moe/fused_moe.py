@@ -199,7 +199,9 @@ def _moe_gemm_kernel(
             b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
             acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
             if GATED:
-                b_up = tl.load(b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+                b_up = tl.load(
+                    b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0
+                )
                 acc_up += tl.dot(a, b_up.to(a.dtype), input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
             b_ptrs += BLOCK_K
@@ -405,11 +407,10 @@ def fused_moe(
     config = config or gemm_config(numel, hidden.dtype)
     align = align_by_expert(topk_ids, num_experts, config.block_m, expert_use)
     weights = topk_weights.reshape(-1)
-    acts = torch.empty((numel, two_i // 2), dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(
-        hidden, w13, w13_scale, acts, align, weights, two_i // 2, top_k, config,
-        gated=True, gelu=activation != "silu",
-    )  # fmt: skip
+    inter = two_i // 2
+    acts = torch.empty((numel, inter), dtype=hidden.dtype, device=hidden.device)
+    gelu = activation != "silu"
+    _grouped_gemm(hidden, w13, w13_scale, acts, align, weights, inter, top_k, config, True, gelu)
     down = torch.empty((numel, hidden_size), dtype=hidden.dtype, device=hidden.device)
     _grouped_gemm(acts, w2, w2_scale, down, align, weights, hidden_size, 1, config, mul_weight=True)
     return down.view(tokens, top_k, hidden_size).sum(dim=1)

@@ -117,6 +117,7 @@ class FusedMoE(nn.Module):
         total = sum(t.numel() * t.element_size() for t in tensors if t is not None)
         return total // self.num_experts
 
+    @torch.no_grad()
     def load_expert(
         self, projection: str, expert: int | None, kind: str, tensor: torch.Tensor
     ) -> set[str]:

@@ -87,4 +87,3 @@ def make_linear(
     if quant is None:
         return Linear(in_features, out_features, bias=bias)
     return quant.linear(in_features, out_features, bias)
-

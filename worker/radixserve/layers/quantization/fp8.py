@@ -166,6 +166,7 @@ class Fp8Linear(nn.Module):
             return gemv(x, self.weight, self.bias, *config, gated=True, scale=self.weight_scale)
         return silu_and_mul(self.forward(x))
 
+    @torch.no_grad()
     def load_rows(self, kind: str, start: int, count: int, tensor: torch.Tensor) -> set[str]:
         """Rows [start, start + count) of `kind`: a weight (FP8 as is; anything else quantized
         here, which also writes the rows' scales), its scale (one value for all the rows, or
