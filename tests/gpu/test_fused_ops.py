@@ -213,17 +213,18 @@ def fused_path(on: bool):
         yield
 
 
-def _runner(model: str, dtype: str, device: str, backend: str) -> ModelRunner:
-    args = ServerArgs(
-        model=model,
-        device=device,
-        dtype=dtype,
-        attention_backend="torch_native" if device == "cpu" else backend,
-        max_total_tokens=4096,
-        max_running_requests=8,
-        disable_cuda_graph=True,
-        disable_overlap=True,
-    )
+def _runner(model: str, dtype: str, device: str, backend: str, **overrides) -> ModelRunner:
+    settings = {
+        "model": model,
+        "device": device,
+        "dtype": dtype,
+        "attention_backend": "torch_native" if device == "cpu" else backend,
+        "max_total_tokens": 4096,
+        "max_running_requests": 8,
+        "disable_cuda_graph": True,
+        "disable_overlap": True,
+    }
+    args = ServerArgs(**(settings | overrides))
     runner = ModelRunner(args, load_model_source(model, dtype=dtype, device=device))
     if device == "cpu" and backend == "triton":  # the registry keeps triton to CUDA
         from radixserve.layers.attention.triton_backend import TritonAttnBackend
@@ -267,22 +268,30 @@ def _pass(
 
 
 def model_passes(
-    model: str, dtype: str, device: str, backend: str, fused: bool, prompt_lens: list[int]
+    model: str,
+    dtype: str,
+    device: str,
+    backend: str,
+    fused: bool,
+    prompt_lens: list[int],
+    decode_steps: int = 2,
+    **overrides,
 ) -> list[torch.Tensor]:
-    """Logits of a prefill, a second chunk on top of that cached prefix, then two decode steps
-    (random tokens, the same for either path), on a fresh runner so the KV pool starts equal."""
-    runner = _runner(model, dtype, device, backend)
+    """Logits of a prefill, a second chunk on top of that cached prefix, then `decode_steps`
+    decode steps (random tokens, the same for either path: teacher-forced), on a fresh runner
+    so the KV pool starts equal. `overrides`: more ServerArgs (quantization, KV dtype)."""
+    runner = _runner(model, dtype, device, backend, **overrides)
     gen = torch.Generator().manual_seed(7)
     vocab = runner.model_config.vocab_size
     chunk = 4
-    total = [n + chunk + 2 for n in prompt_lens]
+    total = [n + chunk + decode_steps for n in prompt_lens]
     first = torch.cumsum(torch.tensor([1, *total[:-1]]), 0)  # slot 0 is reserved
     slots = [torch.arange(int(f), int(f) + t) for f, t in zip(first, total, strict=True)]
     logits = []
     with fused_path(fused), torch.no_grad():
         prefix = [0] * len(prompt_lens)
         decode = [1] * len(prompt_lens)
-        for lens in (prompt_lens, [chunk] * len(prompt_lens), decode, decode):
+        for lens in (prompt_lens, [chunk] * len(prompt_lens), *[decode] * decode_steps):
             new = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lens]
             logits.append(_pass(runner, prefix, new, slots).float().cpu())
             prefix = [p + n for p, n in zip(prefix, lens, strict=True)]

@@ -98,6 +98,8 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts_native(
                 router_logits, self.top_k, self.renormalize, self.round_weights
             )
+            used = torch.unique(ids).numel()
+            self.expert_use += torch.tensor([used, 1], device=self.expert_use.device)
             out = fused_moe_native(
                 hidden,
                 self.w13_weight,
@@ -109,6 +111,11 @@ class FusedMoE(nn.Module):
                 self.w2_weight_scale,
             )
         return all_reduce(out)
+
+    def experts_read(self) -> tuple[int, int]:
+        """(experts used, passes) summed since the layer was built (a host sync)."""
+        used, passes = self.expert_use.tolist()
+        return used, passes
 
     @property
     def expert_bytes(self) -> int:
