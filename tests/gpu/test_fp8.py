@@ -5,6 +5,7 @@ the token capacity of a memory budget doubling."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 
 import pytest
@@ -131,6 +132,7 @@ def test_fp8_kv_doubles_the_token_capacity(tmp_path):
         capacity[kv] = runner.max_total_tokens
         assert runner.token_to_kv_pool.k_buffers[0].dtype == runner.kv_dtype
         del runner
+        gc.collect()
         torch.cuda.empty_cache()
     ratio = capacity["fp8_e4m3"] / capacity["auto"]
     print(f"KV capacity: bf16 {capacity['auto']} tokens, fp8 {capacity['fp8_e4m3']} ({ratio:.3f}x)")
