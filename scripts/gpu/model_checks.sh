@@ -15,16 +15,7 @@
 #   fp8-offline  Llama-3-8B shape offline throughput, bf16 then fp8
 #   moe-offline  Qwen3-30B-A3B shape offline throughput, transformers (batched) beside it
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
-export PYTHONPATH="worker${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-RS="python3 -m radixserve.entrypoints.cli"
+source scripts/gpu/device_env.sh
 stages=${*:-tests fp8-latency fp8-logits moe-latency fp8-offline moe-offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 # the triton backend: nothing to JIT-compile on a fresh machine (FlashInfer builds a module

@@ -17,24 +17,17 @@ import pytest
 from engine_harness import check_against_hf, make_scheduler, random_prompts, run_to_completion
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
+from radixserve.model_loader.random_init import PRESETS
 
 pytestmark = pytest.mark.slow
 NEW = 8
 WINDOW = 16  # the presets' sliding window
 # Qwen2 slides only with use_sliding_window, and only from layer max_window_layers on
 QWEN2_SLIDING = {
-    "model_type": "qwen2",
-    "vocab_size": 1024,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
+    **PRESETS["tiny-qwen2"],
     "use_sliding_window": True,
     "sliding_window": WINDOW,
     "max_window_layers": 1,
-    "eos_token_id": 2,
 }
 FAMILIES = [
     "tiny-qwen3-moe",

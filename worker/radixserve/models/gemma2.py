@@ -7,6 +7,8 @@ embedding multiplied by sqrt(hidden_size) (rounded to the model dtype, as transf
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
@@ -14,33 +16,27 @@ from transformers import PretrainedConfig
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm
 from radixserve.layers.quantization.base import QuantizationConfig
-from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.model_loader.config import sliding_window_of
-from radixserve.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
+from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 
-class Gemma2DecoderLayer(nn.Module):
+class Gemma2DecoderLayer(LlamaDecoderLayer):
     qk_norm: type[RMSNorm] | None = None
 
-    def __init__(
-        self,
-        config: PretrainedConfig,
-        layer_id: int,
-        rotary: RotaryEmbedding,
-        quant: QuantizationConfig | None = None,
-    ) -> None:
-        super().__init__()
-        self.self_attn = LlamaAttention(
-            config,
-            layer_id,
-            rotary,
-            quant,
-            scaling=config.query_pre_attn_scalar**-0.5,
-            sliding_window=sliding_window_of(config, layer_id),
-            logit_cap=getattr(config, "attn_logit_softcapping", None) or 0.0,
-            qk_norm=self.qk_norm,
-        )
-        self.mlp = LlamaMLP(config, quant, activation=config.hidden_activation)
+    def attention_options(self, config: PretrainedConfig, layer_id: int) -> dict[str, Any]:
+        return {
+            "scaling": config.query_pre_attn_scalar**-0.5,
+            "sliding_window": sliding_window_of(config, layer_id),
+            "logit_cap": getattr(config, "attn_logit_softcapping", None) or 0.0,
+            "qk_norm": self.qk_norm,
+        }
+
+    def build_mlp(
+        self, config: PretrainedConfig, layer_id: int, quant: QuantizationConfig | None
+    ) -> nn.Module:
+        return LlamaMLP(config, quant, activation=config.hidden_activation)
+
+    def build_norms(self, config: PretrainedConfig) -> None:
         eps, size = config.rms_norm_eps, config.hidden_size
         self.input_layernorm = GemmaRMSNorm(size, eps=eps)
         self.post_attention_layernorm = GemmaRMSNorm(size, eps=eps)

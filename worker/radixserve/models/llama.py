@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -219,6 +220,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    """Pre-norm attention and MLP with the residual adds folded into the next norm. Families
+    change a part through the hooks: the attention's options, the MLP, the norms (and the
+    order of them in `forward`)."""
+
     def __init__(
         self,
         config: PretrainedConfig,
@@ -227,16 +232,16 @@ class LlamaDecoderLayer(nn.Module):
         quant: QuantizationConfig | None = None,
     ) -> None:
         super().__init__()
-        qk_norm = RMSNorm if config.model_type in ("qwen3", "qwen3_moe") else None
-        self.self_attn = LlamaAttention(
-            config,
-            layer_id,
-            rotary,
-            quant,
-            sliding_window=sliding_window_of(config, layer_id),
-            qk_norm=qk_norm,
-        )
+        options = self.attention_options(config, layer_id)
+        self.self_attn = LlamaAttention(config, layer_id, rotary, quant, **options)
         self.mlp = self.build_mlp(config, layer_id, quant)
+        self.build_norms(config)
+
+    def attention_options(self, config: PretrainedConfig, layer_id: int) -> dict[str, Any]:
+        qk_norm = RMSNorm if config.model_type in ("qwen3", "qwen3_moe") else None
+        return {"sliding_window": sliding_window_of(config, layer_id), "qk_norm": qk_norm}
+
+    def build_norms(self, config: PretrainedConfig) -> None:
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 

@@ -124,16 +124,19 @@ class FlashInferAttnBackend(AttentionBackend):
         gather_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
         return kv_indices
 
-    def _plan_decode(
+    def _plan(
         self,
         wrappers: list[Any],
-        kv_indptr_host: torch.Tensor,
+        indptrs: tuple[torch.Tensor, ...],
         kv_indices: torch.Tensor,
+        **options: Any,
     ) -> None:
-        bs = kv_indptr_host.numel() - 1
+        """Plan each variant's wrapper over one page table: `indptrs` are (kv_indptr,) for
+        decode, (qo_indptr, kv_indptr) for prefill, on the host."""
+        bs = indptrs[-1].numel() - 1
         for wrapper, variant in zip(wrappers, self.variants, strict=True):
             wrapper.plan(
-                kv_indptr_host,
+                *indptrs,
                 kv_indices,
                 torch.ones(bs, dtype=torch.int32),
                 self.num_heads,
@@ -142,6 +145,7 @@ class FlashInferAttnBackend(AttentionBackend):
                 1,
                 q_data_type=self.dtype,
                 kv_data_type=self.kv_dtype,
+                **options,
                 **plan_options(variant),
             )
 
@@ -151,26 +155,11 @@ class FlashInferAttnBackend(AttentionBackend):
             forward_batch.req_pool_indices, forward_batch.seq_lens, kv_indptr_host
         )
         if forward_batch.forward_mode.is_decode():
-            self._plan_decode(self.decode_wrappers, kv_indptr_host, kv_indices)
+            self._plan(self.decode_wrappers, (kv_indptr_host,), kv_indices)
             self.forward_metadata = FlashInferMetadata(self.decode_wrappers)
             return
-        bs = forward_batch.batch_size
         qo_indptr_host = host_indptr(forward_batch.extend_seq_lens_cpu)
-        for wrapper, variant in zip(self.prefill_wrappers, self.variants, strict=True):
-            wrapper.plan(
-                qo_indptr_host,
-                kv_indptr_host,
-                kv_indices,
-                torch.ones(bs, dtype=torch.int32),
-                self.num_heads,
-                self.num_kv_heads,
-                self.head_dim,
-                1,
-                causal=True,
-                q_data_type=self.dtype,
-                kv_data_type=self.kv_dtype,
-                **plan_options(variant),
-            )
+        self._plan(self.prefill_wrappers, (qo_indptr_host, kv_indptr_host), kv_indices, causal=True)
         self.forward_metadata = FlashInferMetadata(self.prefill_wrappers)
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
@@ -234,7 +223,7 @@ class FlashInferAttnBackend(AttentionBackend):
         kv_indices = self._graph_kv_indices[: int(kv_indptr_host[-1])]
         # plan copies kv_indptr into the static buffer (the gather below reads it there) and
         # leaves kv_indices alone: it is that buffer already.
-        self._plan_decode(wrappers, kv_indptr_host, kv_indices)
+        self._plan(wrappers, (kv_indptr_host,), kv_indices)
         self._page_table(
             req_pool_indices[:bs],
             seq_lens[:bs],
