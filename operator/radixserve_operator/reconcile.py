@@ -1,8 +1,9 @@
-"""One reconcile pass and one status refresh, independent of kopf.
+"""One reconcile pass and the status refreshes, independent of kopf.
 
 ``reconcile`` turns an InferenceService body into applied children and a status;
-``refresh_status`` recomputes a parent's status when its Deployment changes. Both return what
-to patch and which Events to post, and let the kopf handlers do the posting.
+``refresh_status`` recomputes a parent's status when its Deployment changes and
+``refresh_worker_status`` when one of its worker pods does. All return what to patch and which
+Events to post, and let the kopf handlers do the posting.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ from radixserve_operator.spec import DEFAULT_PORT, InvalidSpecError, ServiceSpec
 from radixserve_operator.status import (
     DEGRADED,
     READY,
+    WORKER_PROBLEMS,
     DeploymentState,
     Problem,
     compute_status,
     problem_from_status,
+    worker_problem,
 )
 
 OPTIONAL_KINDS = {
@@ -73,12 +76,15 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     previous = body.get("status") or {}
+    workers = problem_from_status(previous, WORKER_PROBLEMS)  # the pod watcher's to change
     try:
         spec = parse_spec(body.get("spec") or {}, name=owner.name, default_image=ctx.default_image)
     except InvalidSpecError as error:
         existing = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
         problem = Problem("InvalidSpec", str(error))
-        status = _status(owner, generation, existing, problem, previous, now, url=None)
+        status = _status(
+            owner, generation, existing, problem, previous, now, url=None, workers=workers
+        )
         events = _transitions(previous, status)
         if not events and previous.get("observedGeneration") != generation:
             events.append(EventNote("Warning", "InvalidSpec", str(error)))  # each refused edit
@@ -105,7 +111,9 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
     if deployment is None:
         deployment = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
     url = service_url(owner, DEFAULT_PORT)
-    status = _status(owner, generation, deployment, problem, previous, now, url=url)
+    status = _status(
+        owner, generation, deployment, problem, previous, now, url=url, workers=workers
+    )
     events = _transitions(previous, status)
     if previous.get("observedGeneration") != generation and problem is None:
         events.insert(0, EventNote("Normal", "Reconciled", f"applied generation {generation}"))
@@ -124,15 +132,42 @@ def refresh_status(
     if parent is None or parent["metadata"].get("uid") != owner_ref.get("uid"):
         return None
     previous = parent.get("status") or {}
-    owner = owner_of(parent)
+    return _refreshed(parent, deployment, problem_from_status(previous, WORKER_PROBLEMS), now)
+
+
+def refresh_worker_status(
+    ctx: OperatorContext,
+    namespace: str,
+    service_name: str,
+    pods: list[Mapping[str, Any]],
+    now: str,
+) -> tuple[Mapping[str, Any], Outcome] | None:
+    """The service's new status from all of its worker ``pods`` (after one of them changed):
+    Degraded while they cannot start, and back when they can; ``None`` if nothing to change."""
+    parent = ctx.api.get(API_VERSION, KIND, namespace, service_name)
+    if parent is None or parent["metadata"].get("deletionTimestamp"):
+        return None
+    deployment = ctx.api.get("apps/v1", "Deployment", namespace, service_name)
+    return _refreshed(parent, deployment, worker_problem(pods), now)
+
+
+def _refreshed(
+    parent: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    workers: Problem | None,
+    now: str,
+) -> tuple[Mapping[str, Any], Outcome] | None:
+    """The parent's status recomputed between reconciles (its reconcile problem kept)."""
+    previous = parent.get("status") or {}
     status = _status(
-        owner,
+        owner_of(parent),
         previous.get("observedGeneration"),
         deployment,
         problem_from_status(previous),
         previous,
         now,
         url=previous.get("url"),
+        workers=workers,
     )
     if _comparable(status) == _comparable({key: previous.get(key) for key in status}):
         return None
@@ -148,6 +183,7 @@ def _status(
     now: str,
     *,
     url: str | None,
+    workers: Problem | None = None,
 ) -> dict[str, Any]:
     return compute_status(
         observed_generation=generation,
@@ -157,6 +193,7 @@ def _status(
         url=url,
         previous=previous,
         now=now,
+        workers=workers,
     )
 
 

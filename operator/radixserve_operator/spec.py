@@ -13,13 +13,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.entrypoints.arguments import all_choices
+
 DEFAULT_PORT = 8000
 BUILTIN_MODELS = frozenset({"smollm2-135m"})
 AUTOSCALING_METRICS = ("queued", "running", "kvCacheUsage")
 DEFAULT_AUTOSCALING_TARGETS = {"queued": 4.0, "running": 16.0, "kvCacheUsage": 0.8}
-ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-SCHEDULE_POLICIES = ("lpm", "fcfs")
+# the worker's own choices (its registries and ServerArgs), which the CRD's enums equal
+_WORKER_CHOICES = all_choices()
+ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
+DTYPES = _WORKER_CHOICES["dtype"]
+SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 
@@ -195,8 +199,8 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         dtype=_choice(raw, "dtype", DTYPES),
         max_running_requests=_optional_int(raw, "maxRunningRequests", minimum=1),
         max_total_tokens=_optional_int(raw, "maxTotalTokens", minimum=1),
-        max_queued_requests=_optional_int(raw, "maxQueuedRequests", minimum=0),
-        chunked_prefill_size=_optional_int(raw, "chunkedPrefillSize", minimum=-1),
+        max_queued_requests=_optional_int(raw, "maxQueuedRequests", minimum=1),
+        chunked_prefill_size=_optional_int(raw, "chunkedPrefillSize", minimum=1),
         mem_fraction_static=None if fraction is None else float(fraction),
         cuda_graph=bool(raw.get("cudaGraph", True)),
         radix_cache=bool(raw.get("radixCache", True)),

@@ -24,7 +24,7 @@ from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.mem_cache.memory_pool import quantize_fp8
 from radixserve.model_executor.forward_inputs import build_forward_batch
-from radixserve.model_executor.future_tokens import NO_SLOTS
+from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import load_model_source
 from radixserve.server_args import ServerArgs
@@ -261,7 +261,7 @@ def _pass(
         runner.token_to_kv_pool,
         runner.attn_backend,
         runner.device,
-        NO_SLOTS,
+        FutureSlots(1, len(new)),
     )
     runner.attn_backend.init_forward_metadata(fb)
     return runner.model(fb.input_ids, fb.positions, fb)

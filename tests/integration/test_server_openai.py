@@ -398,10 +398,17 @@ def test_concurrent_streams_with_disconnects_free_everything(server):
     assert wait_until(idle)
 
     def kv_holds_only_the_cache() -> bool:
+        """Nothing is held by a request (usage 0); what stays is evictable prefix cache."""
         info = json.loads(server.get("/get_server_info")[1])
-        cache_only = (info["evictable_size"] + info["protected_size"]) / info["max_total_tokens"]
+        cached = info["evictable_size"] / info["max_total_tokens"]
         usage = metric(server, "radixserve_kv_cache_usage_ratio")
-        return info["protected_size"] == 0 and usage == pytest.approx(cache_only, abs=1e-9)
+        evictable = metric(server, "radixserve_kv_cache_evictable_ratio")
+        return (
+            info["protected_size"] == 0
+            and usage == 0
+            and evictable == pytest.approx(cached, abs=1e-9)
+            and evictable > 0
+        )
 
     assert wait_until(kv_holds_only_the_cache)
     aborts = metric(server, "radixserve_requests_total", finish_reason="abort") - aborts_before

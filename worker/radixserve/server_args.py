@@ -58,7 +58,9 @@ class ServerArgs:
         None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"
     )
     max_total_tokens: int | None = option(
-        None, "KV cache capacity in tokens (default: what --mem-fraction-static leaves)"
+        None,
+        "KV cache capacity in tokens (default: what --mem-fraction-static leaves; on the CPU "
+        "at most 256 MiB of KV)",
     )
     context_length: int | None = option(
         None, "override the model's context length (default: the model config's)"
@@ -91,9 +93,24 @@ class ServerArgs:
         1024, "requests waiting for admission before new ones get 429"
     )
     drain_timeout: float = option(30.0, "seconds in-flight requests get to finish after SIGTERM")
+    scheduler_stall_timeout: float = option(
+        30.0,
+        "seconds the scheduler loop may go without a step or an idle heartbeat before /ready "
+        "answers 503 (a wedged scheduler; a busy one keeps stepping)",
+    )
     random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error", "critical")
+    )
+    log_format: str = option(
+        "plain",
+        "log lines as plain text or as one JSON object each, for every worker process",
+        choices=("plain", "json"),
+    )
+    log_requests: bool = option(
+        False,
+        "log one line per finished generation request: its id, model, prompt, completion and "
+        "cached tokens, finish reason, time to first token, end-to-end latency and HTTP status",
     )
     new_token_ratio: float = option(
         0.7,
@@ -123,6 +140,8 @@ class ServerArgs:
             raise ValueError("--new-token-ratio must be in (0, 1]")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
+        if self.scheduler_stall_timeout <= 0:
+            raise ValueError("--scheduler-stall-timeout must be positive")
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -73,7 +73,7 @@ def test_create_edit_ready_delete(operator, api_server, custom_api, apps_api) ->
     assert deployment["metadata"]["labels"]["radixserve.io/inferenceservice"] == name
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "radixserve:test"
-    assert container["args"][:3] == ["serve", "--model", "builtin:smollm2-135m"]
+    assert container["args"][:2] == ["serve", "--model=builtin:smollm2-135m"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert deployment["spec"]["replicas"] == 1
     service = wait_for(

@@ -9,23 +9,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from radixserve.entrypoints.arguments import add_server_args, server_args_from
+from radixserve.logging_config import configure_logging
 
 BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
     "offline": "radixserve.entrypoints.bench_offline",
     "latency": "radixserve.entrypoints.bench_latency",
 }
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -56,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
             server_args = server_args_from(args)
         except ValueError as exc:
             parser.error(str(exc))
-        configure_logging(server_args.log_level)
+        configure_logging(server_args.log_level, server_args.log_format)
         from radixserve.entrypoints.engine import EngineStartupError
         from radixserve.entrypoints.http_server import run_server
 
@@ -67,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"radixserve serve: error: {exc}", file=sys.stderr)
             return 1
         return 0
-    configure_logging(getattr(args, "log_level", "info"))
+    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "plain"))
     return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)
 
 

@@ -29,6 +29,7 @@ from radixserve.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixserve.metrics.collectors import ServerMetrics
+from radixserve.metrics.startup import StartupPhases
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -53,6 +54,8 @@ class ModelInfo:
     model_description: str
     device: str
     attention_backend: str
+    # seconds per start-up phase in the scheduler process (metrics/startup.py)
+    startup_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def check_model(server_args: ServerArgs) -> None:
@@ -82,6 +85,7 @@ def launch_scheduler(
     process = context.Process(
         target=run_scheduler_process,
         args=(server_args, port_args, child_conn),
+        kwargs={"spawned_at": time.time()},
         name="radixserve-scheduler",
     )
     process.start()
@@ -164,6 +168,10 @@ class Engine:
             except Exception:
                 stop_process(self._process)
                 raise
+        self.startup = StartupPhases()
+        self.startup.update(self.model_info.startup_phases)
+        # when the scheduler was up: what the front end adds after this is the "ready" phase
+        self.scheduler_ready_at = time.perf_counter()
         logger.info(
             "loaded %s in %.1fs: %s on %s, attention %s, KV capacity %d tokens, "
             "context %d, up to %d running requests",
@@ -381,7 +389,7 @@ class Engine:
         """Generate for one prompt (a dict back) or a batch (a list back), with `n` samples per
         prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
         "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-        "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
+        "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
         inputs, batched = self.build_inputs(
             prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
         )
@@ -524,8 +532,14 @@ class _ResultBuilder:
         self.output_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerateChunk | None = None
+        self.first_token_latency: float | None = None
+
+    def _note_first_token(self, chunk: GenerateChunk) -> None:
+        if chunk.token_ids and self.first_token_latency is None:
+            self.first_token_latency = time.perf_counter() - self.started
 
     def add(self, chunk: GenerateChunk) -> None:
+        self._note_first_token(chunk)
         self.text_parts.append(chunk.text)
         self.output_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -541,6 +555,7 @@ class _ResultBuilder:
             "cached_tokens": chunk.cached_tokens,
             "finish_reason": chunk.finish_reason,
             "e2e_latency": time.perf_counter() - self.started,
+            "time_to_first_token": self.first_token_latency,
         }
         if self.request.return_logprob:
             meta["output_token_logprobs"] = [
@@ -556,6 +571,7 @@ class _ResultBuilder:
         }
 
     def stream_item(self, chunk: GenerateChunk) -> dict[str, Any]:
+        self._note_first_token(chunk)
         self.last = chunk
         return {
             "text": chunk.text,

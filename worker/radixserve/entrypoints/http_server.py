@@ -3,12 +3,15 @@
 Handlers are thin: they validate with `openai_protocol`, hand token ids to the Engine's
 TokenizerManager and shape its chunks into JSON or server-sent events. aiohttp cancels a
 handler whose client disconnects (`handler_cancellation=True`), and cancellation closes the
-generation stream, which aborts the request in the scheduler and frees its KV slots.
+generation stream, which aborts the request in the scheduler and frees its KV slots
+(`request_log` notes the disconnect in one debug line and, with `--log-requests`, logs each
+finished request).
 
-Lifecycle: SIGTERM (or SIGINT) makes `/ready` answer 503 at once and new generation requests
-get 503 + Retry-After, while requests already in flight run to completion for at most
-`--drain-timeout` seconds; then the rest are aborted, the scheduler process is stopped and the
-process exits 0.
+Lifecycle: the listening port is bound before the model loads (a port in use fails at once,
+and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
+once and new generation requests get 503 + Retry-After, while requests already in flight run
+to completion for at most `--drain-timeout` seconds; then the rest are aborted, the scheduler
+process is stopped and the process exits 0.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import json
 import logging
 import re
 import signal
+import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -28,6 +32,13 @@ from aiohttp import web
 
 from radixserve.entrypoints import openai_protocol as oai
 from radixserve.entrypoints.engine import Engine, PromptTooLongError
+from radixserve.entrypoints.request_log import (
+    LOG_REQUESTS_KEY,
+    MODEL_NAME_KEY,
+    observed,
+    record_of,
+    request_lifecycle,
+)
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
@@ -35,6 +46,7 @@ from radixserve.managers.tokenizer_manager import (
     QueueFullError,
     RequestAbortedError,
     SchedulerUnavailableError,
+    TokenizerManager,
 )
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
 from radixserve.sampling.sampling_params import SamplingParams
@@ -44,11 +56,6 @@ logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 RETRY_AFTER_S = 1
-# A readiness probe runs when no token came out for this long; /ready fails once no probe (or
-# real token) succeeded for READY_STALE_S.
-PROBE_INTERVAL_S = 5.0
-PROBE_TIMEOUT_S = 60.0
-READY_STALE_S = 30.0
 # Requests still running when the drain ends are aborted; their handlers get this long to reply.
 ABORT_GRACE_S = 5.0
 
@@ -62,8 +69,6 @@ ENGINE_KEY = web.AppKey("engine", Engine)
 class ServerState:
     draining: bool = False
     in_flight: int = 0
-    last_probe_ok: float | None = None
-    not_ready_reason: str = "the readiness probe has not completed yet"
 
 
 STATE_KEY = web.AppKey("state", ServerState)
@@ -118,7 +123,7 @@ async def openai_errors(
     try:
         return await handler(request)
     except ConnectionResetError:
-        raise  # the client went away mid-stream: nobody to answer, nothing to log
+        raise  # the client went away mid-stream: request_lifecycle notes it
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
@@ -236,6 +241,14 @@ class Handlers:
         return inputs
 
     @staticmethod
+    def _new_response_id(request: web.Request, prefix: str, samples_per_prompt: int) -> str:
+        response_id = oai.new_id(prefix)
+        record = record_of(request)
+        if record is not None:
+            record.id, record.samples_per_prompt = response_id, samples_per_prompt
+        return response_id
+
+    @staticmethod
     def _usage(chunks_by_index: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
         prompt_tokens = cached = completion = 0
         for index, chunk in chunks_by_index.items():
@@ -265,9 +278,9 @@ class Handlers:
         echo_texts = [
             (p if isinstance(p, str) else self.tm.decode(p)) if req.echo else "" for p in prompts
         ]
-        response_id = oai.new_id("cmpl")
+        response_id = self._new_response_id(request, "cmpl", req.n)
         with self._counted():
-            stream = self.tm.generate_many(inputs)
+            stream = observed(request, self.tm.generate_many(inputs))
             if req.stream:
                 return await self._stream_completions(request, req, stream, response_id, echo_texts)
             texts = {i: [echo_texts[i // req.n]] for i in range(len(inputs))}
@@ -352,9 +365,9 @@ class Handlers:
         dicts = [req.sampling_dict(max_tokens)]
         top_logprobs = req.top_logprobs or 0
         inputs = self._inputs([input_ids], dicts, req.n, req.logprobs, top_logprobs)
-        response_id = oai.new_id("chatcmpl")
+        response_id = self._new_response_id(request, "chatcmpl", req.n)
         with self._counted():
-            stream = self.tm.generate_many(inputs)
+            stream = observed(request, self.tm.generate_many(inputs))
             if req.stream:
                 return await self._stream_chat(request, req, stream, response_id)
             texts: dict[int, list[str]] = {i: [] for i in range(len(inputs))}
@@ -438,14 +451,22 @@ class Handlers:
             "return_logprob": body.get("return_logprob", False),
             "top_logprobs_num": body.get("top_logprobs_num", 0),
         }
+        record = record_of(request)
         with self._counted():
             if not stream:
-                return web.json_response(await self.engine.async_generate(**kwargs))
+                results = await self.engine.async_generate(**kwargs)
+                if record is not None:
+                    batch = results if isinstance(results, list) else [results]
+                    for index, result in enumerate(batch):
+                        record.observe_native(index, result, streamed=False)
+                return web.json_response(results)
             sse = SSEWriter(request)
             items = self.engine.async_generate_stream(**kwargs)
             try:
                 async with contextlib.aclosing(items):
                     async for item in items:
+                        if record is not None:
+                            record.observe_native(0, item, streamed=True)
                         await sse.send(item)
             except (SchedulerUnavailableError, RequestAbortedError, GenerationError) as exc:
                 return await sse.fail(as_openai_error(exc))
@@ -463,7 +484,9 @@ class Handlers:
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
-        reason = readiness_problem(self.state, self.tm.scheduler_alive)
+        reason = readiness_problem(
+            self.state, self.tm, self.engine.server_args.scheduler_stall_timeout
+        )
         if reason is not None:
             return web.json_response({"status": "not ready", "reason": reason}, status=503)
         return web.json_response({"status": "ready"})
@@ -487,48 +510,29 @@ class Handlers:
         return web.json_response({"success": True, "message": reply.message})
 
 
-def readiness_problem(state: ServerState, scheduler_alive: bool) -> str | None:
+def readiness_problem(state: ServerState, tm: TokenizerManager, stall_timeout: float) -> str | None:
+    """Why this pod should get no traffic now, or None. A busy queue is no reason: a saturated
+    pod whose scheduler keeps stepping stays ready; a scheduler loop that stops reporting (a
+    step's outputs, or its idle heartbeat) is one."""
     if state.draining:
         return "draining"
-    if not scheduler_alive:
+    if not tm.scheduler_alive:
         return "the scheduler process is down"
-    if state.last_probe_ok is None:
-        return state.not_ready_reason
-    if time.monotonic() - state.last_probe_ok > READY_STALE_S:
-        return f"no token generated in the last {READY_STALE_S:.0f}s"
+    silent = time.monotonic() - tm.last_scheduler_report
+    if silent > stall_timeout:
+        return f"the scheduler loop has not reported for {silent:.0f}s (a stuck step?)"
     return None
 
 
-async def run_readiness_probes(engine: Engine, state: ServerState) -> None:
-    """Keep `state.last_probe_ok` fresh: recent real output counts, otherwise a 1-token probe."""
-    tm = engine.tokenizer_manager
-    params = SamplingParams(max_new_tokens=1, temperature=0.0, ignore_eos=True)
-    while True:
-        recent_output = time.perf_counter() - tm.last_output_time < PROBE_INTERVAL_S
-        if recent_output:
-            state.last_probe_ok = time.monotonic()
-        elif tm.scheduler_alive:
-            probe = GenerateInput(input_ids=[0], sampling_params=params, internal=True)
-            try:
-                await asyncio.wait_for(_drain(tm.generate(probe)), PROBE_TIMEOUT_S)
-                state.last_probe_ok = time.monotonic()
-            except Exception as exc:
-                state.not_ready_reason = f"the readiness probe failed: {exc!r}"
-                logger.warning("%s", state.not_ready_reason)
-        await asyncio.sleep(PROBE_INTERVAL_S)
-
-
-async def _drain(stream: AsyncIterator[Any]) -> None:
-    async with contextlib.aclosing(stream):
-        async for _ in stream:
-            pass
-
-
 def build_app(engine: Engine, state: ServerState) -> web.Application:
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    app = web.Application(
+        middlewares=[request_lifecycle, openai_errors], client_max_size=MAX_BODY_BYTES
+    )
     app[ENGINE_KEY] = engine
     app[STATE_KEY] = state
     h = Handlers(engine, state)
+    app[LOG_REQUESTS_KEY] = engine.server_args.log_requests
+    app[MODEL_NAME_KEY] = h.model_name
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat_completions)
     app.router.add_get("/v1/models", h.models)
@@ -545,8 +549,8 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
 # ---------------------------------------------------------------------------- serving
 
 
-async def serve(engine: Engine, server_args: ServerArgs) -> None:
-    """Serve until SIGTERM/SIGINT, then drain and shut the engine down."""
+async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket) -> None:
+    """Serve on `listener` until SIGTERM/SIGINT, then drain and shut the engine down."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -560,9 +564,11 @@ async def serve(engine: Engine, server_args: ServerArgs) -> None:
         shutdown_timeout=ABORT_GRACE_S,
     )
     await runner.setup()
-    site = web.TCPSite(runner, server_args.host, server_args.port)
+    site = web.SockSite(runner, listener)
     await site.start()
-    probes = loop.create_task(run_readiness_probes(engine, state))
+    engine.startup.add("ready", time.perf_counter() - engine.scheduler_ready_at)
+    engine.metrics.set_startup(engine.startup.seconds)
+    logger.info("startup: %s", engine.startup.summary())
     logger.info(
         "serving %r on http://%s:%d (KV capacity %d tokens)",
         engine.server_args.served_model_name,
@@ -582,9 +588,6 @@ async def serve(engine: Engine, server_args: ServerArgs) -> None:
         logger.warning("drain timeout: aborting %d requests", state.in_flight)
         await engine.tokenizer_manager.abort_all()
         await _wait_for(lambda: state.in_flight == 0, ABORT_GRACE_S)
-    probes.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await probes
     await runner.cleanup()
     await engine.async_shutdown()
     logger.info("shut down cleanly")
@@ -596,16 +599,36 @@ async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
         await asyncio.sleep(0.05)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's listening socket, bound before anything slow starts: a port in use fails
+    in a second, not after the model has loaded, and nobody can take it meanwhile."""
+    family, _, _, _, address = socket.getaddrinfo(
+        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+    )[0]
+    return socket.create_server(address, family=family)
+
+
 def run_server(server_args: ServerArgs) -> None:
-    """Load the model (blocking), then serve on a fresh event loop."""
+    """Claim the port, load the model (blocking), then serve on a fresh event loop."""
+    try:
+        listener = bind_listener(server_args.host, server_args.port)
+    except OSError as exc:
+        logger.error(
+            "cannot listen on %s:%d: %s; is another server running there? choose another --port",
+            server_args.host,
+            server_args.port,
+            exc.strerror or exc,
+        )
+        raise SystemExit(1) from None
     # Until the loop's own handler takes over, SIGTERM during the model load exits cleanly
     # (the Engine stops the half-started scheduler on the way out).
     signal.signal(signal.SIGTERM, _exit_during_startup)
-    engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
-    try:
-        asyncio.run(serve(engine, server_args))
-    finally:
-        engine.shutdown()
+    with listener:
+        engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
+        try:
+            asyncio.run(serve(engine, server_args, listener))
+        finally:
+            engine.shutdown()
 
 
 def _exit_during_startup(signum: int, frame: object) -> None:

@@ -196,6 +196,7 @@ class Scheduler:
             "num_queued_requests": len(self.waiting_queue),
             **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
+            "kv_cache_evictable_ratio": self.kv_evictable(),
             "free_slots": self.worker.allocator.available_size(),
             "evictable_size": self.tree_cache.evictable_size(),
             "protected_size": self.tree_cache.protected_size(),
@@ -209,7 +210,19 @@ class Scheduler:
         }
 
     def kv_usage(self) -> float:
-        return 1.0 - self.worker.allocator.available_size() / self.max_total_tokens
+        """KV held by running or queued requests: neither free nor evictable prefix cache
+        (an idle, warm pod reads 0, however much it has cached)."""
+        free = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
+        return 1.0 - free / self.max_total_tokens
+
+    def kv_evictable(self) -> float:
+        """The cached prefixes no request pins: reclaimable at once when needed."""
+        return self.tree_cache.evictable_size() / self.max_total_tokens
+
+    def reset_statistics(self) -> None:
+        """Forget counters and device timings so far (after the start-up warm-up)."""
+        self.counters = SchedulerCounters()
+        self.worker.timeline.reset()
 
     def has_work(self) -> bool:
         return bool(
@@ -453,6 +466,7 @@ class Scheduler:
             running=len(self.running_batch) + (1 if self.chunked_req else 0),
             queued=len(self.waiting_queue),
             kv_usage=self.kv_usage(),
+            kv_evictable=self.kv_evictable(),
             max_total_tokens=self.max_total_tokens,
         )
 

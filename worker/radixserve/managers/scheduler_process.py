@@ -17,6 +17,7 @@ import signal
 import socket
 import tempfile
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -24,13 +25,26 @@ from typing import Any
 import torch
 
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
-from radixserve.managers.io_struct import BatchReqOutput, StopRanksReq
+from radixserve.logging_config import configure_logging
+from radixserve.managers.io_struct import (
+    BatchReqOutput,
+    StopRanksReq,
+    TokenizedGenerateReqInput,
+)
 from radixserve.managers.scheduler import Scheduler, ServedModel
 from radixserve.managers.tp_worker import ModelWorker
+from radixserve.metrics.startup import StartupPhases
 from radixserve.model_loader.loader import ModelSource, load_model_source_for
+from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
+
+# the longest warm-up prompt: enough to exercise multi-block prefill kernels, cheap on a CPU
+WARMUP_PROMPT_TOKENS = 160
+
+# an idle scheduler loop reports at least this often (what /ready's liveness check reads)
+HEARTBEAT_S = 1.0
 
 
 @dataclass
@@ -48,12 +62,61 @@ class PortArgs:
         return f"{self.scheduler_input_ipc_name}-rank{rank}"
 
 
-def build_scheduler(server_args: ServerArgs, source: ModelSource | None = None) -> Scheduler:
+def warm_up(scheduler: Scheduler) -> None:
+    """Serve a few requests of every kind of pass before the worker reports ready, so that
+    kernels are compiled and planned now (Triton's on first sight of a shape, FlashInfer's
+    JIT), not at a user's first request: prefills of several lengths, a prefix-cache hit,
+    batched decode, greedy and sampled rows with penalties and logprobs. Every rank of a
+    tensor-parallel group runs the same requests in step. The cache, the counters and the
+    device timeline are reset afterwards: nothing of it shows in metrics."""
+    vocab, context = scheduler.model.vocab_size, scheduler.context_len
+    length = max(2, min(WARMUP_PROMPT_TOKENS, scheduler.max_total_tokens // 8, context // 2))
+    prompt = [1 + i % (vocab - 1) for i in range(length)]
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(
+        max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=20, min_p=0.05,
+        frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True, seed=0,
+    )  # fmt: skip
+    waves = [
+        [
+            (prompt, greedy, False),
+            (prompt[:1], greedy, False),
+            (prompt[: length // 3], greedy, True),
+        ],
+        [(prompt[: length // 2] + [2, 3], sampled, True), (prompt[1:], greedy, False)],
+    ]
+    for number, wave in enumerate(waves):
+        for index, (ids, params, logprob) in enumerate(wave):
+            request = TokenizedGenerateReqInput(
+                f"warmup-{number}-{index}", ids, params, return_logprob=logprob, top_logprobs_num=2
+            )
+            scheduler.handle_generate_request(request)
+        while scheduler.has_work():
+            scheduler.step()
+        errors = [o.finished_reason for o in scheduler.pop_outputs() if _failed(o.finished_reason)]
+        if errors:
+            raise RuntimeError(f"warm-up request failed: {errors[0]}")
+    scheduler.flush_cache()
+    scheduler.reset_statistics()
+
+
+def _failed(reason: dict | None) -> bool:
+    return reason is not None and reason.get("type") == "error"
+
+
+def build_scheduler(
+    server_args: ServerArgs,
+    source: ModelSource | None = None,
+    startup: StartupPhases | None = None,
+) -> Scheduler:
     """Load the model (unless `source` is given), put it on a model worker, and give that
-    worker to the scheduling policy: what a scheduler process (or an in-process test) runs."""
+    worker to the scheduling policy: what a scheduler process (or an in-process test) runs.
+    `startup` collects the phases' times."""
+    startup = startup or StartupPhases()
     if source is None:
-        source = load_model_source_for(server_args)
-    worker = ModelWorker(server_args, source)
+        with startup.timed("model_setup"):
+            source = load_model_source_for(server_args)
+    worker = ModelWorker(server_args, source, startup)
     model = ServedModel(
         context_len=source.config.context_len,
         vocab_size=source.config.vocab_size,
@@ -71,19 +134,21 @@ def run_scheduler_process(
     ready_conn: Any,
     tp_rank: int = 0,
     dist_init_method: str | None = None,
+    spawned_at: float | None = None,
 ) -> None:
     """Entry point of a scheduler process (multiprocessing 'spawn' target).
 
     With `--tp-size N`, the process the front end starts is rank 0: it starts ranks 1..N-1 as
     its own children, talks to the front end, and passes on what it receives each step, so that
     every rank makes the same scheduling decisions and runs its shard of every batch.
+    `spawned_at` (the parent's time.time() at spawn) times the imports that ran before this.
     """
     import zmq
 
-    logging.basicConfig(
-        level=server_args.log_level.upper(),
-        format=f"%(asctime)s scheduler{tp_rank or ''} %(levelname)s %(message)s",
-    )
+    startup = StartupPhases()
+    if spawned_at is not None:
+        startup.add("imports", time.time() - spawned_at)
+    configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
     parent = os.getppid()
     peers: list[multiprocessing.process.BaseProcess] = []
     try:
@@ -98,7 +163,10 @@ def run_scheduler_process(
                 dist_init_method,
                 torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
             )
-        scheduler = build_scheduler(server_args)
+        scheduler = build_scheduler(server_args, startup=startup)
+        with startup.timed("kernel_warmup"):
+            warm_up(scheduler)
+        logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")
         if ready_conn is not None:
@@ -131,6 +199,7 @@ def run_scheduler_process(
             "vocab_size": scheduler.model.vocab_size,
             "model_description": scheduler.model.description,
             **scheduler.worker.describe(),
+            "startup_phases": startup.seconds,
         }
     )
     _serve(scheduler, recv_sock, send_sock, to_ranks, parent)
@@ -164,6 +233,7 @@ def _serve(
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     idle_reported = True
+    last_report = time.monotonic()
     while not stopping.is_set():
         busy = scheduler.has_work()
         # block (bounded, to notice a dead parent) only when there is nothing to run
@@ -184,9 +254,13 @@ def _serve(
                 send_sock.send_pyobj(reply)
         ran = scheduler.step()
         outputs = scheduler.pop_outputs()
-        if ran or outputs or not idle_reported:
+        # an idle loop still reports now and then: the front end's readiness reads it as the
+        # loop being alive (a wedged loop goes silent)
+        heartbeat = time.monotonic() - last_report >= HEARTBEAT_S
+        if ran or outputs or not idle_reported or heartbeat:
             send_sock.send_pyobj(BatchReqOutput(outputs, scheduler.pop_stats()))
             idle_reported = not ran and not scheduler.has_work()
+            last_report = time.monotonic()
         elif busy and os.getppid() != parent:
             return
 

@@ -55,13 +55,19 @@ class SchedulerCounters:
         return sum(h for _, h in self.hit_window) / queries if queries else 0.0
 
     def pop(
-        self, running: int, queued: int, kv_usage: float, max_total_tokens: int
+        self,
+        running: int,
+        queued: int,
+        kv_usage: float,
+        kv_evictable: float,
+        max_total_tokens: int,
     ) -> SchedulerStats:
         """The report since the last one, with the current gauges."""
         stats = SchedulerStats(
             num_running_requests=running,
             num_queued_requests=queued,
             kv_cache_usage_ratio=kv_usage,
+            kv_cache_evictable_ratio=kv_evictable,
             prefix_cache_hit_rate=self.hit_rate(),
             max_total_tokens=max_total_tokens,
             prefix_cache_queries_tokens=self._query_delta,

@@ -132,7 +132,8 @@ class TokenizerManager:
         self._info_replies: deque[asyncio.Future] = deque()
         self._scheduler_error: str | None = None
         self._recv_task: asyncio.Task | None = None
-        self.last_output_time = 0.0
+        # when the scheduler loop last reported (a step's outputs, or an idle heartbeat)
+        self.last_scheduler_report = time.monotonic()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -218,13 +219,11 @@ class TokenizerManager:
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, BatchReqOutput):
-            now = time.perf_counter()
+            self.last_scheduler_report = time.monotonic()
             for output in message.outputs:
                 state = self._states.get(output.rid)
                 if state is not None:
                     state.outputs.put_nowait(output)
-                    if output.new_token_ids:
-                        self.last_output_time = now
             if message.stats is not None:
                 self.metrics.apply_scheduler_stats(message.stats)
         elif isinstance(message, FlushCacheReqOutput):

@@ -15,6 +15,7 @@ import torch
 
 from radixserve.distributed.parallel_state import broadcast_from_first
 from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import ModelSource
@@ -66,6 +67,10 @@ class GpuTimeline:
     where overlap must hide all host work (a prefill's admission may not)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything recorded so far."""
         self.busy_ms = 0.0
         self.gap_ms = 0.0
         self.decode_busy_ms = 0.0
@@ -97,8 +102,10 @@ class ModelWorker:
     """The scheduler's model worker (the `BatchWorker` it programs against): the model runner's
     memory to allocate from, and `launch`."""
 
-    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
-        runner = ModelRunner(server_args, source)
+    def __init__(
+        self, server_args: ServerArgs, source: ModelSource, startup: StartupPhases | None = None
+    ) -> None:
+        runner = ModelRunner(server_args, source, startup)
         self.model_runner = runner
         self.req_to_token_pool = runner.req_to_token_pool
         self.allocator = runner.allocator

@@ -15,7 +15,8 @@ class SchedulerStats:
 
     num_running_requests: int
     num_queued_requests: int
-    kv_cache_usage_ratio: float
+    kv_cache_usage_ratio: float  # KV held by running or queued requests / capacity
+    kv_cache_evictable_ratio: float  # prefix cache no request pins (reclaimable) / capacity
     prefix_cache_hit_rate: float
     max_total_tokens: int
     prefix_cache_queries_tokens: int = 0  # deltas

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -23,6 +25,7 @@ from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.cuda_graph_runner import CudaGraphRunner
 from radixserve.model_executor.forward_inputs import build_forward_batch
 from radixserve.model_executor.future_tokens import FutureSlots, FutureTokens
@@ -33,15 +36,36 @@ from radixserve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
-# On the CPU there is no device to measure; cap the KV pool at a size that serves the
-# bundled model well without claiming a large share of host memory.
-CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+MiB = 1 << 20
+# On the CPU the default KV pool takes a share of the available memory, at most this much: the
+# bundled model's server (both processes, weights and torch included) then stays under 2 GiB
+# of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
+CPU_DEFAULT_KV_BYTES = 256 * MiB
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
 
 def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
     """--kv-cache-dtype: auto stores K/V in the model dtype."""
     return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
+
+
+class TimedIterator:
+    """Counts the time spent producing items (reading weights), apart from the time the
+    consumer spends on them (copying them into parameters)."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._items = iter(items)
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        start = time.perf_counter()
+        try:
+            return next(self._items)
+        finally:
+            self.seconds += time.perf_counter() - start
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -74,37 +98,42 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
+    def __init__(
+        self, server_args: ServerArgs, source: ModelSource, startup: StartupPhases | None = None
+    ) -> None:
+        """`startup` collects the time of each start-up phase (a fresh one if not given)."""
         self.server_args = server_args
         self.model_config = source.config
         self.device = torch.device(server_args.resolved_device())
         self.dtype = source.config.dtype
         self.kv_dtype = kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         torch.manual_seed(server_args.random_seed)
+        self.startup = startup or StartupPhases()
 
         self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
         self.model = self._load_model(source)
-        # every rank must schedule identically: agree on the smallest capacity
-        self.max_total_tokens = min_across_ranks(self._kv_capacity())
-        self.max_running_requests = server_args.max_running_requests or (
-            256 if self.device.type == "cuda" else 64
-        )
-        cfg = self.model_config
-        self.req_to_token_pool = ReqToTokenPool(
-            self.max_running_requests + 2, cfg.context_len + 8, self.device
-        )
-        self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_tokens,
-            cfg.num_hidden_layers,
-            self.local_kv_heads,
-            cfg.head_dim,
-            self.kv_dtype,
-            self.device,
-        )
-        if self.token_to_kv_pool.is_fp8:
-            for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
-                self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
-        self.allocator = TokenSlotAllocator(self.max_total_tokens)
+        with self.startup.timed("kv_allocation"):
+            # every rank must schedule identically: agree on the smallest capacity
+            self.max_total_tokens = min_across_ranks(self._kv_capacity())
+            self.max_running_requests = server_args.max_running_requests or (
+                256 if self.device.type == "cuda" else 64
+            )
+            cfg = self.model_config
+            self.req_to_token_pool = ReqToTokenPool(
+                self.max_running_requests + 2, cfg.context_len + 8, self.device
+            )
+            self.token_to_kv_pool = TokenToKVPool(
+                self.max_total_tokens,
+                cfg.num_hidden_layers,
+                self.local_kv_heads,
+                cfg.head_dim,
+                self.kv_dtype,
+                self.device,
+            )
+            if self.token_to_kv_pool.is_fp8:
+                for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
+                    self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
+            self.allocator = TokenSlotAllocator(self.max_total_tokens)
         self.attention_backend_name = resolve_backend_name(
             server_args.attention_backend, self.device.type
         )
@@ -119,16 +148,32 @@ class ModelRunner:
             and not server_args.disable_cuda_graph
             and self.attn_backend.supports_cuda_graph
         ):
-            self.cuda_graph_runner = CudaGraphRunner(
-                self.model,
-                self.attn_backend,
-                self.req_to_token_pool,
-                self.token_to_kv_pool,
-                self.future_tokens,
-                max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
-            )
+            with self.startup.timed("cuda_graph_capture"):
+                self.cuda_graph_runner = CudaGraphRunner(
+                    self.model,
+                    self.attn_backend,
+                    self.req_to_token_pool,
+                    self.token_to_kv_pool,
+                    self.future_tokens,
+                    max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
+                )
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
+        with self.startup.timed("model_setup"):
+            model = self._build_model()
+        start = time.perf_counter()
+        weights = TimedIterator(source.weights())
+        model.load_weights(weights)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # the reader's transient buffers must not count as used when the KV pool is sized
+            torch.cuda.empty_cache()
+        self.startup.add("weight_read", weights.seconds)
+        self.startup.add("host_to_device", time.perf_counter() - start - weights.seconds)
+        return model.eval()
+
+    def _build_model(self) -> torch.nn.Module:
+        """The network on the device, its parameters not yet loaded."""
         model_cls = get_model_class(self.model_config.architecture)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -143,11 +188,9 @@ class ModelRunner:
                 if problem is not None:
                     raise RuntimeError(problem)
             with torch.device(self.device):
-                model = model_cls(self.model_config.hf_config, self.quantization)
+                return model_cls(self.model_config.hf_config, self.quantization)
         finally:
             torch.set_default_dtype(default_dtype)
-        model.load_weights(source.weights())
-        return model.eval()
 
     def attention_context(self) -> AttentionContext:
         cfg = self.model_config
@@ -183,7 +226,7 @@ class ModelRunner:
         requested = self.server_args.max_total_tokens
         if requested is None:
             requested = (
-                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_KV_BYTES // per_token)
             )
         if fits < requested or requested < 1:
             raise RuntimeError(

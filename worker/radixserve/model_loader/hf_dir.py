@@ -1,9 +1,12 @@
 """Read a Hugging Face checkpoint directory: config.json plus safetensors shards.
 
-Tensors are read lazily, one at a time, through `safetensors.safe_open` (memory-mapped), so
-loading never holds a second full copy of the checkpoint in host memory. Quantized checkpoints
-keep what quantization owns as stored: FP8 weights stay FP8 and scales stay float32; the
-model's quantization method (layers/quantization) takes them from there.
+Shards are read by fastsafetensors: many threads pread each file into pinned bounce buffers
+and copy it straight into the memory of the device the model runs on, one file at a time, so a
+cold read is bound by the disk, not by page faults of one thread (a memory-mapped
+`safe_open` read 16 GB in about 35 s on the H200 machine; see docs/benchmarks.md), and loading
+never holds a second full copy of the checkpoint. Quantized checkpoints keep what quantization
+owns as stored: FP8 weights stay FP8 and scales stay float32; the model's quantization method
+(layers/quantization) takes them from there.
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from pathlib import Path
 
 import torch
 import transformers
-from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
 from radixserve.model_loader.config import as_id_set, check_architecture
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+# parallel preads per shard: enough to keep an NVMe queue full
+READ_THREADS = 16
 # Buffers some old checkpoints saved alongside the parameters; the model recomputes them.
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
 # Quantization scales: kept in float32 whatever the model dtype.
@@ -69,10 +73,27 @@ def generation_eos_token_ids(directory: Path) -> set[int]:
     return as_id_set(GenerationConfig.from_pretrained(str(directory)).eos_token_id)
 
 
-def iter_safetensors(files: list[Path], dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    for file in files:
-        with safe_open(str(file), framework="pt", device="cpu") as shard:
-            for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
-                if name.endswith(_NON_PARAMETER_SUFFIXES):
-                    continue
-                yield name, as_loaded(name, shard.get_tensor(name), dtype)
+def iter_safetensors(
+    files: list[Path], dtype: torch.dtype, device: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor in `dtype` on `device`) for every tensor of the shards."""
+    from fastsafetensors import ParallelLoader
+
+    if device == "cuda":  # this process's GPU (its tensor-parallel rank's)
+        device = f"cuda:{torch.cuda.current_device()}"
+    loader = ParallelLoader(
+        None,
+        [str(file) for file in files],
+        device=device,
+        nogds=True,  # GPUDirect Storage is rarely there in a pod; pread + DMA always is
+        queue_size=-1,  # one file in flight: the transient buffer is one shard, not two
+        use_tqdm_on_load=False,
+        accumulate_resident=False,  # each tensor is copied into its parameter and dropped
+        max_threads=READ_THREADS,
+    )
+    try:
+        for name, tensor in loader.iterate_weights():
+            if not name.endswith(_NON_PARAMETER_SUFFIXES):
+                yield name, as_loaded(name, tensor, dtype)
+    finally:
+        loader.close()

@@ -182,7 +182,7 @@ def _from_hf_directory(
             f"{config.architecture} from {directory} ({len(files)} safetensors file(s), "
             f"{config.dtype})"
         ),
-        weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype),
+        weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype, device),
     )
 
 

@@ -7,16 +7,19 @@ does not have, so the file is located through the import system without importin
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import importlib.util
 import logging
 import os
 import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 
 import gguf
 import transformers
+from filelock import FileLock
 from transformers import AutoTokenizer
 
 logger = logging.getLogger(__name__)
@@ -74,23 +77,56 @@ def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
 
 def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
     """The GGUF's tokenizer, converted once and then reloaded from `tokenizer_cache_dir()`:
-    conversion takes seconds and both the front end and the scheduler process need it."""
+    conversion takes seconds and both the front end and the scheduler process need it.
+
+    The first process to get the cache's lock converts and writes the cache (into a staging
+    directory renamed into place, so no reader ever sees half of it); a process that starts at
+    the same time waits for the lock and then reads what the first one wrote."""
     cache_dir = gguf_tokenizer_cache_path(gguf_path)
-    if (cache_dir / "tokenizer_config.json").is_file():
-        with contextlib.suppress(Exception):
-            return AutoTokenizer.from_pretrained(str(cache_dir))
-        logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
+    cached = _read_cached_tokenizer(cache_dir)
+    if cached is not None:
+        return cached
+    try:
+        cache_dir.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(cache_dir.with_name(cache_dir.name + ".lock")):
+            cached = _read_cached_tokenizer(cache_dir)  # written while we waited
+            if cached is not None:
+                return cached
+            tokenizer = _convert(gguf_path)
+            _write_cache(tokenizer, cache_dir)
+            return tokenizer
+    except OSError as exc:  # a read-only or missing cache location: convert, do not cache
+        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
+        return _convert(gguf_path)
+
+
+def _convert(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
     logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
-    tokenizer = convert_gguf_tokenizer(gguf_path)
-    staging = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.tmp")
+    return convert_gguf_tokenizer(gguf_path)
+
+
+def _read_cached_tokenizer(cache_dir: Path) -> transformers.PreTrainedTokenizerBase | None:
+    if not (cache_dir / "tokenizer_config.json").is_file():
+        return None
+    with contextlib.suppress(Exception):
+        return AutoTokenizer.from_pretrained(str(cache_dir))
+    logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return None
+
+
+def _write_cache(tokenizer: transformers.PreTrainedTokenizerBase, cache_dir: Path) -> None:
+    """Save into a staging directory beside the cache, then rename it into place (atomic)."""
+    staging = Path(tempfile.mkdtemp(prefix=f"{cache_dir.name}.", dir=cache_dir.parent))
     try:
         tokenizer.save_pretrained(str(staging))
-        staging.rename(cache_dir)  # atomic: a concurrent reader never sees half a tokenizer
-    except OSError as exc:  # a read-only home or a concurrent writer: just skip the cache
-        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
+        staging.rename(cache_dir)
+    except OSError as exc:
+        # Already there: a writer the lock could not see (another machine on a shared volume).
+        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
+            raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return tokenizer
 
 
 @cache

@@ -34,13 +34,15 @@ EVERYTHING_ON = {
 }
 # (apiGroup, resource) -> verbs: every permission the operator holds, and no other. Derived
 # from operator/radixserve_operator (kube.py: server-side apply, get, delete, status patch;
-# handlers.py: the kopf watches) and kopf's own needs (events, peering, CRD observation).
+# handlers.py: the kopf watches, the worker pods listed per service) and kopf's own needs
+# (events, peering, CRD observation).
 APPLIED = {"get", "create", "patch", "delete"}
 WORKLOAD_PERMISSIONS = {
     ("radixserve.io", "inferenceservices"): {"get", "list", "watch", "patch"},
     ("radixserve.io", "inferenceservices/status"): {"patch"},
     ("apps", "deployments"): APPLIED | {"list", "watch"},
     ("", "services"): APPLIED,
+    ("", "pods"): {"list", "watch"},
     ("policy", "poddisruptionbudgets"): APPLIED,
     ("keda.sh", "scaledobjects"): APPLIED,
     ("monitoring.coreos.com", "servicemonitors"): APPLIED,
