@@ -7,6 +7,8 @@
 # Stages (default: all, in this order):
 #   tests        tests/gpu: fused MoE vs reference, FP8 linears and KV, attention variants,
 #                the new families on the fast path (GPU_TESTS overrides the selection)
+#   fp8-gemv     batch-1 FP8 projections: the FP8 GEMV (batch 1's path) vs torch._scaled_mm
+#                vs the bf16 GEMV, per 8B projection
 #   fp8-latency  Llama-3-8B shape, batch-1 decode, bf16 then --quantization fp8 (MBU over
 #                the bytes read, transformers beside the bf16 run)
 #   fp8-logits   teacher-forced logits, fp8 vs bf16 on the same weights (cosine >= 0.99)
@@ -16,7 +18,7 @@
 #   moe-offline  Qwen3-30B-A3B shape offline throughput, transformers (batched) beside it
 set -u
 source scripts/gpu/device_env.sh
-stages=${*:-tests fp8-latency fp8-logits moe-latency fp8-offline moe-offline}
+stages=${*:-tests fp8-gemv fp8-latency fp8-logits moe-latency fp8-offline moe-offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 # the triton backend: nothing to JIT-compile on a fresh machine (FlashInfer builds a module
 # per variant on first use, tens of seconds each); the tests cover FlashInfer where installed
@@ -32,6 +34,8 @@ for stage in $stages; do
           "tests/gpu/test_attention_backends.py::test_window_softcap_and_fp8_variants" \
           tests/gpu/test_models_gpu.py tests/gpu/test_fused_ops.py} \
         2>&1 | tee "$OUT/model-tests.log" | grep -E "agreement|capacity|passed|failed|Error|error" ;;
+    fp8-gemv)
+      timeout 40 python3 scripts/gpu/bench_fp8_gemv.py "$OUT/fp8-gemv.json" 2>&1 | grep "===" ;;
     fp8-latency)
       timeout 75 $RS bench latency --model random:llama-3-8b $LAT --batch-sizes 1 \
         --transformers-output-len 16 --output-json "$OUT/latency-8b-bf16.json" 2>&1 | tail -4
