@@ -52,12 +52,7 @@ class Gemma2DecoderLayer(LlamaDecoderLayer):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The residual adds fold into the next norm: the MLP's output, post-normed, joins the
         residual in the next layer's input norm (or the final norm)."""
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.attend(positions, hidden, residual, forward_batch)
         hidden = self.post_attention_layernorm(hidden)
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         hidden = self.mlp(hidden)

@@ -258,6 +258,19 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, residual = self.attend(positions, hidden, residual, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+    def attend(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        forward_batch: ForwardBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The input norm (with the residual add of the layer before) and the attention:
+        (attention output, residual stream)."""
         # On CUDA the add+norm runs in place, overwriting hidden and residual. Both are ours to
         # overwrite: the first residual is the embedding's fresh output (the norm without a
         # residual writes a new tensor, leaving it intact); every other hidden is a projection's.
@@ -266,9 +279,7 @@ class LlamaDecoderLayer(nn.Module):
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        return self.self_attn(positions, hidden, forward_batch), residual
 
 
 class LlamaModel(nn.Module):
