@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.entrypoints.arguments import all_choices
+from radixserve.server_args import API_KEY_ENV  # the variable the worker reads its key from
 
 DEFAULT_PORT = 8000
 BUILTIN_MODELS = frozenset({"smollm2-135m"})
@@ -24,6 +25,8 @@ _WORKER_CHOICES = all_choices()
 ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
 DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 
@@ -94,6 +97,14 @@ class Lifecycle:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the service's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Monitoring:
     service_monitor: bool = False
     interval: str = "15s"
@@ -118,6 +129,8 @@ class ServiceSpec:
     affinity: Mapping[str, Any] | None = None
     runtime_class_name: str | None = None
     env: tuple[Mapping[str, Any], ...] = ()
+    # The worker's API key (clients send it as a Bearer token), read from a Secret.
+    api_key_secret: SecretKeyRef | None = None
 
     @property
     def desired_replicas(self) -> int:
@@ -160,8 +173,32 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
         tolerations=tuple(raw.get("tolerations") or ()),
         affinity=raw.get("affinity"),
         runtime_class_name=raw.get("runtimeClassName"),
-        env=tuple(raw.get("env") or ()),
+        env=_parse_env(raw.get("env")),
+        api_key_secret=_parse_secret_ref(raw.get("apiKeySecretRef"), "spec.apiKeySecretRef"),
     )
+
+
+def _parse_env(raw: Any) -> tuple[Mapping[str, Any], ...]:
+    env = tuple(raw or ())
+    if any(isinstance(var, Mapping) and var.get("name") == API_KEY_ENV for var in env):
+        raise InvalidSpecError(
+            f"spec.env must not set {API_KEY_ENV}: give the key as spec.apiKeySecretRef"
+        )
+    return env
+
+
+def _parse_secret_ref(raw: Any, where: str) -> SecretKeyRef | None:
+    """A Secret's key, never its value: the worker gets it through the pod's environment."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidSpecError(f"{where} must be an object with name and key")
+    name, key = raw.get("name"), raw.get("key")
+    if not isinstance(name, str) or not _SECRET_NAME.match(name) or len(name) > 253:
+        raise InvalidSpecError(f"{where}.name must be the name of a Secret, got {name!r}")
+    if not isinstance(key, str) or not _SECRET_KEY.match(key) or len(key) > 253:
+        raise InvalidSpecError(f"{where}.key must be a key of that Secret, got {key!r}")
+    return SecretKeyRef(name=name, key=key)
 
 
 def _parse_model(raw: Mapping[str, Any], service_name: str) -> ModelSource:

@@ -7,14 +7,7 @@
 # Batch-1 decode of the 1B and 8B shapes (bench latency) and the offline 8B run (bench
 # offline, 1000 requests), JSON under $OUT/{before,after}-*.json.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-export SITE=${SITE:-/tmp/site}
-export PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device_env.sh"
 rounds=${1:-1}
 
 run() {  # run TREE-LABEL TREE-DIR command...

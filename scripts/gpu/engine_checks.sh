@@ -5,7 +5,9 @@
 # profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs).
 # Logs/JSON under $OUT.
 set -u
-source scripts/gpu/device_env.sh
+. "$(dirname "$0")/device_env.sh"
+export PYTHONPATH="worker:$SITE"
+RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests latency offline overlap}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 

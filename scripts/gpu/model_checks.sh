@@ -17,7 +17,9 @@
 #   fp8-offline  Llama-3-8B shape offline throughput, bf16 then fp8
 #   moe-offline  Qwen3-30B-A3B shape offline throughput, transformers (batched) beside it
 set -u
-source scripts/gpu/device_env.sh
+. "$(dirname "$0")/device_env.sh"
+export PYTHONPATH="worker:$SITE"
+RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests fp8-gemv fp8-latency fp8-logits moe-latency fp8-offline moe-offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 # the triton backend: nothing to JIT-compile on a fresh machine (FlashInfer builds a module

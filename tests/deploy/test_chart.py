@@ -258,6 +258,26 @@ def test_notes_tell_the_user_what_to_do_next() -> None:
     assert "Grafana's sidecar loads" in notes(EVERYTHING_ON)
 
 
+def test_an_api_key_secret_reaches_the_service_and_the_notes() -> None:
+    keyed = {
+        "inferenceService": {
+            "enabled": True,
+            "spec": {
+                "model": {"uri": "builtin:smollm2-135m"},
+                "apiKeySecretRef": {"name": "smollm2-api-key", "key": "key"},
+            },
+        }
+    }
+    (service,) = by_kind(render(keyed), "InferenceService")
+    assert service["spec"]["apiKeySecretRef"] == {"name": "smollm2-api-key", "key": "key"}
+    parsed = parse_spec(service["spec"], name="smollm2", default_image="radixserve:test")
+    assert parsed.api_key_secret is not None and parsed.api_key_secret.name == "smollm2-api-key"
+    text = notes(keyed)
+    assert "get secret smollm2-api-key -o jsonpath='{.data.key}'" in text
+    assert "Authorization: Bearer $KEY" in text
+    assert "spec.apiKeySecretRef" in notes()
+
+
 def test_rbac_covers_every_kind_the_operator_applies() -> None:
     for (api_version, kind), plural in PLURALS.items():
         group = api_version.rpartition("/")[0]

@@ -20,6 +20,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from radixserve.model_loader import gguf_file as gguf_file_module
 from radixserve.model_loader import random_init
 from radixserve.model_loader import tokenizer as tokenizer_module
 from radixserve.model_loader.config import resolve_dtype
@@ -236,11 +237,23 @@ def written_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaC
     return directory / "tiny.Q8_0.gguf", config, state
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["dequantized-cache", "from-the-file"])
 def test_written_gguf_round_trips_config_weights_and_tokenizer(
     written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cached: bool,
 ) -> None:
+    """Loaded from its dequantized copy in the cache (a small file, the second time) or
+    straight from the file (too big to keep dequantized): the same model either way."""
     path, hf_config, state = written_gguf
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    if not cached:
+        monkeypatch.setattr(gguf_file_module, "DEQUANTIZED_CACHE_MAX_FILE_BYTES", 0)
+    load_model_source(str(path))  # the first load converts, when it caches
     source = load_model_source(str(path))
+    copies = list((tmp_path / "dequantized").glob("*/model.safetensors"))
+    assert bool(copies) == cached
     config = source.config
     assert config.architecture == "LlamaForCausalLM" and not config.tie_word_embeddings
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (

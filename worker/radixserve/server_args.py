@@ -9,10 +9,16 @@ This module imports nothing of radixserve, so every layer may read it.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
+# Where the keys come from when their flags are not given: the operator passes the API key from
+# a Secret as an environment variable, never as a command-line argument anyone can read.
+API_KEY_ENV = "RADIXSERVE_API_KEY"
+ADMIN_API_KEY_ENV = "RADIXSERVE_ADMIN_API_KEY"
 
 
 def option(default: Any, help: str, **extra: Any) -> Any:
@@ -112,6 +118,29 @@ class ServerArgs:
         "log one line per finished generation request: its id, model, prompt, completion and "
         "cached tokens, finish reason, time to first token, end-to-end latency and HTTP status",
     )
+    tool_call_parser: str | None = option(
+        None,
+        "how the model writes tool calls (default: recognised from the model's chat template; "
+        "hermes for models whose template has no tool support)",
+    )
+    reasoning_parser: str | None = option(
+        None, "split the model's <think> reasoning into reasoning_content (default: off)"
+    )
+    strict_api: bool = option(
+        False,
+        "refuse requests with fields the server does not know (default: ignore them, with one "
+        "warning per field name)",
+    )
+    api_key: str | None = option(
+        None,
+        "clients must send 'Authorization: Bearer KEY' to /v1/* and /generate "
+        f"(default: ${API_KEY_ENV}; unset: no key needed)",
+    )
+    admin_api_key: str | None = option(
+        None,
+        "the key for /flush_cache and /get_server_info "
+        f"(default: ${ADMIN_API_KEY_ENV}, else the API key)",
+    )
     new_token_ratio: float = option(
         0.7,
         "fraction of a running request's remaining max_new_tokens that admission reserves; "
@@ -119,6 +148,10 @@ class ServerArgs:
     )
 
     def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+        if self.admin_api_key is None:
+            self.admin_api_key = os.environ.get(ADMIN_API_KEY_ENV) or None
         if self.served_model_name is None:
             self.served_model_name = _default_served_name(self.model)
         for name, allowed in static_choices().items():
@@ -143,12 +176,23 @@ class ServerArgs:
         if self.scheduler_stall_timeout <= 0:
             raise ValueError("--scheduler-stall-timeout must be positive")
 
+    def public_dict(self) -> dict[str, Any]:
+        """Every field, keys redacted: what introspection endpoints may show."""
+        values = dataclasses.asdict(self)
+        for name in SECRET_FIELDS:
+            if values[name] is not None:
+                values[name] = "<redacted>"
+        return values
+
     def resolved_device(self) -> str:
         if self.device != "auto":
             return self.device
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+SECRET_FIELDS = ("api_key", "admin_api_key")
 
 
 def static_choices() -> dict[str, tuple[str, ...]]:

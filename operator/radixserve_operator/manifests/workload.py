@@ -21,7 +21,7 @@ from radixserve_operator.manifests.meta import (
     object_meta,
     selector_labels,
 )
-from radixserve_operator.spec import DEFAULT_PORT, Engine, ModelSource, ServiceSpec
+from radixserve_operator.spec import API_KEY_ENV, DEFAULT_PORT, Engine, ModelSource, ServiceSpec
 
 MODEL_SOURCE_MOUNT = "/models/source"
 MODEL_CACHE_MOUNT = "/models/cache"
@@ -201,6 +201,11 @@ def _env(spec: ServiceSpec) -> list[dict[str, Any]]:
     env = list(spec.env)
     taken = {entry.get("name") for entry in env}
     env += [{"name": name, "value": value} for name, value in wanted.items() if name not in taken]
+    if spec.api_key_secret is not None:
+        # From the Secret through the environment: never an argument anyone can read in the
+        # pod spec or the process list.
+        secret = {"name": spec.api_key_secret.name, "key": spec.api_key_secret.key}
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret}})
     return env
 
 

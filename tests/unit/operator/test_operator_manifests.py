@@ -15,7 +15,7 @@ from operator_crd_checks import cel_violations, defaulted, schema_errors
 
 from radixserve_operator.manifests import Owner, build_children, worker_args
 from radixserve_operator.manifests.scaled_object import prometheus_query
-from radixserve_operator.spec import parse_spec
+from radixserve_operator.spec import API_KEY_ENV, InvalidSpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 OWNER = Owner(name="svc", namespace="models", uid="0b7c1f0e-5d4a-4c1e-9d3f-2a6b8c9d0e1f")
@@ -203,6 +203,44 @@ def test_model_sources(uri: str, model_arg: str, volume: str | None) -> None:
     assert names == ["tmp", *([volume] if volume else []), "model-cache"]
 
 
+def test_the_api_key_comes_from_the_secret_never_as_an_argument() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m"},
+        "apiKeySecretRef": {"name": "svc-api-key", "key": "token"},
+        "env": [{"name": "LOG_FORMAT", "value": "json"}],
+    }
+    manifests = children(spec)
+    for manifest in manifests:
+        assert_valid(manifest)
+    container = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {
+        "name": "RADIXSERVE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "svc-api-key", "key": "token"}},
+    } in container["env"]
+    assert {"name": "LOG_FORMAT", "value": "json"} in container["env"]
+    assert not any("key" in arg for arg in container["args"])
+    # probes stay on the open endpoints
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    without = by_kind(children({"model": {"uri": "builtin:smollm2-135m"}}))["Deployment"]
+    names = {e["name"] for e in without["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "RADIXSERVE_API_KEY" not in names
+
+
+def test_the_api_key_variable_is_the_one_the_worker_reads() -> None:
+    from radixserve.server_args import API_KEY_ENV as WORKER_API_KEY_ENV
+
+    assert API_KEY_ENV == WORKER_API_KEY_ENV
+
+
+def test_a_literal_api_key_in_env_is_refused() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m"},
+        "env": [{"name": "RADIXSERVE_API_KEY", "value": "in-plain-sight"}],
+    }
+    with pytest.raises(InvalidSpecError, match="apiKeySecretRef"):
+        parse_spec(spec, name="svc", default_image="i")
+
+
 def test_engine_flags_map_to_worker_cli() -> None:
     spec = {
         "model": {"uri": "builtin:smollm2-135m", "name": "small"},
@@ -271,6 +309,12 @@ valid_specs = st.fixed_dictionaries(
             st.sampled_from(["pool", "zone"]), st.sampled_from(["a", "b"])
         ),
         "runtimeClassName": st.just("nvidia"),
+        "apiKeySecretRef": st.fixed_dictionaries(
+            {
+                "name": st.sampled_from(["keys", "svc.api-key"]),
+                "key": st.sampled_from(["k", "api_key"]),
+            }
+        ),
         "lifecycle": st.fixed_dictionaries(
             {},
             optional={

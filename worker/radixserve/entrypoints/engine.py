@@ -21,11 +21,13 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.arguments import check_server_args
 from radixserve.managers.io_struct import TokenLogprob
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
+    GenerateRequest,
     TokenizerManager,
 )
 from radixserve.metrics.collectors import ServerMetrics
@@ -193,6 +195,8 @@ class Engine:
             scheduler_process=self._process,
             metrics=self.metrics,
             max_queued_requests=server_args.max_queued_requests,
+            vocab_size=self.model_info.vocab_size,
+            max_request_tokens=min(self.model_info.context_len, self.model_info.max_total_tokens),
         )
         if event_loop_thread:
             self._start_loop_thread()
@@ -272,89 +276,16 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> tuple[list[GenerateInput], bool]:
-        """Tokenize and validate; returns one input per (prompt, sample) and whether the caller
-        passed a batch. Raises ValueError with a message fit for a 400."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of text (prompt) and input_ids")
-        tm = self.tokenizer_manager
-        if prompt is not None:
-            batched = isinstance(prompt, list)
-            prompts = prompt if batched else [prompt]
-            if not all(isinstance(p, str) for p in prompts):
-                raise ValueError("text must be a string or a list of strings")
-            token_lists = [tm.encode(p) for p in prompts]
-        else:
-            batched = (
-                isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-            )
-            token_lists = input_ids if batched else [input_ids]
-            vocab_size = self.model_info.vocab_size
-            if not all(
-                isinstance(ids, list) and all(_is_token_id(t, vocab_size) for t in ids)
-                for ids in token_lists
-            ):
-                raise ValueError(
-                    f"input_ids must be a list of token ids in [0, {vocab_size}) "
-                    "or a list of such lists"
-                )
-        if not token_lists:
-            raise ValueError("the batch of prompts is empty")
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(token_lists):
-                raise ValueError("sampling_params must be one object or one per prompt")
-            params_list = [self._sampling_params(p) for p in sampling_params]
-        else:
-            params_list = [self._sampling_params(sampling_params) for _ in token_lists]
-        if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= 20:
-            raise ValueError("top_logprobs_num must be an integer in [0, 20]")
-        inputs = []
-        for ids, params in zip(token_lists, params_list, strict=True):
-            self.check_prompt_length(len(ids), params.max_new_tokens)
-            for sample in range(params.n):
-                copy = dataclasses.replace(params, n=1)
-                if params.seed is not None and params.n > 1:
-                    copy.seed = (params.seed + sample) % 2**64
-                inputs.append(
-                    GenerateInput(
-                        input_ids=list(ids),
-                        sampling_params=copy,
-                        return_logprob=return_logprob,
-                        top_logprobs_num=top_logprobs_num,
-                    )
-                )
+        """Tokenize and validate through the TokenizerManager's front door; returns one input
+        per (prompt, sample) and whether the caller passed a batch. Raises ValueError
+        (InvalidParameterError, naming the parameter) on bad input."""
+        request, batched = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
+        )
+        inputs = self.tokenizer_manager.build_inputs(request)
         return inputs, batched or len(inputs) > 1
-
-    def _sampling_params(self, params: dict | SamplingParams | None) -> SamplingParams:
-        if params is None:
-            params = SamplingParams()
-        elif isinstance(params, dict):
-            params = SamplingParams.from_dict(params)
-        elif not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be an object")
-        params.verify(self.model_info.vocab_size)
-        return params
-
-    @property
-    def max_request_tokens(self) -> int:
-        """A request's prompt plus its new tokens must fit the context and the KV cache."""
-        return min(self.model_info.context_len, self.model_info.max_total_tokens)
-
-    def check_prompt_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        limit = self.max_request_tokens
-        if prompt_tokens == 0:
-            raise ValueError("the prompt is empty")
-        if prompt_tokens >= limit:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens, but the prompt has "
-                f"{prompt_tokens} tokens. Please shorten the prompt."
-            )
-        if prompt_tokens + max_new_tokens > limit:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the prompt, "
-                f"{max_new_tokens} for the completion). Please reduce the prompt or max tokens."
-            )
 
     async def _generate_results(self, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
         results = [_ResultBuilder(i) for i in inputs]
@@ -371,9 +302,10 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> dict | list[dict]:
         inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
         )
         results = await self._on_engine_loop(self._generate_results(inputs))
         return results if batched else results[0]
@@ -403,14 +335,15 @@ class Engine:
         input_ids: list[int] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: each dict carries the *new* text and output ids and the
         meta_info so far; the last one has a finish_reason."""
         inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
         )
         if batched:
-            raise ValueError("streaming takes one prompt with n = 1")
+            raise InvalidParameterError("streaming takes one prompt with n = 1", "stream")
         builder = _ResultBuilder(inputs[0])
         stream = self.tokenizer_manager.generate_many(inputs, self.enforce_queue_limit)
         async for _, chunk in self._stream_on_engine_loop(stream):
@@ -454,7 +387,7 @@ class Engine:
     async def async_get_server_info(self) -> dict[str, Any]:
         scheduler_info = await self._on_engine_loop(self.tokenizer_manager.get_scheduler_info())
         return {
-            **dataclasses.asdict(self.server_args),
+            **self.server_args.public_dict(),
             **dataclasses.asdict(self.model_info),
             "num_in_flight_requests": self.tokenizer_manager.num_in_flight,
             "scheduler": scheduler_info,
@@ -512,14 +445,6 @@ class Engine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-
-class PromptTooLongError(ValueError):
-    """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
-
-
-def _is_token_id(value: object, vocab_size: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
 class _ResultBuilder:

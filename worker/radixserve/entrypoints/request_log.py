@@ -1,7 +1,8 @@
 """`--log-requests`: one log line per finished generation request, and quiet client disconnects.
 
 The `request_lifecycle` middleware wraps every handler. For the generation endpoints it gives
-the request a `RequestRecord` that the handlers feed as chunks pass (`observe`, `observed`),
+the request a `RequestRecord` that the handlers feed as chunks pass (`observe`,
+`observe_native`),
 and when the handler is done it writes one line on the `radixserve.requests` logger: the
 response id, model, prompt, completion and cached tokens, finish reason, time to first token,
 end-to-end latency and HTTP status (with `--log-format json` these are also the line's fields).
@@ -75,6 +76,15 @@ class RequestRecord:
             meta["prompt_tokens"], meta["completion_tokens"], meta["cached_tokens"], reason
         )
 
+    async def observed_native(
+        self, items: AsyncIterator[dict[str, Any]]
+    ) -> AsyncIterator[dict[str, Any]]:
+        """A native stream, each item shown to this record; closing this closes `items`."""
+        async with contextlib.aclosing(items):
+            async for item in items:
+                self.observe_native(0, item, streamed=True)
+                yield item
+
     def fields(self, status: int) -> dict[str, Any]:
         prompts = {i // self.samples_per_prompt: c for i, c in sorted(self.choices.items())}
         reasons = sorted({c.finish_reason for c in self.choices.values() if c.finish_reason})
@@ -100,19 +110,6 @@ RECORD_KEY = web.RequestKey("request_record", RequestRecord)
 
 def record_of(request: web.Request) -> RequestRecord | None:
     return request.get(RECORD_KEY)
-
-
-async def observed(
-    request: web.Request, stream: AsyncIterator[tuple[int, GenerateChunk]]
-) -> AsyncIterator[tuple[int, GenerateChunk]]:
-    """`stream`, with each chunk shown to the request's record (if it has one); closing this
-    closes `stream` at once, which aborts the generation."""
-    record = record_of(request)
-    async with contextlib.aclosing(stream):
-        async for index, chunk in stream:
-            if record is not None:
-                record.observe(index, chunk)
-            yield index, chunk
 
 
 @web.middleware

@@ -164,8 +164,9 @@ def run_scheduler_process(
                 torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
             )
         scheduler = build_scheduler(server_args, startup=startup)
-        with startup.timed("kernel_warmup"):
-            warm_up(scheduler)
+        if scheduler.worker.device.type == "cuda":  # the CPU's torch code compiles nothing
+            with startup.timed("kernel_warmup"):
+                warm_up(scheduler)
         logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")

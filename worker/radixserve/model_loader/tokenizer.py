@@ -6,21 +6,16 @@ does not have, so the file is located through the import system without importin
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import hashlib
 import importlib.util
 import logging
-import os
-import shutil
-import tempfile
 from functools import cache
 from pathlib import Path
 
 import gguf
 import transformers
-from filelock import FileLock
 from transformers import AutoTokenizer
+
+from radixserve.model_loader.conversion_cache import cache_key, cache_root, converted_once
 
 logger = logging.getLogger(__name__)
 
@@ -63,70 +58,23 @@ def convert_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerB
     return tokenizer
 
 
-def tokenizer_cache_dir() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
-    return Path(root) / "tokenizers"
-
-
 def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
-    """Keyed by the file's path, size and mtime and the transformers version that converted it."""
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-    return tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:16]
+    """Keyed by the file and the transformers version that converts it."""
+    return cache_root() / "tokenizers" / cache_key(gguf_path, transformers.__version__)
 
 
 def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
-    """The GGUF's tokenizer, converted once and then reloaded from `tokenizer_cache_dir()`:
-    conversion takes seconds and both the front end and the scheduler process need it.
-
-    The first process to get the cache's lock converts and writes the cache (into a staging
-    directory renamed into place, so no reader ever sees half of it); a process that starts at
-    the same time waits for the lock and then reads what the first one wrote."""
-    cache_dir = gguf_tokenizer_cache_path(gguf_path)
-    cached = _read_cached_tokenizer(cache_dir)
-    if cached is not None:
-        return cached
-    try:
-        cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(cache_dir.with_name(cache_dir.name + ".lock")):
-            cached = _read_cached_tokenizer(cache_dir)  # written while we waited
-            if cached is not None:
-                return cached
-            tokenizer = _convert(gguf_path)
-            _write_cache(tokenizer, cache_dir)
-            return tokenizer
-    except OSError as exc:  # a read-only or missing cache location: convert, do not cache
-        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
-        return _convert(gguf_path)
-
-
-def _convert(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
-    logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
-    return convert_gguf_tokenizer(gguf_path)
-
-
-def _read_cached_tokenizer(cache_dir: Path) -> transformers.PreTrainedTokenizerBase | None:
-    if not (cache_dir / "tokenizer_config.json").is_file():
-        return None
-    with contextlib.suppress(Exception):
-        return AutoTokenizer.from_pretrained(str(cache_dir))
-    logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    return None
-
-
-def _write_cache(tokenizer: transformers.PreTrainedTokenizerBase, cache_dir: Path) -> None:
-    """Save into a staging directory beside the cache, then rename it into place (atomic)."""
-    staging = Path(tempfile.mkdtemp(prefix=f"{cache_dir.name}.", dir=cache_dir.parent))
-    try:
-        tokenizer.save_pretrained(str(staging))
-        staging.rename(cache_dir)
-    except OSError as exc:
-        # Already there: a writer the lock could not see (another machine on a shared volume).
-        if exc.errno not in (errno.EEXIST, errno.ENOTEMPTY):
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+    """The GGUF's tokenizer, converted once and then reloaded from the cache: conversion takes
+    seconds and both the front end and the scheduler process need it."""
+    directory = converted_once(
+        gguf_tokenizer_cache_path(gguf_path),
+        write=lambda staging: convert_gguf_tokenizer(gguf_path).save_pretrained(str(staging)),
+        complete=lambda d: (d / "tokenizer_config.json").is_file(),
+        what=f"the tokenizer of {gguf_path.name}",
+    )
+    if directory is None:
+        return convert_gguf_tokenizer(gguf_path)
+    return AutoTokenizer.from_pretrained(str(directory))
 
 
 @cache
