@@ -4,10 +4,15 @@ A case scatters each request's tokens over random KV slots (a random permutation
 slot 0 never used), puts requests in random req_to_token rows, fills the whole pool with
 random values (never zeros: they hide unwritten outputs), and keeps its own dense copy of
 every request's K/V so the reference does not trust the pool it is checking.
+
+A case may narrow attention to a sliding window, soft-cap the scores, and keep its KV in FP8
+(`kv_dtype`): new K/V values are then drawn on the FP8 grid times a power-of-two scale, so
+storing them is exact and every backend, however it reads K/V, sees the same values.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +72,10 @@ def make_case(
     spare_rows: int = 3,
     pool_size: int | None = None,
     max_context: int | None = None,
+    sliding_window: int = -1,
+    logit_cap: float = 0.0,
+    kv_dtype: torch.dtype | None = None,
+    kv_scales: tuple[float, float] = (0.5, 0.25),
 ) -> AttentionCase:
     """One pass over len(prefix_lens) requests; decode passes need every extend_len == 1.
 
@@ -88,9 +97,17 @@ def make_case(
         return torch.randn(*shape, generator=dev_gen, device=device).to(dtype)
 
     req_pool = ReqToTokenPool(bs + spare_rows, max_context, device)
-    kv_pool = TokenToKVPool(pool_size, 1, num_kv_heads, head_dim, dtype, device)
+    kv_pool = TokenToKVPool(pool_size, 1, num_kv_heads, head_dim, kv_dtype or dtype, device)
     kv_pool.k_buffers[0].copy_(randn(pool_size + 1, num_kv_heads, head_dim))
     kv_pool.v_buffers[0].copy_(randn(pool_size + 1, num_kv_heads, head_dim))
+    fp8 = kv_pool.is_fp8
+    if fp8:
+        kv_pool.set_scales(0, *kv_scales)
+
+    def on_fp8_grid(x: torch.Tensor, scale: float) -> torch.Tensor:
+        """x rounded to values an FP8 pool with this scale stores exactly."""
+        return (x.float() / scale).to(kv_pool.dtype).float().mul(scale).to(dtype) if fp8 else x
+
     req_pool.req_to_token.copy_(
         torch.randint(
             0, pool_size + 1, req_pool.req_to_token.shape, generator=dev_gen, device=device
@@ -101,8 +118,8 @@ def make_case(
     tokens = sum(extend_lens)
     q, k, v = (
         randn(tokens, num_heads * head_dim),
-        randn(tokens, num_kv_heads * head_dim),
-        randn(tokens, num_kv_heads * head_dim),
+        on_fp8_grid(randn(tokens, num_kv_heads * head_dim), kv_pool.scales(0)[0]),
+        on_fp8_grid(randn(tokens, num_kv_heads * head_dim), kv_pool.scales(0)[1]),
     )
     dense_k, dense_v, out_cache_loc = [], [], []
     offset, token = 0, 0
@@ -113,8 +130,9 @@ def make_case(
         new_k = k[token : token + ext].view(ext, num_kv_heads, head_dim)
         new_v = v[token : token + ext].view(ext, num_kv_heads, head_dim)
         token += ext
-        dense_k.append(torch.cat([kv_pool.k_buffers[0][req_slots[:prefix]], new_k]))
-        dense_v.append(torch.cat([kv_pool.v_buffers[0][req_slots[:prefix]], new_v]))
+        old_k, old_v = kv_pool.read_kv(0, req_slots[:prefix], dtype)
+        dense_k.append(torch.cat([old_k, new_k]))
+        dense_v.append(torch.cat([old_v, new_v]))
         out_cache_loc.append(req_slots[prefix:])
 
     def dev_long(values: list[int]) -> torch.Tensor:
@@ -150,8 +168,17 @@ def make_case(
         attn_backend=None,  # type: ignore[arg-type]  # set by run_backend
         **extend_fields,
     )
-    layer = RadixAttention(num_heads, head_dim, head_dim**-0.5, num_kv_heads, layer_id=0)
+    layer = RadixAttention(
+        num_heads,
+        head_dim,
+        head_dim**-0.5,
+        num_kv_heads,
+        layer_id=0,
+        sliding_window_size=sliding_window,
+        logit_cap=logit_cap,
+    )
     context = make_context(num_heads, num_kv_heads, head_dim, dtype, device, req_pool, kv_pool)
+    context = dataclasses.replace(context, variants=(layer.variant,))
     return AttentionCase(
         forward_batch, layer, context, q, k, v, dense_k, dense_v, list(extend_lens)
     )
@@ -170,9 +197,13 @@ def dense_reference(case: AttentionCase) -> torch.Tensor:
         kh = keys.double().repeat_interleave(group, dim=1)  # [L, h, d]
         vh = values.double().repeat_interleave(group, dim=1)
         scores = torch.einsum("qhd,khd->hqk", q, kh) * layer.scaling
-        visible = torch.arange(seq_len, device=q.device)[None, :] <= (
-            torch.arange(ext, device=q.device)[:, None] + prefix
-        )
+        if layer.logit_cap > 0:
+            scores = torch.tanh(scores / layer.logit_cap) * layer.logit_cap
+        key_pos = torch.arange(seq_len, device=q.device)[None, :]
+        query_pos = torch.arange(ext, device=q.device)[:, None] + prefix
+        visible = key_pos <= query_pos
+        if layer.sliding_window_size > 0:
+            visible &= key_pos > query_pos - layer.sliding_window_size
         scores = scores.masked_fill(~visible[None], float("-inf"))
         out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vh)
         outs.append(out.reshape(ext, -1))
@@ -194,11 +225,10 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
 def stored_kv_matches(case: AttentionCase) -> bool:
     """After a pass the pool holds this pass's k/v at out_cache_loc."""
     fb, layer = case.forward_batch, case.layer
-    k_buf, v_buf = fb.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-    loc = fb.out_cache_loc
+    k_stored, v_stored = fb.token_to_kv_pool.read_kv(layer.layer_id, fb.out_cache_loc, case.k.dtype)
     k = case.k.view(-1, layer.tp_k_head_num, layer.head_dim)
     v = case.v.view(-1, layer.tp_v_head_num, layer.head_dim)
-    return bool(torch.equal(k_buf[loc], k) and torch.equal(v_buf[loc], v))
+    return bool(torch.equal(k_stored, k) and torch.equal(v_stored, v))
 
 
 def random_lengths(

@@ -92,6 +92,31 @@ def test_backend_matches_torch_native(backend_name, mode) -> None:
     assert err < TOLERANCE[dtype], f"{prefix=} {extend=} rel err {err:.2e} vs torch_native"
 
 
+# Gemma- and Mistral-like variants: a window shorter than most sequences, a soft-cap of the
+# order of the scores (so tanh bends them), an FP8 pool (values on its grid: storing is exact)
+VARIANTS = {
+    "window": {"sliding_window": 200},
+    "window-softcap": {"sliding_window": 64, "logit_cap": 2.0},
+    "fp8-kv": {"kv_dtype": torch.float8_e4m3fn, "kv_scales": (2**-2, 2**-3)},
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name.lower())
+@pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
+def test_window_softcap_and_fp8_variants(backend_name, mode, variant) -> None:
+    gen = torch.Generator().manual_seed(hash((backend_name, mode.name, variant)) % 2**31)
+    dtype = torch.bfloat16
+    for _ in range(2):
+        prefix, extend = random_lengths(mode, gen)
+        case = make_case(mode, prefix, extend, 32, 8, 128, dtype, "cuda", gen, **VARIANTS[variant])
+        out = run_backend(_backend_class(backend_name)(case.context), case)
+        assert torch.isfinite(out).all()
+        err = relative_error(out, dense_reference(case))
+        assert err < TOLERANCE[dtype], f"{prefix=} {extend=} rel err {err:.2e}"
+        assert stored_kv_matches(case)
+
+
 @pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
 @pytest.mark.parametrize("heads", [(8, 8), (32, 8)], ids=["mha", "gqa4"])
 def test_cuda_graph_replay_with_new_lengths(backend_name, heads) -> None:

@@ -19,9 +19,10 @@ from small_models import SMALL_LLAMA, SMALL_QWEN3, random_model
 from radixserve.forward.mode import ForwardMode
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.layers import fused_ops
-from radixserve.layers.activation import silu_and_mul_native
-from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.activation import gelu_tanh_and_mul_native, silu_and_mul_native
+from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
+from radixserve.mem_cache.memory_pool import quantize_fp8
 from radixserve.model_executor.forward_inputs import build_forward_batch
 from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
@@ -46,8 +47,10 @@ def _randn(shape: tuple[int, ...], dtype: torch.dtype, device: str, gen: torch.G
     return torch.randn(shape, generator=gen, device="cpu").to(device=device, dtype=dtype)
 
 
-def _norm(hidden: int, dtype: torch.dtype, device: str, gen: torch.Generator) -> RMSNorm:
-    norm = RMSNorm(hidden, eps=1e-5).to(device=device, dtype=dtype)
+def _norm(
+    hidden: int, dtype: torch.dtype, device: str, gen: torch.Generator, cls: type = RMSNorm
+) -> RMSNorm:
+    norm = cls(hidden, eps=1e-5).to(device=device, dtype=dtype)
     with torch.no_grad():
         norm.weight.copy_(1.0 + 0.1 * _randn((hidden,), dtype, device, gen))
     return norm
@@ -60,25 +63,28 @@ def _rotary(head_dim: int, device: str) -> RotaryEmbedding:
 
 
 @torch.no_grad()
-def check_rms_norm(rows: int, hidden: int, dtype, device: str, gen) -> dict[str, float]:
+def check_rms_norm(
+    rows: int, hidden: int, dtype, device: str, gen, cls: type = RMSNorm
+) -> dict[str, float]:
     """Out of place, in place, on a strided view in place, and with the residual add (both
-    outputs in place)."""
-    norm = _norm(hidden, dtype, device, gen)
+    outputs in place); `cls` GemmaRMSNorm for the (1 + w) form."""
+    norm = _norm(hidden, dtype, device, gen, cls)
+    eps, offset = norm.variance_epsilon, norm.unit_offset
     x = 3.0 * _randn((rows, hidden), dtype, device, gen)
     residual = _randn((rows, hidden), dtype, device, gen)
     expected = norm.forward_native(x)
-    fresh = fused_ops.rms_norm(x, norm.weight, norm.variance_epsilon)
+    fresh = fused_ops.rms_norm(x, norm.weight, eps, unit_offset=offset)
     in_place = x.clone()
-    returned = fused_ops.rms_norm(in_place, norm.weight, norm.variance_epsilon, out=in_place)
+    returned = fused_ops.rms_norm(in_place, norm.weight, eps, out=in_place, unit_offset=offset)
     exp_out, exp_res = norm.forward_native(x, residual)
     x_io, res_io = x.clone(), residual.clone()
-    out, res = fused_ops.fused_add_rms_norm(x_io, res_io, norm.weight, norm.variance_epsilon)
+    out, res = fused_ops.fused_add_rms_norm(x_io, res_io, norm.weight, eps, offset)
     assert returned is in_place and out is x_io and res is res_io
     wide = _randn((rows, hidden + 32), dtype, device, gen)  # rows of a wider buffer
     before = wide.clone()
     strided = wide[:, 16 : 16 + hidden]
     expected_strided = norm.forward_native(strided)
-    fused_ops.rms_norm(strided, norm.weight, norm.variance_epsilon, out=strided)
+    fused_ops.rms_norm(strided, norm.weight, eps, out=strided, unit_offset=offset)
     outside = torch.cat([wide[:, :16], wide[:, 16 + hidden :]], dim=1)
     before_outside = torch.cat([before[:, :16], before[:, 16 + hidden :]], dim=1)
     return {
@@ -92,18 +98,21 @@ def check_rms_norm(rows: int, hidden: int, dtype, device: str, gen) -> dict[str,
 
 
 @torch.no_grad()
-def check_head_norm(tokens: int, heads: int, kv_heads: int, head_dim: int, dtype, device, gen):
-    """Qwen3's q/k norm: in place on [T, heads, head_dim] views of a fused qkv buffer."""
-    q_norm = _norm(head_dim, dtype, device, gen)
-    k_norm = _norm(head_dim, dtype, device, gen)
+def check_head_norm(
+    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype, device, gen, cls=RMSNorm
+):
+    """Qwen3's (Gemma 3's with GemmaRMSNorm) q/k norm: in place on [T, heads, head_dim] views
+    of a fused qkv buffer."""
+    q_norm = _norm(head_dim, dtype, device, gen, cls)
+    k_norm = _norm(head_dim, dtype, device, gen, cls)
     qkv = _randn((tokens, (heads + 2 * kv_heads) * head_dim), dtype, device, gen)
     before = qkv.clone()
     view = qkv.view(tokens, heads + 2 * kv_heads, head_dim)
     q, k = view[:, :heads], view[:, heads : heads + kv_heads]
     expected_q = q_norm.forward_native(q.clone())
     expected_k = k_norm.forward_native(k.clone())
-    fused_ops.rms_norm(q, q_norm.weight, q_norm.variance_epsilon, out=q)
-    fused_ops.rms_norm(k, k_norm.weight, k_norm.variance_epsilon, out=k)
+    q_norm.normalize_heads_(q)
+    k_norm.normalize_heads_(k)
     v_cols = (heads + kv_heads) * head_dim
     return {
         "q_norm": rel_err(q, expected_q),
@@ -118,7 +127,11 @@ def check_silu_and_mul(tokens: int, d: int, dtype, device: str, gen) -> dict[str
     half precision rounds after the silu too; the model tests cover that difference)."""
     gate_up = 2.0 * _randn((tokens, 2 * d), dtype, device, gen)
     expected = silu_and_mul_native(gate_up.float()).to(dtype)
-    return {"silu_and_mul": rel_err(fused_ops.silu_and_mul(gate_up), expected)}
+    expected_gelu = gelu_tanh_and_mul_native(gate_up.float()).to(dtype)
+    return {
+        "silu_and_mul": rel_err(fused_ops.silu_and_mul(gate_up), expected),
+        "gelu_tanh_and_mul": rel_err(fused_ops.gelu_tanh_and_mul(gate_up), expected_gelu),
+    }
 
 
 def check_store_cells(device: str, gen) -> dict[str, float]:
@@ -145,11 +158,15 @@ def check_rotary_and_store_kv(
     gen,
     padded: int = 0,
     cache_dtype=None,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> dict[str, float]:
     """The fused kernel against RotaryEmbedding.forward in float32, rounded once (the kernel's
-    contract), plus the pool's index store. The last `padded` tokens are CUDA-graph padding:
-    position 0, KV slot 0 (not compared: several tokens race to it)."""
+    contract), plus the pool's index store (an FP8 cache gets value / scale, saturated; its
+    comparison is of the dequantized values, as `k_cache_fp8`: a rounding flip of the rotated
+    k moves an FP8 value a step, 2**-3 relative). The last `padded` tokens are CUDA-graph
+    padding: position 0, KV slot 0 (not compared: several tokens race to it)."""
     cache_dtype = cache_dtype or dtype
+    fp8 = cache_dtype.itemsize == 1
     rotary = _rotary(head_dim, device)
     qkv = _randn((tokens, (heads + 2 * kv_heads) * head_dim), dtype, device, gen)
     slots = tokens + 9
@@ -167,17 +184,24 @@ def check_rotary_and_store_kv(
     )
     exp_q, exp_k = exp_q.to(dtype), exp_k.to(dtype)
     exp_k_cache, exp_v_cache = k_cache.clone(), v_cache.clone()
-    exp_k_cache[loc] = exp_k.to(cache_dtype)
     exp_v = qkv[:, q_size + kv_size :].clone()
-    exp_v_cache[loc] = exp_v.reshape(-1, kv_heads, head_dim).to(cache_dtype)
+    if fp8:
+        exp_k_cache[loc] = quantize_fp8(exp_k, kv_scales[0], cache_dtype)
+        exp_v_cache[loc] = quantize_fp8(
+            exp_v.reshape(-1, kv_heads, head_dim), kv_scales[1], cache_dtype
+        )
+    else:
+        exp_k_cache[loc] = exp_k.to(cache_dtype)
+        exp_v_cache[loc] = exp_v.reshape(-1, kv_heads, head_dim).to(cache_dtype)
 
-    rotary.rotate_and_store_kv(positions, qkv, heads, kv_heads, k_cache, v_cache, loc)
+    rotary.rotate_and_store_kv(positions, qkv, heads, kv_heads, k_cache, v_cache, loc, kv_scales)
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    k_metric = "k_cache_fp8" if fp8 else "k_cache"
     return {
         "rotary_q": rel_err(q, exp_q.reshape(tokens, -1)),
         "rotary_k": rel_err(k, exp_k.reshape(tokens, -1)),
         "v_untouched": float(not torch.equal(v, exp_v)),
-        "k_cache": rel_err(k_cache[1:], exp_k_cache[1:]),
+        k_metric: rel_err(k_cache[1:].float(), exp_k_cache[1:].float()),
         "v_cache": float(not torch.equal(v_cache[1:], exp_v_cache[1:])),
     }
 
@@ -189,17 +213,18 @@ def fused_path(on: bool):
         yield
 
 
-def _runner(model: str, dtype: str, device: str, backend: str) -> ModelRunner:
-    args = ServerArgs(
-        model=model,
-        device=device,
-        dtype=dtype,
-        attention_backend="torch_native" if device == "cpu" else backend,
-        max_total_tokens=4096,
-        max_running_requests=8,
-        disable_cuda_graph=True,
-        disable_overlap=True,
-    )
+def _runner(model: str, dtype: str, device: str, backend: str, **overrides) -> ModelRunner:
+    settings = {
+        "model": model,
+        "device": device,
+        "dtype": dtype,
+        "attention_backend": "torch_native" if device == "cpu" else backend,
+        "max_total_tokens": 4096,
+        "max_running_requests": 8,
+        "disable_cuda_graph": True,
+        "disable_overlap": True,
+    }
+    args = ServerArgs(**(settings | overrides))
     runner = ModelRunner(args, load_model_source(model, dtype=dtype, device=device))
     if device == "cpu" and backend == "triton":  # the registry keeps triton to CUDA
         from radixserve.layers.attention.triton_backend import TritonAttnBackend
@@ -243,22 +268,30 @@ def _pass(
 
 
 def model_passes(
-    model: str, dtype: str, device: str, backend: str, fused: bool, prompt_lens: list[int]
+    model: str,
+    dtype: str,
+    device: str,
+    backend: str,
+    fused: bool,
+    prompt_lens: list[int],
+    decode_steps: int = 2,
+    **overrides,
 ) -> list[torch.Tensor]:
-    """Logits of a prefill, a second chunk on top of that cached prefix, then two decode steps
-    (random tokens, the same for either path), on a fresh runner so the KV pool starts equal."""
-    runner = _runner(model, dtype, device, backend)
+    """Logits of a prefill, a second chunk on top of that cached prefix, then `decode_steps`
+    decode steps (random tokens, the same for either path: teacher-forced), on a fresh runner
+    so the KV pool starts equal. `overrides`: more ServerArgs (quantization, KV dtype)."""
+    runner = _runner(model, dtype, device, backend, **overrides)
     gen = torch.Generator().manual_seed(7)
     vocab = runner.model_config.vocab_size
     chunk = 4
-    total = [n + chunk + 2 for n in prompt_lens]
+    total = [n + chunk + decode_steps for n in prompt_lens]
     first = torch.cumsum(torch.tensor([1, *total[:-1]]), 0)  # slot 0 is reserved
     slots = [torch.arange(int(f), int(f) + t) for f, t in zip(first, total, strict=True)]
     logits = []
     with fused_path(fused), torch.no_grad():
         prefix = [0] * len(prompt_lens)
         decode = [1] * len(prompt_lens)
-        for lens in (prompt_lens, [chunk] * len(prompt_lens), decode, decode):
+        for lens in (prompt_lens, [chunk] * len(prompt_lens), *[decode] * decode_steps):
             new = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in lens]
             logits.append(_pass(runner, prefix, new, slots).float().cpu())
             prefix = [p + n for p, n in zip(prefix, lens, strict=True)]
@@ -307,6 +340,25 @@ def test_rotary_and_store_kv(head_dim, tokens, dtype, gen) -> None:
     padded = 3 if tokens > 3 else 0
     results = check_rotary_and_store_kv(tokens, 32, 8, head_dim, dtype, "cuda", gen, padded)
     _assert_within(results, dtype)
+
+
+@pytest.mark.parametrize("tokens", [1, 7, 300])
+def test_rotary_stores_into_fp8_cache(tokens, gen) -> None:
+    """value / scale, saturated, in float8_e4m3fn: equal to the pool's own quantization up to
+    one FP8 step where the rotated k's last bit differs (v is a copy: exact)."""
+    results = check_rotary_and_store_kv(
+        tokens, 32, 8, 128, torch.bfloat16, "cuda", gen, 0, torch.float8_e4m3fn, (0.5, 2.0)
+    )
+    fp8_step = results.pop("k_cache_fp8")
+    assert fp8_step <= 2**-3, fp8_step
+    assert results.pop("v_cache") == 0.0 and results.pop("v_untouched") == 0.0
+    _assert_within(results, torch.bfloat16)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gemma_norms(dtype, gen) -> None:
+    _assert_within(check_rms_norm(300, 2304, dtype, "cuda", gen, GemmaRMSNorm), dtype)
+    _assert_within(check_head_norm(7, 8, 4, 256, dtype, "cuda", gen, GemmaRMSNorm), dtype)
 
 
 def test_store_cells(gen) -> None:

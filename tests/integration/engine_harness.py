@@ -49,17 +49,28 @@ def run_to_completion(
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int, eos: bool = False) -> list[int]:
-    """transformers generate, one prompt at a time (no padding), greedy."""
+    """transformers generate, one prompt at a time (no padding), greedy. Without `eos` it runs
+    past EOS the way `ignore_eos` does: EOS may be generated, it just does not stop (asking for
+    min_new_tokens instead would forbid EOS, which ignore_eos does not)."""
     with torch.no_grad():
         out = model.generate(
             torch.tensor([prompt]),
             attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
             max_new_tokens=max_new_tokens,
-            min_new_tokens=0 if eos else max_new_tokens,
             do_sample=False,
             pad_token_id=0,
+            **({} if eos else {"eos_token_id": None}),
         )
-    return out[0, len(prompt) :].tolist()
+    generated = out[0, len(prompt) :].tolist()
+    assert eos or len(generated) == max_new_tokens, "transformers stopped early"
+    return generated
+
+
+def check_against_hf(hf, prompts: list[list[int]], results: dict[str, dict], new_tokens: int):
+    """Every request's tokens (rid r0, r1, ... as run_to_completion names them) are what
+    transformers generates greedily for its prompt."""
+    for i, prompt in enumerate(prompts):
+        assert results[f"r{i}"]["ids"] == hf_greedy(hf, prompt, new_tokens), f"request {i} differs"
 
 
 def random_prompts(n: int, vocab: int, lo: int, hi: int, seed: int = 0) -> list[list[int]]:

@@ -5,7 +5,13 @@ radix cache on/off, both policies, and retraction under KV pressure."""
 from __future__ import annotations
 
 import pytest
-from engine_harness import hf_greedy, make_scheduler, random_prompts, run_to_completion
+from engine_harness import (
+    check_against_hf,
+    hf_greedy,
+    make_scheduler,
+    random_prompts,
+    run_to_completion,
+)
 
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
@@ -23,11 +29,6 @@ def tiny(request):
 def tiny_llama():
     source = load_model_source("random:tiny-llama", device="cpu")
     return source, build_hf_reference(source)
-
-
-def check_against_hf(hf, prompts, results, new_tokens):
-    for i, prompt in enumerate(prompts):
-        assert results[f"r{i}"]["ids"] == hf_greedy(hf, prompt, new_tokens), f"request {i} differs"
 
 
 def test_single_requests_match_transformers(tiny, greedy):

@@ -1,5 +1,6 @@
 """--tp-size 2 on the CPU (gloo): two scheduler processes, each with a shard of every layer, give
-the same greedy tokens as one process holding the whole model; and the ranks end together."""
+the same greedy tokens as one process holding the whole model (a MoE model's experts split by
+their intermediate dimension too); and the ranks end together."""
 
 from __future__ import annotations
 
@@ -22,7 +23,14 @@ def generate(model: str, tp_size: int, **kwargs) -> list[dict]:
         return engine.generate(**kwargs)
 
 
-@pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-qwen2"])
+@pytest.mark.parametrize(
+    "model",
+    [
+        "random:tiny-llama",
+        "random:tiny-qwen2",
+        pytest.param("random:tiny-qwen3-moe", marks=pytest.mark.slow),
+    ],
+)
 def test_tp2_greedy_equals_tp1_on_tiny_models(model):
     prompts = random_prompts(8, 1024, 3, 60, seed=31)
     one = generate(model, 1, input_ids=prompts, sampling_params=GREEDY)

@@ -19,6 +19,7 @@ from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
 from radixserve.layers.fused_ops import silu_and_mul  # noqa: E402
 from radixserve.layers.gemv import gemv  # noqa: E402
+from radixserve.layers.quantization.fp8 import dequantize_rows, quantize_rows  # noqa: E402
 
 _allow_one_element_index()  # the K loop's bound under numpy 2
 torch.manual_seed(0)
@@ -75,4 +76,23 @@ for n, k, bn, bk in [(74, 300, 2, 128), (66, 96, 4, 1024), (10, 1000, 1, 512)]:
                 "rel_err": ((fused.double() - ref).norm() / ref.norm()).item(),
             }
         )
-print(json.dumps({"cases": cases, "widened": widened, "gated": gated}))
+# FP8 weights with one scale per row (weight-only FP8 at batch 1), plain and gated, against
+# the dequantized weight in float64
+fp8 = []
+for n, k, bn, bk in [(38, 300, 2, 128), (66, 96, 4, 1024)]:
+    for gated_case in (False, True):
+        values, scale = quantize_rows(torch.randn(n, k))
+        x = torch.randn(1, k).to(torch.float16)
+        b = torch.randn(n).to(torch.float16)
+        y = gemv(x, values, b, bn, bk, 4, gated=gated_case, scale=scale)
+        ref = F.linear(x.double(), dequantize_rows(values, scale, torch.float64), b.double())
+        if gated_case:
+            ref = F.silu(ref[:, : n // 2]) * ref[:, n // 2 :]
+        fp8.append(
+            {
+                "shape": [n, k, bn, bk, gated_case],
+                "out_shape": list(y.shape),
+                "rel_err": ((y.double() - ref).norm() / ref.norm()).item(),
+            }
+        )
+print(json.dumps({"cases": cases, "widened": widened, "gated": gated, "fp8": fp8}))

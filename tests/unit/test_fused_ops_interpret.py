@@ -1,8 +1,9 @@
 """The fused Triton kernels of layers/fused_ops.py, run on the CPU by Triton's interpreter.
 
-RMSNorm (strided per-head views, in place, with the residual add), SiLU-and-mul, rotary + KV
-store and the req_to_token scatter against the torch code they replace, and a tiny Llama and
-Qwen3 forced onto the fused path against their torch path. tests/gpu/test_fused_ops.py repeats this at real sizes and in bf16.
+RMSNorm (strided per-head views, in place, with the residual add; Gemma's (1 + w) form),
+SiLU- and GELU-and-mul, rotary + KV store and the req_to_token scatter against
+the torch code they replace, and tiny Llama, Qwen3 and Qwen3-MoE models forced onto
+the fused path against their torch path. tests/gpu/test_fused_ops.py repeats this at real sizes and in bf16.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ def interpreted() -> dict:
 
 def test_kernels_match_the_torch_code(interpreted) -> None:
     results = interpreted["kernels"]
-    assert len(results) == 24
+    assert len(results) == 28
     for result in results:
         for metric, err in result["errors"].items():
             limit = 0.0 if metric in EXACT else TOLERANCE[result["dtype"]]
@@ -40,6 +41,10 @@ def test_kernels_match_the_torch_code(interpreted) -> None:
 
 def test_fused_model_forward_matches_the_torch_path(interpreted) -> None:
     models = interpreted["models"]
-    assert [m["case"] for m in models] == ["tiny-llama-torch_native", "tiny-qwen3-triton"]
+    assert [m["case"] for m in models] == [
+        "tiny-llama-torch_native",
+        "tiny-qwen3-triton",
+        "tiny-qwen3-moe-triton",
+    ]
     for result in models:
         assert result["rel_err"] < 1e-5 and result["same_argmax"], result

@@ -31,6 +31,12 @@ def test_gemv_matches_float64_reference():
         assert case["out_shape"] == [1, case["shape"][0] // 2], case
         assert case["same_as_two_kernels"], case
         assert case["rel_err"] < TOLERANCE["torch.float16"], case
+    # FP8 rows times their scales: the dequantized product, to float16 rounding
+    assert len(result["fp8"]) == 4
+    for case in result["fp8"]:
+        n, gated = case["shape"][0], case["shape"][4]
+        assert case["out_shape"] == [1, n // 2 if gated else n], case
+        assert case["rel_err"] < TOLERANCE["torch.float16"], case
 
 
 def test_linear_off_cuda_is_exactly_f_linear():

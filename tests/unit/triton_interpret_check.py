@@ -26,6 +26,7 @@ from attention_cases import (  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from radixserve.forward.mode import ForwardMode  # noqa: E402
+from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from radixserve.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices  # noqa: E402
 
@@ -50,6 +51,25 @@ CASES = [
     (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32),
     (ForwardMode.MIXED, [70, 9, 3], [40, 1, 1], 2, 2, 48),
 ]
+# sliding windows shorter and longer than the sequences (decode splits over the window only;
+# extend tiles whose first query's window starts inside the prefix or the new tokens), a
+# logit soft-cap, and an FP8 pool: (mode, prefix, extend, heads, kv heads, head_dim, options)
+VARIANT_CASES = [
+    (ForwardMode.DECODE, [5, 130, 0, 300], [1, 1, 1, 1], 8, 2, 64, {"sliding_window": 50}),
+    (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"sliding_window": 20}),
+    (ForwardMode.MIXED, [70, 9, 3], [40, 1, 1], 2, 2, 48, {"sliding_window": 64, "logit_cap": 0.3}),
+    (ForwardMode.DECODE, [200, 17], [1, 1], 4, 2, 32, {"logit_cap": 0.5}),
+    (
+        ForwardMode.DECODE,
+        [5, 130, 0, 300],
+        [1, 1, 1, 1],
+        8,
+        2,
+        64,
+        {"kv_dtype": torch.float8_e4m3fn},
+    ),
+    (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"kv_dtype": torch.float8_e4m3fn}),
+]
 
 
 def main() -> None:
@@ -68,6 +88,24 @@ def main() -> None:
                     "stored_kv": stored_kv_matches(case),
                 }
             )
+    variants = []
+    for mode, prefix, extend, heads, kv_heads, head_dim, options in VARIANT_CASES:
+        case = make_case(
+            mode, prefix, extend, heads, kv_heads, head_dim, torch.float32, "cpu", gen, **options
+        )
+        out = run_backend(TritonAttnBackend(case.context), case)
+        native_gen = torch.Generator().manual_seed(len(variants))
+        shape = (mode, prefix, extend, heads, kv_heads, head_dim, torch.float32, "cpu")
+        native_case = make_case(*shape, native_gen, **options)
+        native = run_backend(TorchNativeAttnBackend(native_case.context), native_case)
+        variants.append(
+            {
+                "case": f"{mode.name}-{options}",
+                "rel_err": relative_error(out, dense_reference(case)),
+                "native_rel_err": relative_error(native, dense_reference(native_case)),
+                "stored_kv": stored_kv_matches(case) and stored_kv_matches(native_case),
+            }
+        )
     fb = case.forward_batch
     indptr = torch.zeros(fb.batch_size + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(fb.seq_lens, 0)
@@ -81,7 +119,15 @@ def main() -> None:
             for row, n in zip(fb.req_pool_indices.tolist(), fb.seq_lens.tolist(), strict=True)
         ]
     )
-    print(json.dumps({"attention": results, "kv_indices_ok": bool(torch.equal(indices, expected))}))
+    print(
+        json.dumps(
+            {
+                "attention": results,
+                "variants": variants,
+                "kv_indices_ok": bool(torch.equal(indices, expected)),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

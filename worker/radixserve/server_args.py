@@ -45,6 +45,18 @@ class ServerArgs:
         "weights and KV dtype (auto: the checkpoint's on CUDA, float32 on the CPU)",
         choices=("auto", "float32", "bfloat16", "float16"),
     )
+    quantization: str | None = option(
+        None,
+        "weight quantization: fp8 quantizes a bf16/fp16 checkpoint at load (e4m3, one scale "
+        "per output channel); FP8 checkpoints (quant_method fp8 or compressed-tensors) are "
+        "detected from their config without it",
+    )
+    kv_cache_dtype: str = option(
+        "auto",
+        "KV cache storage: auto (the model dtype) or fp8_e4m3 (per-tensor scales, half the "
+        "bytes per token: twice the tokens in the same memory)",
+        choices=("auto", "fp8_e4m3"),
+    )
     attention_backend: str = option(
         "auto", "attention kernels (auto: flashinfer if installed, else triton; CPU: torch_native)"
     )

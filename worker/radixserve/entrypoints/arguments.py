@@ -16,6 +16,7 @@ import typing
 from radixserve.entrypoints.openai.reasoning_parsers import REASONING_PARSER_CHOICES
 from radixserve.entrypoints.openai.tool_parsers import TOOL_PARSER_CHOICES
 from radixserve.layers.attention.registry import BACKEND_CHOICES
+from radixserve.layers.quantization.registry import QUANTIZATION_CHOICES
 from radixserve.managers.schedule_policy import SCHEDULE_POLICIES
 from radixserve.server_args import ServerArgs, flag_of, static_choices
 
@@ -27,6 +28,7 @@ def registered_choices() -> dict[str, tuple[str, ...]]:
         "schedule_policy": tuple(SCHEDULE_POLICIES),
         "tool_call_parser": TOOL_PARSER_CHOICES,
         "reasoning_parser": REASONING_PARSER_CHOICES,
+        "quantization": QUANTIZATION_CHOICES,
     }
 
 

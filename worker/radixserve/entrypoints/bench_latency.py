@@ -8,7 +8,10 @@ runs step N, as the scheduler does, and the device time of a step is reported be
 numbers are set against the hardware measured in the same run: decode against memory
 bandwidth (MBU: bytes of weights plus KV read per step / step time / measured copy bandwidth),
 prefill against compute (MFU: 2 x parameters x tokens / time / measured bf16 matmul rate).
-transformers `generate` on the same weights runs the same batch-1 decode for comparison.
+The bytes are the ones actually read: FP8 weights and KV count one byte an element, and a
+mixture-of-experts layer only the experts its tokens were routed to in the steps measured
+(each MoE layer counts them on the device as it runs). transformers `generate` on the same
+(unquantized) weights runs the same batch-1 decode for comparison.
 """
 
 from __future__ import annotations
@@ -56,14 +59,46 @@ def measure_ceilings() -> dict[str, float]:
     return {"copy_bytes_per_s": bandwidth, "bf16_flops_per_s": measure_matmul_tflops() * 1e12}
 
 
-def weight_bytes_read_per_step(model: torch.nn.Module) -> int:
-    """Every parameter is read once per step, except an untied input embedding, of which only
-    the looked-up rows are read."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
+def dense_weight_bytes_per_step(model: torch.nn.Module) -> int:
+    """Bytes every step reads whatever its tokens: every parameter but the experts' (read as
+    routed, see ExpertReads) and an untied input embedding (only the looked-up rows)."""
+    from radixserve.layers.moe.layer import FusedMoE
+
+    params = dict(model.named_parameters())
+    experts = {
+        f"{name}.{p}"
+        for name, module in model.named_modules()
+        if isinstance(module, FusedMoE)
+        for p, _ in module.named_parameters()
+    }
+    total = sum(p.numel() * p.element_size() for n, p in params.items() if n not in experts)
     if not getattr(model, "tie_word_embeddings", False):
         emb = model.model.embed_tokens.weight
         total -= emb.numel() * emb.element_size()
     return total
+
+
+class ExpertReads:
+    """The expert weights a run of passes streamed: each MoE layer counts, on the device, the
+    experts its tokens went to; the difference between two snapshots, per pass, times one
+    expert's bytes, summed over the layers."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from radixserve.layers.moe.layer import FusedMoE
+
+        self.layers = [m for m in model.modules() if isinstance(m, FusedMoE)]
+        self.start = [layer.experts_read() for layer in self.layers]
+
+    def per_pass(self) -> tuple[float, float]:
+        """(bytes, experts per layer) per pass since construction; zeros for a dense model."""
+        total_bytes = total_experts = 0.0
+        for layer, (used0, passes0) in zip(self.layers, self.start, strict=True):
+            used1, passes1 = layer.experts_read()
+            if passes1 > passes0:
+                experts = (used1 - used0) / (passes1 - passes0)
+                total_bytes += experts * layer.expert_bytes
+                total_experts += experts
+        return total_bytes, total_experts / max(1, len(self.layers))
 
 
 def run_batch(
@@ -104,6 +139,7 @@ def run_batch(
     # step N's tokens on the device) before step N's tokens are fetched, so the host's work
     # hides behind the device's; a step's time is then the interval between launches.
     overlap = runner.device.type == "cuda" and not runner.server_args.disable_overlap
+    reads = ExpertReads(runner.model)
     launches, device_ms = [], []
     in_flight = None
     for _ in range(output_len - 1):
@@ -119,6 +155,7 @@ def run_batch(
         _append_tokens(reqs, in_flight, device_ms)
     launches.append(time.perf_counter())
     steps = [b - a for a, b in zip(launches, launches[1:], strict=False)]
+    expert_bytes, experts_per_layer = reads.per_pass()
     mean_context = input_len + output_len / 2
     for req in reqs:
         cache.cache_finished_req(req)
@@ -131,6 +168,8 @@ def run_batch(
         else None,
         "overlap": overlap,
         "mean_context": mean_context,
+        "expert_bytes_per_step": expert_bytes,
+        "experts_per_moe_layer_step": experts_per_layer,
     }
 
 
@@ -187,16 +226,17 @@ def run(args: argparse.Namespace) -> int:
     runner = worker.model_runner
     cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
     cfg = source.config
-    weights = weight_bytes_read_per_step(runner.model)
+    dense = dense_weight_bytes_per_step(runner.model)
     kv_per_token = TokenToKVPool.bytes_per_token(
-        cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.head_dim, runner.dtype
+        cfg.num_hidden_layers, runner.local_kv_heads, cfg.head_dim, runner.kv_dtype
     )
     flops_per_token = 2 * cfg.matmul_parameters
     run_batch(worker, cache, batch_sizes[0], args.input_len, 8, cfg.vocab_size)  # warm-up
     rows = []
     for bs in batch_sizes:
         r = run_batch(worker, cache, bs, args.input_len, args.output_len, cfg.vocab_size)
-        read = weights + bs * r["mean_context"] * kv_per_token
+        r["weight_bytes_per_step"] = dense + r["expert_bytes_per_step"]
+        read = r["weight_bytes_per_step"] + bs * r["mean_context"] * kv_per_token
         r["decode_tok_s"] = bs / r["decode_step_s"]
         r["decode_mbu"] = read / r["decode_step_s"] / ceilings["copy_bytes_per_s"]
         r["decode_floor_s"] = read / ceilings["copy_bytes_per_s"]
@@ -204,9 +244,18 @@ def run(args: argparse.Namespace) -> int:
         r["prefill_mfu"] = r["prefill_tok_s"] * flops_per_token / ceilings["bf16_flops_per_s"]
         rows.append(r)
 
+    experts = ", ".join(
+        f"bs {r['bs']}: {r['experts_per_moe_layer_step']:.1f} experts/MoE layer, "
+        f"{r['weight_bytes_per_step'] / 1e9:.2f} GB"
+        for r in rows
+        if r["expert_bytes_per_step"]
+    )
+    quant = runner.quantization.describe() if runner.quantization else "none"
     print(
         f"\n{server_args.model}: {cfg.num_hidden_layers} layers, weights read per step "
-        f"{weights / 1e9:.2f} GB, backend {runner.attention_backend_name}, CUDA graphs "
+        f"{(dense + rows[0]['expert_bytes_per_step']) / 1e9:.2f} GB"
+        f"{f' ({experts})' if experts else ''}, quantization {quant}, KV "
+        f"{str(runner.kv_dtype).removeprefix('torch.')}, backend {runner.attention_backend_name}, CUDA graphs "
         f"{'on' if runner.cuda_graph_runner else 'off'}, overlap "
         f"{'on' if rows[0]['overlap'] else 'off'}; measured copy "
         f"{ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
@@ -223,7 +272,14 @@ def run(args: argparse.Namespace) -> int:
             f"{(r['decode_device_step_s'] or float('nan')) * 1e3:>11.3f}"
             f"{r['decode_floor_s'] * 1e3:>10.3f}{r['decode_tok_s']:>14.1f}{100 * r['decode_mbu']:>6.1f}%"
         )
-    summary: dict[str, Any] = {"model": server_args.model, "ceilings": ceilings, "rows": rows}
+    summary: dict[str, Any] = {
+        "model": server_args.model,
+        "quantization": quant,
+        "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
+        "dense_weight_bytes_per_step": dense,
+        "ceilings": ceilings,
+        "rows": rows,
+    }
     if peer is not None:
         ours = next((r for r in rows if r["bs"] == 1), None)
         summary["transformers_bs1_step_s"] = peer

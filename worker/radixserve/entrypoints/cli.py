@@ -50,9 +50,15 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         configure_logging(server_args.log_level, server_args.log_format)
+        from radixserve.entrypoints.engine import EngineStartupError
         from radixserve.entrypoints.http_server import run_server
 
-        run_server(server_args)
+        try:
+            run_server(server_args)
+        except EngineStartupError as exc:
+            # a model that cannot be served: one line, not a traceback
+            print(f"radixserve serve: error: {exc}", file=sys.stderr)
+            return 1
         return 0
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "plain"))
     return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)

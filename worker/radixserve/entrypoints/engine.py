@@ -60,6 +60,21 @@ class ModelInfo:
     startup_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
+def check_model(server_args: ServerArgs) -> None:
+    """Refuse, before any process starts, a model that cannot be served: an architecture or a
+    quantization method the worker does not have (the error names it and lists what is
+    supported), or a --model that names nothing loadable."""
+    from radixserve.model_loader.loader import load_hf_config_for
+    from radixserve.models.registry import check_servable
+
+    try:
+        hf_config = load_hf_config_for(server_args.model)
+        if hf_config is not None:
+            check_servable(hf_config, server_args.quantization)
+    except ValueError as exc:
+        raise EngineStartupError(str(exc)) from None
+
+
 def launch_scheduler(
     server_args: ServerArgs,
 ) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
@@ -131,6 +146,7 @@ class Engine:
         elif kwargs:
             server_args = dataclasses.replace(server_args, **kwargs)
         check_server_args(server_args)
+        check_model(server_args)
         self.server_args = server_args
         # Servers refuse work beyond --max-queued-requests; an offline batch is one caller
         # that wants all of its prompts run, so in-process use skips the limit by default.

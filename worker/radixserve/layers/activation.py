@@ -1,4 +1,5 @@
-"""SiLU-and-mul over a fused gate/up projection: one matmul produces both halves."""
+"""Gated activations over a fused gate/up projection: one matmul produces both halves.
+SiLU (Llama, Qwen, Mistral, the MoE experts) and GELU with the tanh approximation (Gemma)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.layers import fused_ops
+
+GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -16,7 +19,29 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     return silu_and_mul_native(gate_up)
 
 
+def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """[..., 2d] -> [..., d]: gelu_tanh(gate) * up, one kernel on CUDA."""
+    if fused_ops.enabled_for(gate_up):
+        return fused_ops.gelu_tanh_and_mul(gate_up)
+    return gelu_tanh_and_mul_native(gate_up)
+
+
 def silu_and_mul_native(gate_up: torch.Tensor) -> torch.Tensor:
     """The torch reference: the CPU path, and what the fused kernels are checked against."""
     d = gate_up.shape[-1] // 2
     return F.silu(gate_up[..., :d]) * gate_up[..., d:]
+
+
+def gelu_tanh_and_mul_native(gate_up: torch.Tensor) -> torch.Tensor:
+    """The torch reference of `gelu_tanh_and_mul` (transformers' `gelu_pytorch_tanh`)."""
+    d = gate_up.shape[-1] // 2
+    return F.gelu(gate_up[..., :d], approximate="tanh") * gate_up[..., d:]
+
+
+def gated_activation(name: str):
+    """The `act(gate) * up` function a config's `hidden_act`/`hidden_activation` names."""
+    if name == "silu":
+        return silu_and_mul
+    if name in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return gelu_tanh_and_mul
+    raise ValueError(f"unsupported activation {name!r}; supported: {', '.join(GATED_ACTIVATIONS)}")

@@ -1,5 +1,5 @@
-"""Fused elementwise kernels for the CUDA path: RMSNorm (with the residual add), SiLU-and-mul,
-rotary + KV store, and the scatter of a decode step's KV slots into req_to_token, one Triton
+"""Fused elementwise kernels for the CUDA path: RMSNorm (with the residual add; Gemma's
+(1 + w) form too), SiLU- or GELU-and-mul, rotary + KV store (FP8 caches included), and the scatter of a decode step's KV slots into req_to_token, one Triton
 launch each.
 
 A batch-1 decode step of an 8B model is ~600 small torch kernels besides its GEMMs (RMSNorm
@@ -47,6 +47,11 @@ def jit(fn: Callable | None = None, **options: Any) -> Callable:
     return triton.jit(fn, **options) if triton is not None else fn
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """float32 models are the exactness reference: keep their dots in IEEE float32, not tf32."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def enabled_for(x: torch.Tensor) -> bool:
     """Whether `x`'s layer takes the fused kernels (CUDA tensors, Triton installed); tests
     patch this to compare a model against its own torch path."""
@@ -81,11 +86,14 @@ def _rms_norm_kernel(
     stride_ob,
     eps,
     HAS_RESIDUAL: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
 ):
     """BLOCK_M rows of a [rows = A * inner, n_cols] view; row r sits at (r // inner) * stride_a
-    + (r % inner) * stride_b, which covers per-head views of a fused qkv row."""
+    + (r % inner) * stride_b, which covers per-head views of a fused qkv row.
+
+    UNIT_OFFSET: Gemma's norm, x_normed * (1 + w) all in float32 and rounded once."""
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
@@ -101,20 +109,37 @@ def _rms_norm_kernel(
         tl.store(r_ptrs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
-    normed = (xf * inv_rms[:, None]).to(x.dtype).to(tl.float32)
     w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
+    if UNIT_OFFSET:
+        normed = xf * inv_rms[:, None]
+        w = 1.0 + w
+    else:
+        normed = (xf * inv_rms[:, None]).to(x.dtype).to(tl.float32)
     o_ptrs = Out + (outer * stride_oa + head * stride_ob)[:, None] + cols[None, :]
     tl.store(o_ptrs, (normed * w[None, :]).to(Out.dtype.element_ty), mask=mask)
 
 
 @jit
-def _silu_and_mul_kernel(GateUp, Out, d, stride_g, stride_o, BLOCK: tl.constexpr):
+def gelu_tanh(x):
+    """GELU, tanh approximation (`gelu_pytorch_tanh`): x * sigmoid(2 * sqrt(2 / pi) * (x +
+    0.044715 x^3)), which is 0.5 x (1 + tanh(...)) without a tanh primitive."""
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x / (1.0 + tl.exp(-2.0 * inner))
+
+
+@jit
+def _act_and_mul_kernel(
+    GateUp, Out, d, stride_g, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr
+):
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
     gate = tl.load(GateUp + token * stride_g + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(GateUp + token * stride_g + d + cols, mask=mask, other=0.0).to(tl.float32)
-    out = gate / (1.0 + tl.exp(-gate)) * up
+    if GELU:
+        out = gelu_tanh(gate) * up
+    else:
+        out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(Out + token * stride_o + cols, out.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -129,6 +154,8 @@ def _rotary_store_kv_kernel(
     Loc,
     num_heads,
     num_kv_heads,
+    k_inv_scale,
+    v_inv_scale,
     stride_pos,
     stride_qkv,
     stride_cos,
@@ -141,9 +168,11 @@ def _rotary_store_kv_kernel(
     HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
+    FP8_CACHE: tl.constexpr,
 ):
     """One token, BLOCK_H of its heads in q | k | v order (all head_dim wide and adjacent in
-    the qkv row): q and k heads are rotated in place, k and v heads are copied to the cache."""
+    the qkv row): q and k heads are rotated in place, k and v heads are copied to the cache
+    (an FP8 cache gets value / scale, saturated to the type's range)."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -167,13 +196,18 @@ def _rotary_store_kv_kernel(
     tl.store(lo_ptrs + HALF, o2, mask=exists & rotated)
 
     is_k = exists & rotated & (heads >= num_heads)[:, None]
-    k_ptrs = K_Cache + loc * stride_kb + (heads - num_heads)[:, None] * stride_kh + i[None, :]
-    tl.store(k_ptrs, o1.to(K_Cache.dtype.element_ty), mask=is_k)
-    tl.store(k_ptrs + HALF, o2.to(K_Cache.dtype.element_ty), mask=is_k)
     is_v = exists & (heads >= rotated_heads)[:, None]
+    c1, c2 = o1, o2
+    if FP8_CACHE:
+        inv = tl.where(heads >= rotated_heads, v_inv_scale, k_inv_scale)[:, None]
+        c1 = tl.clamp(o1.to(tl.float32) * inv, -448.0, 448.0)  # float8_e4m3fn's range
+        c2 = tl.clamp(o2.to(tl.float32) * inv, -448.0, 448.0)  # float8_e4m3fn's range
+    k_ptrs = K_Cache + loc * stride_kb + (heads - num_heads)[:, None] * stride_kh + i[None, :]
+    tl.store(k_ptrs, c1.to(K_Cache.dtype.element_ty), mask=is_k)
+    tl.store(k_ptrs + HALF, c2.to(K_Cache.dtype.element_ty), mask=is_k)
     v_ptrs = V_Cache + loc * stride_vb + (heads - rotated_heads)[:, None] * stride_vh + i[None, :]
-    tl.store(v_ptrs, o1.to(V_Cache.dtype.element_ty), mask=is_v)
-    tl.store(v_ptrs + HALF, o2.to(V_Cache.dtype.element_ty), mask=is_v)
+    tl.store(v_ptrs, c1.to(V_Cache.dtype.element_ty), mask=is_v)
+    tl.store(v_ptrs + HALF, c2.to(V_Cache.dtype.element_ty), mask=is_v)
 
 
 # Called eagerly once per decode step with a batch size that keeps changing: no specialisation
@@ -206,6 +240,7 @@ def _launch_rms_norm(
     weight: torch.Tensor,
     eps: float,
     out: torch.Tensor,
+    unit_offset: bool = False,
 ) -> None:
     x3, o3 = _as_rows(x), _as_rows(out)
     r3 = _as_rows(residual) if residual is not None else x3
@@ -228,6 +263,7 @@ def _launch_rms_norm(
         o3.stride(1),
         eps,
         HAS_RESIDUAL=residual is not None,
+        UNIT_OFFSET=unit_offset,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=_warps(block_m * block_n, 16, 16),
@@ -235,42 +271,62 @@ def _launch_rms_norm(
 
 
 def rms_norm(
-    x: torch.Tensor, weight: torch.Tensor, eps: float, out: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    unit_offset: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last axis of x, whose leading axes may be strided (e.g. [T, heads,
-    head_dim] views of a qkv buffer: Qwen3's q/k norm). `out` may be x itself (in place)."""
+    head_dim] views of a qkv buffer: Qwen3's q/k norm). `out` may be x itself (in place).
+    `unit_offset`: Gemma's (1 + weight) scale."""
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    _launch_rms_norm(x, None, weight, eps, out)
+    _launch_rms_norm(x, None, weight, eps, out, unit_offset)
     return out
 
 
 def fused_add_rms_norm(
-    x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    x: torch.Tensor,
+    residual: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    unit_offset: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """In place: residual <- x + residual, x <- rms_norm(residual); returns (x, residual).
 
     One pass over the residual stream instead of an add, a copy and the norm's six kernels."""
-    _launch_rms_norm(x, residual, weight, eps, x)
+    _launch_rms_norm(x, residual, weight, eps, x, unit_offset)
     return x, residual
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """[..., 2d] -> [..., d]: silu(gate) * up, in float32, rounded once."""
+    return act_and_mul(gate_up, gelu=False, out=out)
+
+
+def gelu_tanh_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., 2d] -> [..., d]: gelu_tanh(gate) * up (Gemma's MLP), in float32, rounded once."""
+    return act_and_mul(gate_up, gelu=True, out=out)
+
+
+def act_and_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = None) -> torch.Tensor:
+    """act(gate) * up of [..., 2d] rows, act SiLU or (gelu) GELU-tanh, in one launch."""
     d = gate_up.shape[-1] // 2
     rows = gate_up.view(-1, 2 * d)
     if out is None:
         out = torch.empty((*gate_up.shape[:-1], d), dtype=gate_up.dtype, device=gate_up.device)
     out_rows = out.view(-1, d)
     if rows.stride(-1) != 1 or out_rows.stride(-1) != 1:
-        raise ValueError("silu_and_mul needs unit-stride rows")
+        raise ValueError("act_and_mul needs unit-stride rows")
     block = min(_pow2(d), _TILE // 2)
-    _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
+    _act_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
         rows,
         out_rows,
         d,
         rows.stride(0),
         out_rows.stride(0),
+        GELU=gelu,
         BLOCK=block,
         num_warps=_warps(block, 4, 8),
     )
@@ -288,10 +344,12 @@ def rotary_and_store_kv(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     out_cache_loc: torch.Tensor,
+    kv_scales: tuple[float, float] = (1.0, 1.0),
 ) -> None:
     """Neox rotary on the q and k heads of qkv [T, (heads + 2 * kv_heads) * head_dim], in place,
     and the rotated k and the v heads written to k_cache/v_cache [slots, kv_heads, head_dim] at
-    rows out_cache_loc: what the attention backend's KV store would do, in the same launch."""
+    rows out_cache_loc: what the attention backend's KV store would do, in the same launch.
+    A one-byte (FP8) cache stores k / kv_scales[0] and v / kv_scales[1]."""
     tokens = qkv.shape[0]
     half = head_dim // 2
     if qkv.stride(-1) != 1 or qkv.shape[-1] != (num_heads + 2 * num_kv_heads) * head_dim:
@@ -316,6 +374,8 @@ def rotary_and_store_kv(
         out_cache_loc,
         num_heads,
         num_kv_heads,
+        1.0 / kv_scales[0],
+        1.0 / kv_scales[1],
         positions.stride(0),
         qkv.stride(0),
         cos_cache.stride(0),
@@ -328,6 +388,7 @@ def rotary_and_store_kv(
         HALF=half,
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
+        FP8_CACHE=k_cache.element_size() == 1,
         num_warps=_warps(2 * block_h * block_half, 4, 4),
     )
 

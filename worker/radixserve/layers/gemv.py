@@ -7,6 +7,10 @@ on the small matrices of a decode step (scripts/gpu/bench_gemv.py, 2026-11-29: 1
 2048x2048 5.2 us against a 2.0 us floor, 8B o_proj 10.8 us against 7.9 us); this GEMV, two
 rows per program so that the whole GPU streams even the smallest matrix, took 3.0 and 6.3 us
 and beat cuBLAS on every projection of the 1B and 8B shapes, LM heads included.
+
+The same kernel streams FP8 weights (one scale per output row, applied to the row's sum):
+weight-only FP8 at batch 1 moves half the bytes of bf16 for the same product, with no
+activation quantization at all (layers/quantization/fp8.py routes its batch-1 rows here).
 """
 
 from __future__ import annotations
@@ -25,11 +29,13 @@ def _gemv_kernel(
     X,
     W,
     Bias,
+    Scale,
     Y,
     N,
     K,
     stride_wn,
     HAS_BIAS: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -39,7 +45,9 @@ def _gemv_kernel(
 
     GATED: W is a fused [gate; up] projection of 2N rows and y = silu(gate . x) * (up . x), each
     product rounded to the activation dtype first, as the GEMV followed by `silu_and_mul` would
-    compute it; the up rows stream in the same loop, so the activation costs no launch."""
+    compute it; the up rows stream in the same loop, so the activation costs no launch.
+
+    HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias)."""
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
@@ -58,12 +66,16 @@ def _gemv_kernel(
             w_up = tl.load(up_rows + ks[None, :], mask=mask_w, other=0.0)
             acc_up += w_up.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
+    if HAS_SCALE:
+        y *= tl.load(Scale + rows, mask=mask_n, other=0.0).to(tl.float32)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
     if GATED:
         up = tl.sum(acc_up, axis=1)
+        if HAS_SCALE:
+            up *= tl.load(Scale + N + rows, mask=mask_n, other=0.0).to(tl.float32)
         if HAS_BIAS:
             up += tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
         gate = y.to(tl.float32)
@@ -72,7 +84,7 @@ def _gemv_kernel(
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
 
 
-def _block_config(n: int, k: int) -> tuple[int, int, int]:
+def block_config(n: int, k: int) -> tuple[int, int, int]:
     """(rows per program, K chunk, warps): the fastest of bench_gemv.py's sweep per shape
     class on the H200. Large matrices want long chunks and few warps; small ones more
     warps per row."""
@@ -93,7 +105,7 @@ def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
         and x.dim() == 2
         and x.shape[0] == 1
         and x.dtype in (torch.bfloat16, torch.float16)
-        and weight.dtype == x.dtype
+        and weight.dtype in (x.dtype, torch.float8_e4m3fn)
         and weight.stride(1) == 1
     )
 
@@ -110,7 +122,7 @@ def linear(
     widened, the same values as `.float()` of it, without a cast kernel (4 us a step at a 128k
     vocabulary)."""
     if uses_gemv(x, weight):
-        return gemv(x, weight, bias, *_block_config(*weight.shape), out_dtype=out_dtype)
+        return gemv(x, weight, bias, *block_config(*weight.shape), out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 
@@ -123,16 +135,32 @@ def linear_silu_and_mul(
     gap were about 2.5 us a layer of a 1B batch-1 step), else the product and then the
     activation kernel."""
     if uses_gemv(x, weight):
-        return gemv(x, weight, bias, *_block_config(*weight.shape), gated=True)
+        return gemv(x, weight, bias, *block_config(*weight.shape), gated=True)
     return silu_and_mul(linear(x, weight, bias))
 
 
 class Linear(nn.Linear):
     """nn.Linear (same parameters, same checkpoint names) whose batch-1 products on CUDA run
-    the GEMV."""
+    the GEMV. `load_rows` is the loading protocol the quantized linears share."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this [gate; up] projection of x."""
+        return linear_silu_and_mul(x, self.weight, self.bias)
+
+    @torch.no_grad()
+    def load_rows(self, kind: str, start: int, count: int, tensor: torch.Tensor) -> set[str]:
+        """Copy checkpoint rows [start, start + count) of parameter `kind` (weight or bias);
+        the names of the parameters written."""
+        target = getattr(self, kind)[start : start + count]
+        if target.shape != tensor.shape:
+            raise ValueError(
+                f"{kind}: checkpoint rows {tuple(tensor.shape)} != {tuple(target.shape)}"
+            )
+        target.copy_(tensor)
+        return {kind}
 
 
 def gemv(
@@ -144,11 +172,13 @@ def gemv(
     num_warps: int = 4,
     out_dtype: torch.dtype | None = None,
     gated: bool = False,
+    scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x of one row ([1, K] or [K]); weight [N, K] unit-stride
     rows; rounded to x's dtype, stored as `out_dtype` (default x's). `gated`: weight is
     [gate; up] and the result silu(gate) * up, N / 2 wide; each program then takes `block_n / 2`
-    rows of each half, so it streams as many rows as the plain product's programs."""
+    rows of each half, so it streams as many rows as the plain product's programs. `scale`
+    ([N] float32): the weight is quantized (FP8) and row r's true value is weight[r] * scale[r]."""
     k = x.shape[-1]
     n = weight.shape[0]
     if x.numel() != k or weight.shape[1] != k or weight.stride(1) != 1 or (gated and n % 2):
@@ -160,11 +190,13 @@ def gemv(
         x.contiguous(),
         weight,
         bias if bias is not None else weight,
+        scale if scale is not None else weight,
         y,
         n,
         k,
         weight.stride(0),
         HAS_BIAS=bias is not None,
+        HAS_SCALE=scale is not None,
         GATED=gated,
         BLOCK_N=block_n,
         BLOCK_K=block_k,

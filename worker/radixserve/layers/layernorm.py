@@ -1,4 +1,5 @@
-"""RMSNorm, with the residual add fused into the same call (one read of the residual stream)."""
+"""RMSNorm, with the residual add fused into the same call (one read of the residual stream),
+and Gemma's variant, which scales by (1 + weight) in float32."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ from radixserve.layers import fused_ops
 
 
 class RMSNorm(nn.Module):
+    # Gemma: normalise and scale by (1 + weight) in float32, round once
+    unit_offset = False
+
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(hidden_size))
@@ -23,9 +27,10 @@ class RMSNorm(nn.Module):
         written over x and residual, so callers must own both (the decoder layers do)."""
         if not fused_ops.enabled_for(x):
             return self.forward_native(x, residual)
+        eps = self.variance_epsilon
         if residual is None:
-            return fused_ops.rms_norm(x, self.weight, self.variance_epsilon)
-        return fused_ops.fused_add_rms_norm(x, residual, self.weight, self.variance_epsilon)
+            return fused_ops.rms_norm(x, self.weight, eps, unit_offset=self.unit_offset)
+        return fused_ops.fused_add_rms_norm(x, residual, self.weight, eps, self.unit_offset)
 
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
@@ -34,9 +39,25 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        # Same arithmetic as the Hugging Face reference: normalise in float32, scale in x's dtype.
         input_dtype = x.dtype
         h = x.to(torch.float32)
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        out = self.weight * h.to(input_dtype)
+        if self.unit_offset:
+            out = (h * (1.0 + self.weight.float())).to(input_dtype)
+        else:
+            # the Llama reference: normalise in float32, scale in x's dtype
+            out = self.weight * h.to(input_dtype)
         return out if residual is None else (out, residual)
+
+    def normalize_heads_(self, heads: torch.Tensor) -> None:
+        """Normalise [tokens, heads, head_dim] in place (a view into qkv): the CUDA path's q/k
+        norm."""
+        fused_ops.rms_norm(
+            heads, self.weight, self.variance_epsilon, heads, unit_offset=self.unit_offset
+        )
+
+
+class GemmaRMSNorm(RMSNorm):
+    """Gemma's RMSNorm: weights stored as offsets from 1 (zeros is the identity scale)."""
+
+    unit_offset = True

@@ -1,8 +1,10 @@
-"""RadixAttention: the attention layer models call. It owns only shapes and the layer id;
-the work is the backend's, so a new backend never touches a model."""
+"""RadixAttention: the attention layer models call. It owns only shapes, the layer id and the
+layer's attention variant (scale, sliding window, logit soft-cap); the work is the backend's,
+so a new backend never touches a model."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -10,6 +12,27 @@ from torch import nn
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
+
+NO_WINDOW = -1
+
+
+@dataclass(frozen=True)
+class AttentionVariant:
+    """What distinguishes one layer's attention maths from another's in the same model.
+
+    `sliding_window`: a query at position p sees the keys at positions p - W < j <= p (W keys,
+    itself included: Hugging Face's `sliding_window`), NO_WINDOW for all of them. The KV of
+    every token is kept whatever the window (the radix cache shares prefixes of any length);
+    the window is a mask. `logit_cap`: scores become cap * tanh(score / cap) before the
+    softmax (Gemma 2), 0 for none."""
+
+    scaling: float
+    sliding_window: int = NO_WINDOW
+    logit_cap: float = 0.0
+
+    @property
+    def windowed(self) -> bool:
+        return self.sliding_window > 0
 
 
 class RadixAttention(nn.Module):
@@ -20,7 +43,8 @@ class RadixAttention(nn.Module):
         scaling: float,
         num_kv_heads: int,
         layer_id: int,
-        sliding_window_size: int = -1,
+        sliding_window_size: int = NO_WINDOW,
+        logit_cap: float = 0.0,
     ) -> None:
         super().__init__()
         self.tp_q_head_num = num_heads
@@ -31,7 +55,9 @@ class RadixAttention(nn.Module):
         self.v_head_dim = head_dim
         self.scaling = scaling
         self.layer_id = layer_id
-        self.sliding_window_size = sliding_window_size
+        self.sliding_window_size = sliding_window_size if sliding_window_size > 0 else NO_WINDOW
+        self.logit_cap = logit_cap
+        self.variant = AttentionVariant(scaling, self.sliding_window_size, logit_cap)
 
     def forward(
         self,
@@ -42,3 +68,13 @@ class RadixAttention(nn.Module):
         save_kv_cache: bool = True,
     ) -> torch.Tensor:
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)
+
+
+def attention_variants(model: nn.Module) -> tuple[AttentionVariant, ...]:
+    """The distinct variants of a model's attention layers, in first-use order: what a backend
+    that plans per variant (FlashInfer) prepares once per pass."""
+    seen: dict[AttentionVariant, None] = {}
+    for module in model.modules():
+        if isinstance(module, RadixAttention):
+            seen.setdefault(module.variant)
+    return tuple(seen)

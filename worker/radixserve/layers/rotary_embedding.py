@@ -2,7 +2,9 @@
 
 Inverse frequencies come from transformers' own RoPE initialisers, so every scaling type a
 config names (default, llama3, linear, yarn, ...) matches the reference exactly; cos/sin are
-precomputed once for all positions and indexed per token.
+precomputed once for all positions and indexed per token. Models whose layer types have their
+own RoPE parameters (Gemma 3: a local base for sliding layers, a global one with scaling for
+full ones) build one embedding per layer type.
 """
 
 from __future__ import annotations
@@ -15,31 +17,48 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 from radixserve.layers import fused_ops
 
 
-def _rope_parameters(config: PretrainedConfig) -> dict:
+def _rope_parameters(config: PretrainedConfig, layer_type: str | None) -> dict:
     params = getattr(config, "rope_parameters", None)
     if params:
-        return params
+        return params[layer_type] if layer_type is not None else params
     scaling = getattr(config, "rope_scaling", None) or {}
     return {"rope_type": scaling.get("rope_type", scaling.get("type", "default")), **scaling}
 
 
-def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> tuple[torch.Tensor, float]:
+def per_layer_type_rope(config: PretrainedConfig) -> bool:
+    """Whether `rope_parameters` is keyed by layer type (Gemma 3) rather than one dict."""
+    params = getattr(config, "rope_parameters", None) or {}
+    layer_types = set(getattr(config, "layer_types", None) or ())
+    return bool(layer_types) and layer_types <= set(params)
+
+
+def compute_inv_freq(
+    config: PretrainedConfig, head_dim: int, layer_type: str | None = None
+) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (on the CPU, whatever the ambient device: a model built on the
-    meta device to size it still needs real values here) and the attention scaling."""
-    params = _rope_parameters(config)
+    meta device to size it still needs real values here) and the attention scaling.
+    `layer_type` picks that type's parameters where the config keys them by type."""
+    params = _rope_parameters(config, layer_type)
     rope_type = params.get("rope_type", "default")
     with torch.device("cpu"):
         if rope_type == "default":
             base = params.get("rope_theta", getattr(config, "rope_theta", 10000.0))
             inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
             return inv_freq, 1.0
-        return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"))
+        extra = {"layer_type": layer_type} if layer_type is not None else {}
+        return ROPE_INIT_FUNCTIONS[rope_type](config, torch.device("cpu"), **extra)
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        head_dim: int,
+        max_position: int,
+        layer_type: str | None = None,
+    ) -> None:
         super().__init__()
-        inv_freq, scaling = compute_inv_freq(config, head_dim)
+        inv_freq, scaling = compute_inv_freq(config, head_dim, layer_type)
         positions = torch.arange(max_position, dtype=torch.float)  # on the ambient device
         freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
         self.register_buffer("cos_cache", freqs.cos() * scaling, persistent=False)
@@ -63,6 +82,7 @@ class RotaryEmbedding(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         out_cache_loc: torch.Tensor,
+        kv_scales: tuple[float, float] = (1.0, 1.0),
     ) -> None:
         """The CUDA path: rotate the q and k heads of qkv [tokens, q | k | v] in place and store
         k and v at out_cache_loc, in one kernel (instead of the gathers, casts and cat of
@@ -78,6 +98,7 @@ class RotaryEmbedding(nn.Module):
             k_cache,
             v_cache,
             out_cache_loc,
+            kv_scales,
         )
 
 

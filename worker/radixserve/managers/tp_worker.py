@@ -122,6 +122,8 @@ class ModelWorker:
             "device": runner.device.type,
             "dtype": str(runner.dtype).removeprefix("torch."),
             "attention_backend": runner.attention_backend_name,
+            "quantization": runner.quantization.describe() if runner.quantization else "none",
+            "kv_cache_dtype": str(runner.kv_dtype).removeprefix("torch."),
         }
 
     @torch.inference_mode()

@@ -133,8 +133,22 @@ class ReqToTokenPool:
         self._free_rows = list(range(self.size))
 
 
+FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
+
+
+def quantize_fp8(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale as `dtype` (a float8 type): saturated to its range, never inf or nan."""
+    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+
+
 class TokenToKVPool:
-    """Per-layer K and V buffers [size + 1, num_kv_heads, head_dim]; slot 0 is the padding target."""
+    """Per-layer K and V buffers [size + 1, num_kv_heads, head_dim]; slot 0 is the padding target.
+
+    `dtype` is the storage type: the model's dtype, or float8_e4m3fn (`--kv-cache-dtype
+    fp8_e4m3`), which halves a token's bytes and so doubles the tokens a budget holds. FP8
+    buffers hold value / scale with one scale per layer for K and one for V (1.0 unless the
+    checkpoint brings calibrated ones); readers multiply back (`read_kv`, or the kernels fold
+    the scales into theirs)."""
 
     def __init__(
         self,
@@ -154,6 +168,22 @@ class TokenToKVPool:
         shape = (size + 1, num_kv_heads, head_dim)
         self.k_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffers = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self._scales = [(1.0, 1.0)] * num_layers
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.dtype.itemsize == 1
+
+    def scales(self, layer_id: int) -> tuple[float, float]:
+        """(k_scale, v_scale) of a layer: stored value x scale = the real value."""
+        return self._scales[layer_id]
+
+    def set_scales(self, layer_id: int, k_scale: float, v_scale: float) -> None:
+        if k_scale <= 0 or v_scale <= 0:
+            raise ValueError(
+                f"layer {layer_id}: KV scales must be positive, got {k_scale}, {v_scale}"
+            )
+        self._scales[layer_id] = (float(k_scale), float(v_scale))
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self.k_buffers[layer_id]
@@ -168,12 +198,27 @@ class TokenToKVPool:
         self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor
     ) -> None:
         """Store K and V ([n, num_kv_heads, head_dim], any float dtype) at slots `loc` ([n])."""
+        if self.is_fp8:
+            k_scale, v_scale = self._scales[layer_id]
+            cache_k = quantize_fp8(cache_k, k_scale, self.dtype)
+            cache_v = quantize_fp8(cache_v, v_scale, self.dtype)
         if cache_k.dtype != self.dtype:
             cache_k = cache_k.to(self.dtype)
         if cache_v.dtype != self.dtype:
             cache_v = cache_v.to(self.dtype)
         self.k_buffers[layer_id][loc] = cache_k
         self.v_buffers[layer_id][loc] = cache_v
+
+    def read_kv(
+        self, layer_id: int, index: torch.Tensor, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The real K and V values at slots `index` (any shape), as `dtype`."""
+        k = self.k_buffers[layer_id][index]
+        v = self.v_buffers[layer_id][index]
+        if not self.is_fp8:
+            return k.to(dtype), v.to(dtype)
+        k_scale, v_scale = self._scales[layer_id]
+        return (k.float() * k_scale).to(dtype), (v.float() * v_scale).to(dtype)
 
     @staticmethod
     def bytes_per_token(

@@ -20,6 +20,8 @@ from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
+from radixserve.layers.quantization.base import resolve_quantization
+from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
@@ -39,6 +41,12 @@ MiB = 1 << 20
 # bundled model's server (both processes, weights and torch included) then stays under 2 GiB
 # of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
 CPU_DEFAULT_KV_BYTES = 256 * MiB
+KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
+
+
+def kv_cache_dtype(name: str, model_dtype: torch.dtype) -> torch.dtype:
+    """--kv-cache-dtype: auto stores K/V in the model dtype."""
+    return model_dtype if name == "auto" else KV_CACHE_DTYPES[name]
 
 
 class TimedIterator:
@@ -98,9 +106,11 @@ class ModelRunner:
         self.model_config = source.config
         self.device = torch.device(server_args.resolved_device())
         self.dtype = source.config.dtype
+        self.kv_dtype = kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         torch.manual_seed(server_args.random_seed)
         self.startup = startup or StartupPhases()
 
+        self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
         self.model = self._load_model(source)
         with self.startup.timed("kv_allocation"):
             # every rank must schedule identically: agree on the smallest capacity
@@ -117,9 +127,12 @@ class ModelRunner:
                 cfg.num_hidden_layers,
                 self.local_kv_heads,
                 cfg.head_dim,
-                self.dtype,
+                self.kv_dtype,
                 self.device,
             )
+            if self.token_to_kv_pool.is_fp8:
+                for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
+                    self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
             self.allocator = TokenSlotAllocator(self.max_total_tokens)
         self.attention_backend_name = resolve_backend_name(
             server_args.attention_backend, self.device.type
@@ -169,13 +182,13 @@ class ModelRunner:
                 # sized on the meta device first: a model that cannot fit fails here, clearly,
                 # instead of with an allocator error halfway through loading
                 with torch.device("meta"):
-                    need = weight_bytes(model_cls(self.model_config.hf_config))
+                    need = weight_bytes(model_cls(self.model_config.hf_config, self.quantization))
                 free, total = torch.cuda.mem_get_info(self.device)
                 problem = weights_fit_problem(need, free, total, str(self.device))
                 if problem is not None:
                     raise RuntimeError(problem)
             with torch.device(self.device):
-                return model_cls(self.model_config.hf_config)
+                return model_cls(self.model_config.hf_config, self.quantization)
         finally:
             torch.set_default_dtype(default_dtype)
 
@@ -190,6 +203,7 @@ class ModelRunner:
             num_kv_heads=shard.kv_count,
             head_dim=cfg.head_dim,
             req_to_token=self.req_to_token_pool.req_to_token,
+            variants=attention_variants(self.model),
         )
 
     @property
@@ -200,7 +214,7 @@ class ModelRunner:
     def _kv_capacity(self) -> int:
         cfg = self.model_config
         per_token = TokenToKVPool.bytes_per_token(
-            cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.dtype
+            cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.kv_dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)

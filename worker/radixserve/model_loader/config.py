@@ -16,12 +16,23 @@ from typing import Any
 import torch
 import transformers
 
+# model_type -> the architecture (config.architectures[0]) the worker serves it as
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
+NO_WINDOW = -1
+
+
+class UnsupportedModelError(ValueError):
+    """A model of an architecture the worker does not serve."""
+
 
 _DTYPES_BY_NAME: dict[str, torch.dtype] = {
     "float32": torch.float32,
@@ -56,16 +67,31 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     attention_bias: bool = False
     qk_norm: bool = False
+    # per layer: the sliding window (NO_WINDOW for full attention)
+    sliding_windows: tuple[int, ...] = ()
+    # mixture of experts: experts per MoE layer, experts per token, one expert's width
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
 
     @property
     def matmul_parameters(self) -> int:
         """Parameters that do matmul work per token (the embedding lookup does none): a token
-        costs 2 x this many FLOPs besides attention, the figure every MFU here is based on."""
+        costs 2 x this many FLOPs besides attention, the figure every MFU here is based on.
+        MoE layers count their router and the experts a token is sent to (active parameters)."""
         h, q = self.hidden_size, self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
-        inter = self.hf_config.intermediate_size
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * inter
-        return self.num_hidden_layers * per_layer + self.vocab_size * h
+        attention = h * (q + 2 * kv) + q * h
+        total = self.vocab_size * h
+        for layer in range(self.num_hidden_layers):
+            if is_moe_layer(self.hf_config, layer):
+                mlp = h * self.num_experts + self.num_experts_per_tok * 3 * h * (
+                    self.moe_intermediate_size
+                )
+            else:
+                mlp = 3 * h * self.intermediate_size
+            total += attention + mlp
+        return total
 
 
 def resolve_device(device: str) -> str:
@@ -100,13 +126,53 @@ def resolve_dtype(
     return saved if saved in _HALF_PRECISION else torch.bfloat16
 
 
+def check_architecture(model_type: str | None, architectures: list[str] | None = None) -> str:
+    """The architecture a config (its raw `model_type` and `architectures`) is served as, or
+    UnsupportedModelError naming it and listing what is served. Run on the raw config.json,
+    before transformers parses it, so a model transformers knows but we do not (or neither
+    does) fails the same one-line way."""
+    named = (architectures or [None])[0]
+    served = SUPPORTED_ARCHITECTURES.get(model_type or "")
+    if served is None or (named is not None and named != served):
+        what = named or f"model_type {model_type!r}"
+        if named is not None:
+            what = f"{named!r} (model_type {model_type!r})"
+        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES.values()))
+        raise UnsupportedModelError(f"unsupported architecture {what}; supported: {supported}")
+    return served
+
+
 def architecture_of(hf_config: transformers.PretrainedConfig) -> str:
     """The `*ForCausalLM` class name, checked against the model families the worker serves."""
-    model_type = getattr(hf_config, "model_type", None)
-    if model_type not in SUPPORTED_ARCHITECTURES:
-        supported = ", ".join(sorted(SUPPORTED_ARCHITECTURES))
-        raise ValueError(f"unsupported model_type {model_type!r}; supported: {supported}")
-    return SUPPORTED_ARCHITECTURES[model_type]
+    return check_architecture(
+        getattr(hf_config, "model_type", None), getattr(hf_config, "architectures", None)
+    )
+
+
+def sliding_window_of(hf_config: transformers.PretrainedConfig, layer: int) -> int:
+    """Layer `layer`'s sliding window as transformers applies it: per `layer_types` where the
+    config has them (Gemma, Qwen2/3 with use_sliding_window), else `sliding_window` for every
+    layer (Mistral, Mixtral, Qwen3-MoE); NO_WINDOW for full attention."""
+    window = getattr(hf_config, "sliding_window", None)
+    layer_types = getattr(hf_config, "layer_types", None)
+    if not window:
+        return NO_WINDOW
+    if layer_types is not None and layer_types[layer] != "sliding_attention":
+        return NO_WINDOW
+    return int(window)
+
+
+def is_moe_layer(hf_config: transformers.PretrainedConfig, layer: int) -> bool:
+    """Whether a layer's MLP is a mixture of experts: every layer of Mixtral; Qwen3-MoE's
+    every `decoder_sparse_step`-th layer not in `mlp_only_layers`."""
+    experts = getattr(hf_config, "num_experts", None) or getattr(
+        hf_config, "num_local_experts", None
+    )
+    if not experts:
+        return False
+    step = getattr(hf_config, "decoder_sparse_step", 1) or 1
+    dense = getattr(hf_config, "mlp_only_layers", None) or ()
+    return layer not in dense and (layer + 1) % step == 0
 
 
 def as_id_set(value: int | Iterable[int] | None) -> set[int]:
@@ -164,5 +230,14 @@ def build_model_config(
         tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
         attention_bias=architecture == "Qwen2ForCausalLM"
         or bool(getattr(hf_config, "attention_bias", False)),
-        qk_norm=architecture == "Qwen3ForCausalLM",
+        qk_norm=architecture in ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Gemma3ForCausalLM"),
+        sliding_windows=tuple(
+            sliding_window_of(hf_config, i) for i in range(hf_config.num_hidden_layers)
+        ),
+        num_experts=getattr(hf_config, "num_local_experts", 0)
+        or getattr(hf_config, "num_experts", 0)
+        or 0,
+        num_experts_per_tok=getattr(hf_config, "num_experts_per_tok", 0) or 0,
+        moe_intermediate_size=getattr(hf_config, "moe_intermediate_size", None)
+        or (hf_config.intermediate_size if getattr(hf_config, "num_local_experts", 0) else 0),
     )

@@ -6,7 +6,9 @@ by the disk, not by the page faults of one thread (a memory-mapped `safe_open` r
 about 35 s on the H200 machine; docs/benchmarks.md has both). For the CPU, `safe_open`'s
 memory map is the fastest there is: its tensors are views of the page cache, copied once, into
 the parameters (fastsafetensors reads the bundled model's 538 MB in 1.3 s, the map in 0.02 s).
-Neither ever holds a second full copy of the checkpoint.
+Neither ever holds a second full copy of the checkpoint. Quantized checkpoints keep what
+quantization owns as stored: FP8 weights stay FP8 and scales stay float32; the model's
+quantization method (layers/quantization) takes them from there.
 """
 
 from __future__ import annotations
@@ -20,13 +22,15 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
-from radixserve.model_loader.config import as_id_set
+from radixserve.model_loader.config import as_id_set, check_architecture
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 # parallel preads per shard: enough to keep an NVMe queue full
 READ_THREADS = 16
 # Buffers some old checkpoints saved alongside the parameters; the model recomputes them.
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
+# Quantization scales: kept in float32 whatever the model dtype.
+SCALE_SUFFIXES = ("_scale", "_scale_inv")
 
 
 def is_hf_directory(path: Path) -> bool:
@@ -49,7 +53,19 @@ def safetensors_files(directory: Path) -> list[Path]:
 
 
 def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
+    """The directory's config, its architecture checked on the raw JSON first (so a model we
+    do not serve fails with one clear line, also where transformers does not know it)."""
+    raw = json.loads((directory / "config.json").read_text())
+    check_architecture(raw.get("model_type"), raw.get("architectures"))
     return AutoConfig.from_pretrained(str(directory))
+
+
+def as_loaded(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A checkpoint tensor in the form the model loads: floating weights in the model dtype,
+    but one-byte (FP8) weights and quantization scales untouched."""
+    if tensor.element_size() == 1 or name.endswith(SCALE_SUFFIXES):
+        return tensor
+    return tensor.to(dtype)
 
 
 def generation_eos_token_ids(directory: Path) -> set[int]:
@@ -70,7 +86,7 @@ def iter_safetensors(
             with safe_open(str(file), framework="pt", device="cpu") as shard:
                 for name in shard.keys():  # noqa: SIM118 (safe_open is not a mapping)
                     if not name.endswith(_NON_PARAMETER_SUFFIXES):
-                        yield name, shard.get_tensor(name).to(dtype)
+                        yield name, as_loaded(name, shard.get_tensor(name), dtype)
         return
     from fastsafetensors import ParallelLoader
 
@@ -89,6 +105,6 @@ def iter_safetensors(
     try:
         for name, tensor in loader.iterate_weights():
             if not name.endswith(_NON_PARAMETER_SUFFIXES):
-                yield name, tensor.to(dtype)
+                yield name, as_loaded(name, tensor, dtype)
     finally:
         loader.close()

@@ -59,7 +59,8 @@ class ModelSource:
 
     def weights(self) -> WeightIterator:
         """(HF parameter name, CPU tensor in `config.dtype`) pairs, read lazily; each call starts
-        a fresh pass. Tied output embeddings are not repeated as `lm_head.weight`."""
+        a fresh pass. Tied output embeddings are not repeated as `lm_head.weight`. A quantized
+        checkpoint's FP8 weights and scales come as stored (see hf_dir.as_loaded)."""
         return self.weights_factory()
 
 
@@ -96,6 +97,20 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
     if hf_dir.is_hf_directory(path):
         return load_directory_tokenizer(path)
     return load_gguf_tokenizer(_gguf_file(model, path))
+
+
+def load_hf_config_for(model: str) -> transformers.PretrainedConfig | None:
+    """The config `--model` names, read without any weights (None for the bundled model):
+    what a process checks before it starts anything for the model. Raises ValueError for a
+    model it cannot load (an architecture we do not serve among them, UnsupportedModelError)."""
+    if model == BUILTIN_SMOLLM2:
+        return None
+    if model.startswith(RANDOM_PREFIX):
+        return random_init.random_hf_config(model[len(RANDOM_PREFIX) :])
+    path = _local_path(model)
+    if hf_dir.is_hf_directory(path):
+        return hf_dir.load_hf_config(path)
+    return GGUFFile(_gguf_file(model, path)).hf_config
 
 
 def _local_path(model: str) -> Path:

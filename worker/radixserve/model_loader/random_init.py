@@ -17,6 +17,8 @@ import torch
 import transformers
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from radixserve.model_loader.config import check_architecture
+
 INIT_STD = 0.02
 _ATTENTION_BIAS_SUFFIXES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
 
@@ -41,6 +43,58 @@ PRESETS: dict[str, dict[str, Any]] = {
     "tiny-qwen2": {"model_type": "qwen2", **_TINY_SHAPE, "tie_word_embeddings": True},
     # Qwen3: per-head q_norm/k_norm and a head_dim that is not hidden_size / heads.
     "tiny-qwen3": {"model_type": "qwen3", **_TINY_SHAPE, "head_dim": 32},
+    # Mistral whose sliding window is shorter than the test prompts
+    "tiny-mistral-sw": {"model_type": "mistral", **_TINY_SHAPE, "sliding_window": 16},
+    # Qwen3-MoE: 8 experts, top 2 renormalised; layer 1 dense (mlp_only_layers)
+    "tiny-qwen3-moe": {
+        "model_type": "qwen3_moe",
+        **_TINY_SHAPE,
+        "num_hidden_layers": 3,
+        "head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "norm_topk_prob": True,
+        "mlp_only_layers": [1],
+    },
+    # Mixtral: 4 experts, top 2 (always renormalised), routing weights kept in float32
+    "tiny-mixtral": {
+        "model_type": "mixtral",
+        **_TINY_SHAPE,
+        "intermediate_size": 48,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "sliding_window": None,
+    },
+    # Gemma 2: local (window 16) and global layers, soft-caps small enough that the tiny
+    # model's scores and logits reach tanh's curve, a query scalar that is not head_dim
+    "tiny-gemma2": {
+        "model_type": "gemma2",
+        **_TINY_SHAPE,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 24,
+        "sliding_window": 16,
+        "attn_logit_softcapping": 0.1,
+        "final_logit_softcapping": 1.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    # Gemma 3 text: two local layers (window 16, RoPE base 10k) around a global one (base 1M,
+    # linear scaling), q/k norms
+    "tiny-gemma3": {
+        "model_type": "gemma3_text",
+        **_TINY_SHAPE,
+        "num_hidden_layers": 3,
+        "head_dim": 16,
+        "query_pre_attn_scalar": 16,
+        "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+        },
+        "tie_word_embeddings": True,
+    },
     "llama-3.2-1b": {
         "model_type": "llama",
         "vocab_size": 128256,
@@ -79,6 +133,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eos_token_id": 128001,
         "tie_word_embeddings": False,
     },
+    "qwen3-30b-a3b": {
+        "model_type": "qwen3_moe",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "moe_intermediate_size": 768,
+        "num_hidden_layers": 48,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "num_experts": 128,
+        "num_experts_per_tok": 8,
+        "norm_topk_prob": True,
+        "max_position_embeddings": 40960,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+        "tie_word_embeddings": False,
+    },
     "qwen3-0.6b": {
         "model_type": "qwen3",
         "vocab_size": 151936,
@@ -110,6 +184,7 @@ def random_hf_config(spec: str) -> transformers.PretrainedConfig:
         raise ValueError(
             f"random:{spec}: expected a preset ({', '.join(PRESETS)}) or the path of a config.json"
         )
+    check_architecture(values.get("model_type"), values.get("architectures"))
     return AutoConfig.for_model(values.pop("model_type"), **values)
 
 

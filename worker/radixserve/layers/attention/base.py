@@ -17,6 +17,7 @@ import torch
 
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.forward.mode import ForwardMode
+from radixserve.layers.radix_attention import AttentionVariant
 
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
@@ -35,6 +36,12 @@ class AttentionContext:
     num_kv_heads: int  # KV heads on this rank
     head_dim: int
     req_to_token: torch.Tensor  # [rows, max_context_len] int32 on `device`
+    # the model's distinct attention variants (scale, window, soft-cap); empty means one,
+    # plain causal attention at head_dim ** -0.5. Backends that plan per pass plan each.
+    variants: tuple[AttentionVariant, ...] = ()
+
+    def planned_variants(self) -> tuple[AttentionVariant, ...]:
+        return self.variants or (AttentionVariant(self.head_dim**-0.5),)
 
 
 class AttentionBackend(ABC):

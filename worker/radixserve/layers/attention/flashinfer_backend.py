@@ -9,11 +9,15 @@ Extend passes use the paged prefill wrapper over prefix and new tokens alike (th
 K/V are stored first), causal with the mask aligned to the end of each request's KV, which is
 exactly "query i sits at position prefix_len + i". Decode with CUDA graphs keeps one wrapper
 per captured batch size over static index buffers; replay re-plans into those buffers.
+
+FlashInfer fixes the scale, sliding window and logit soft-cap at plan time, so a model whose
+layers differ in those (Gemma's local and global layers) gets one planned wrapper per
+attention variant (AttentionContext.variants), all over the same page table; a layer runs
+the wrapper of its variant. An FP8 pool is planned as such and run with its scales.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +26,7 @@ import torch
 from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 from radixserve.layers.attention.triton_backend import split_heads
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices
+from radixserve.layers.radix_attention import AttentionVariant
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
@@ -47,7 +52,20 @@ def _import_flashinfer() -> Any:
 
 @dataclass
 class FlashInferMetadata:
-    wrapper: Any  # the planned decode or prefill wrapper of this pass
+    wrappers: list[Any]  # the planned decode or prefill wrapper of each variant, this pass
+
+
+def window_left(variant: AttentionVariant) -> int:
+    """FlashInfer's inclusive left window (keys q - window_left .. q), -1 for none."""
+    return variant.sliding_window - 1 if variant.windowed else -1
+
+
+def plan_options(variant: AttentionVariant) -> dict[str, Any]:
+    return {
+        "sm_scale": variant.scaling,
+        "window_left": window_left(variant),
+        "logits_soft_cap": variant.logit_cap if variant.logit_cap > 0 else None,
+    }
 
 
 def host_indptr(lengths: list[int] | torch.Tensor) -> torch.Tensor:
@@ -66,20 +84,26 @@ class FlashInferAttnBackend(AttentionBackend):
         self.kv_dtype = context.kv_dtype
         self.num_heads, self.num_kv_heads = context.num_heads, context.num_kv_heads
         self.head_dim = context.head_dim
-        self.sm_scale = self.head_dim**-0.5
         self.req_to_token = context.req_to_token
+        self.variants = context.planned_variants()
+        self._variant_index = {variant: i for i, variant in enumerate(self.variants)}
         self.use_tensor_core_decode = (
             self.num_heads // self.num_kv_heads >= _TENSOR_CORE_DECODE_MIN_GROUP
         )
+        # one float workspace for every wrapper: their runs follow each other on one stream
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
-        self.decode_wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace, "NHD", use_tensor_cores=self.use_tensor_core_decode
-        )
-        self.prefill_wrapper = self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
-            self.workspace, "NHD"
-        )
+        self.decode_wrappers = [
+            self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace, "NHD", use_tensor_cores=self.use_tensor_core_decode
+            )
+            for _ in self.variants
+        ]
+        self.prefill_wrappers = [
+            self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+            for _ in self.variants
+        ]
         self.forward_metadata: FlashInferMetadata | None = None
-        self._graph_wrappers: dict[int, Any] = {}
+        self._graph_wrappers: dict[int, list[Any]] = {}
         self._graph_kv_indptr: torch.Tensor | None = None
         self._graph_kv_indices: torch.Tensor | None = None
         self._graph_last_page_len: torch.Tensor | None = None
@@ -100,25 +124,30 @@ class FlashInferAttnBackend(AttentionBackend):
         gather_kv_indices(self.req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
         return kv_indices
 
-    def _plan_decode(
+    def _plan(
         self,
-        wrapper: Any,
-        kv_indptr_host: torch.Tensor,
+        wrappers: list[Any],
+        indptrs: tuple[torch.Tensor, ...],
         kv_indices: torch.Tensor,
+        **options: Any,
     ) -> None:
-        bs = kv_indptr_host.numel() - 1
-        wrapper.plan(
-            kv_indptr_host,
-            kv_indices,
-            torch.ones(bs, dtype=torch.int32),
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            1,
-            q_data_type=self.dtype,
-            kv_data_type=self.kv_dtype,
-            sm_scale=self.sm_scale,
-        )
+        """Plan each variant's wrapper over one page table: `indptrs` are (kv_indptr,) for
+        decode, (qo_indptr, kv_indptr) for prefill, on the host."""
+        bs = indptrs[-1].numel() - 1
+        for wrapper, variant in zip(wrappers, self.variants, strict=True):
+            wrapper.plan(
+                *indptrs,
+                kv_indices,
+                torch.ones(bs, dtype=torch.int32),
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                1,
+                q_data_type=self.dtype,
+                kv_data_type=self.kv_dtype,
+                **options,
+                **plan_options(variant),
+            )
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         kv_indptr_host = host_indptr(forward_batch.seq_lens_cpu)
@@ -126,25 +155,12 @@ class FlashInferAttnBackend(AttentionBackend):
             forward_batch.req_pool_indices, forward_batch.seq_lens, kv_indptr_host
         )
         if forward_batch.forward_mode.is_decode():
-            self._plan_decode(self.decode_wrapper, kv_indptr_host, kv_indices)
-            self.forward_metadata = FlashInferMetadata(self.decode_wrapper)
+            self._plan(self.decode_wrappers, (kv_indptr_host,), kv_indices)
+            self.forward_metadata = FlashInferMetadata(self.decode_wrappers)
             return
-        bs = forward_batch.batch_size
-        self.prefill_wrapper.plan(
-            host_indptr(forward_batch.extend_seq_lens_cpu),
-            kv_indptr_host,
-            kv_indices,
-            torch.ones(bs, dtype=torch.int32),
-            self.num_heads,
-            self.num_kv_heads,
-            self.head_dim,
-            1,
-            causal=True,
-            sm_scale=self.sm_scale,
-            q_data_type=self.dtype,
-            kv_data_type=self.kv_dtype,
-        )
-        self.forward_metadata = FlashInferMetadata(self.prefill_wrapper)
+        qo_indptr_host = host_indptr(forward_batch.extend_seq_lens_cpu)
+        self._plan(self.prefill_wrappers, (qo_indptr_host, kv_indptr_host), kv_indices, causal=True)
+        self.forward_metadata = FlashInferMetadata(self.prefill_wrappers)
 
     def init_cuda_graph_state(self, max_bs: int) -> None:
         max_context_len = self.req_to_token.shape[1]
@@ -165,16 +181,19 @@ class FlashInferAttnBackend(AttentionBackend):
             raise NotImplementedError("the flashinfer backend captures decode passes only")
         if self._graph_kv_indptr is None:
             raise RuntimeError("init_cuda_graph_state must run before capture")
-        wrapper = self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
-            self.workspace,
-            "NHD",
-            use_cuda_graph=True,
-            use_tensor_cores=self.use_tensor_core_decode,
-            paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
-            paged_kv_indices_buffer=self._graph_kv_indices,
-            paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
-        )
-        self._graph_wrappers[bs] = wrapper
+        # every variant's wrapper reads the same static page table
+        self._graph_wrappers[bs] = [
+            self._flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                self.workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=self.use_tensor_core_decode,
+                paged_kv_indptr_buffer=self._graph_kv_indptr[: bs + 1],
+                paged_kv_indices_buffer=self._graph_kv_indices,
+                paged_kv_last_page_len_buffer=self._graph_last_page_len[:bs],
+            )
+            for _ in self.variants
+        ]
         self._replan_graph_decode(bs, req_pool_indices, seq_lens, seq_lens.cpu())
 
     def init_forward_metadata_replay_cuda_graph(
@@ -197,14 +216,14 @@ class FlashInferAttnBackend(AttentionBackend):
         seq_lens: torch.Tensor,
         seq_lens_cpu: torch.Tensor,
     ) -> None:
-        """Plan the captured size's wrapper and refill its static page table in place."""
-        wrapper = self._graph_wrappers[bs]
+        """Plan the captured size's wrappers and refill their static page table in place."""
+        wrappers = self._graph_wrappers[bs]
         kv_indptr_host = host_indptr(seq_lens_cpu)
         assert self._graph_kv_indices is not None and self._graph_kv_indptr is not None
         kv_indices = self._graph_kv_indices[: int(kv_indptr_host[-1])]
         # plan copies kv_indptr into the static buffer (the gather below reads it there) and
         # leaves kv_indices alone: it is that buffer already.
-        self._plan_decode(wrapper, kv_indptr_host, kv_indices)
+        self._plan(wrappers, (kv_indptr_host,), kv_indices)
         self._page_table(
             req_pool_indices[:bs],
             seq_lens[:bs],
@@ -212,7 +231,7 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indptr=self._graph_kv_indptr[: bs + 1],
             kv_indices=kv_indices,
         )
-        self.forward_metadata = FlashInferMetadata(wrapper)
+        self.forward_metadata = FlashInferMetadata(wrappers)
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
@@ -226,20 +245,24 @@ class FlashInferAttnBackend(AttentionBackend):
         forward_batch: ForwardBatch,
         save_kv_cache: bool,
     ) -> torch.Tensor:
-        if not math.isclose(layer.scaling, self.sm_scale, rel_tol=1e-6):
+        variant = self._variant_index.get(layer.variant)
+        if variant is None:
             raise ValueError(
-                f"flashinfer backend plans with scale head_dim**-0.5={self.sm_scale}, "
-                f"layer {layer.layer_id} wants {layer.scaling}"
+                f"layer {layer.layer_id}'s attention {layer.variant} is not among the variants "
+                f"the flashinfer backend was built for: {self.variants}"
             )
         # the kernels read this pass's K/V from the pool
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
-        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        pool = forward_batch.token_to_kv_pool
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        k_scale, v_scale = pool.scales(layer.layer_id)
         assert self.forward_metadata is not None, "init_forward_metadata did not run"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim).contiguous()
         # page size 1: [slots, kv_heads, d] is [pages, page_size=1, kv_heads, d] in NHD
-        out = self.forward_metadata.wrapper.run(
-            q_heads, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1))
+        scales = {"k_scale": k_scale, "v_scale": v_scale} if pool.is_fp8 else {}
+        out = self.forward_metadata.wrappers[variant].run(
+            q_heads, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), **scales
         )
         return out.view(-1, layer.tp_q_head_num * layer.head_dim)
 

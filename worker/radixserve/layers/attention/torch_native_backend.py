@@ -3,7 +3,9 @@
 It stores this pass's K/V into the pool first and then reads every request's keys and values
 back through `req_to_token`, exactly as the fast backends must; so it checks the paging, not
 just the maths. Decode runs all requests as one padded, masked batch (one SDPA call per
-layer); extend runs request by request with a causal mask offset by the cached prefix.
+layer); extend runs request by request with a causal mask offset by the cached prefix. A
+layer's sliding window narrows those masks; a logit soft-cap (which SDPA cannot apply) takes
+the explicit softmax path, in the reference's order of operations.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         self.device = context.device
         self._decode_index: torch.Tensor | None = None
         self._decode_mask: torch.Tensor | None = None
+        self._decode_seq_lens: torch.Tensor | None = None
+        # window -> decode mask of this pass (the full mask narrowed to the last W keys)
+        self._window_masks: dict[int, torch.Tensor] = {}
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if not forward_batch.forward_mode.is_decode():
@@ -41,6 +46,19 @@ class TorchNativeAttnBackend(AttentionBackend):
         mask = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None]
         self._decode_index = torch.where(mask, rows.long(), 0)
         self._decode_mask = mask
+        self._decode_seq_lens = seq_lens
+        self._window_masks = {}
+
+    def _decode_mask_for(self, layer: RadixAttention) -> torch.Tensor:
+        assert self._decode_mask is not None and self._decode_seq_lens is not None
+        window = layer.sliding_window_size
+        if window <= 0:
+            return self._decode_mask
+        if window not in self._window_masks:
+            positions = torch.arange(self._decode_mask.shape[1], device=self._decode_mask.device)
+            recent = positions[None, :] >= (self._decode_seq_lens - window)[:, None]
+            self._window_masks[window] = self._decode_mask & recent
+        return self._window_masks[window]
 
     def forward_decode(
         self,
@@ -53,16 +71,18 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
-        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         bs = forward_batch.batch_size
-        keys = k_buf[self._decode_index].to(q.dtype)  # [bs, L, kvh, d]
-        values = v_buf[self._decode_index].to(q.dtype)
+        assert self._decode_index is not None, "init_forward_metadata did not run for decode"
+        # [bs, L, kvh, d]
+        keys, values = forward_batch.token_to_kv_pool.read_kv(
+            layer.layer_id, self._decode_index, q.dtype
+        )
         qh = q.view(bs, layer.tp_q_head_num, 1, layer.head_dim)
-        out = _sdpa(
+        out = _attention(
             qh,
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            self._decode_mask[:, None, None, :],
+            self._decode_mask_for(layer)[:, None, None, :],
             layer,
         )
         return out.reshape(bs, layer.tp_q_head_num * layer.head_dim)
@@ -78,7 +98,7 @@ class TorchNativeAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
-        k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        pool = forward_batch.token_to_kv_pool
         req_to_token = forward_batch.req_to_token_pool.req_to_token
         out = torch.empty_like(q)
         start = 0
@@ -87,25 +107,30 @@ class TorchNativeAttnBackend(AttentionBackend):
             prefix = forward_batch.extend_prefix_lens_cpu[i]
             seq_len = prefix + ext
             slots = req_to_token[forward_batch.req_pool_indices[i], :seq_len].long()
-            keys = k_buf[slots].to(q.dtype).transpose(0, 1)[None]  # [1, kvh, L, d]
-            values = v_buf[slots].to(q.dtype).transpose(0, 1)[None]
+            keys, values = pool.read_kv(layer.layer_id, slots, q.dtype)
+            keys = keys.transpose(0, 1)[None]  # [1, kvh, L, d]
+            values = values.transpose(0, 1)[None]
             qi = q[start : start + ext].view(ext, layer.tp_q_head_num, layer.head_dim)
             qi = qi.transpose(0, 1)[None]  # [1, h, ext, d]
-            # query j (absolute position prefix + j) sees keys 0..prefix + j
-            causal = (
-                torch.arange(seq_len, device=q.device)[None, :]
-                <= (torch.arange(ext, device=q.device) + prefix)[:, None]
-            )
-            o = _sdpa(qi, keys, values, causal[None, None], layer)
+            # query j (absolute position prefix + j) sees keys 0..prefix + j, or with a window
+            # W only the last W of them
+            key_pos = torch.arange(seq_len, device=q.device)[None, :]
+            query_pos = (torch.arange(ext, device=q.device) + prefix)[:, None]
+            visible = key_pos <= query_pos
+            if layer.sliding_window_size > 0:
+                visible &= key_pos > query_pos - layer.sliding_window_size
+            o = _attention(qi, keys, values, visible[None, None], layer)
             out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, -1)
             start += ext
         return out
 
 
-def _sdpa(
+def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
 ) -> torch.Tensor:
     """q: [b, h, s, d]; k, v: [b, kvh, L, d]; mask broadcastable to [b, h, s, L] (True = attend)."""
+    if layer.logit_cap > 0:
+        return _capped_attention(q, k, v, mask, layer)
     # enable_gqa: each KV head serves its group of query heads without copying K/V per head
     return F.scaled_dot_product_attention(
         q,
@@ -115,3 +140,19 @@ def _sdpa(
         scale=layer.scaling,
         enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num,
     )
+
+
+def _capped_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
+) -> torch.Tensor:
+    """Explicit softmax with the scores soft-capped: cap * tanh(q.k * scale / cap), then the
+    mask, then a float32 softmax rounded to q's dtype (Gemma 2's eager attention)."""
+    group = layer.tp_q_head_num // layer.tp_k_head_num
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(-1, -2)) * layer.scaling
+    cap = layer.logit_cap
+    scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(weights, v)

@@ -135,7 +135,9 @@ class TritonAttnBackend(AttentionBackend):
     ) -> torch.Tensor:
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
-        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        pool = forward_batch.token_to_kv_pool
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        k_scale, v_scale = pool.scales(layer.layer_id)
         meta = self.forward_metadata
         assert isinstance(meta, DecodeMetadata), "init_forward_metadata did not run for decode"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
@@ -152,6 +154,10 @@ class TritonAttnBackend(AttentionBackend):
             meta.mid_lse,
             meta.num_kv_splits,
             layer.scaling,
+            sliding_window=layer.sliding_window_size,
+            logit_cap=layer.logit_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return out.view(-1, layer.tp_q_head_num * layer.head_dim)
 
@@ -168,7 +174,9 @@ class TritonAttnBackend(AttentionBackend):
         v_heads = split_heads(v, layer.tp_v_head_num, layer.head_dim)
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
-        k_buffer, v_buffer = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
+        pool = forward_batch.token_to_kv_pool
+        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
+        k_scale, v_scale = pool.scales(layer.layer_id)
         meta = self.forward_metadata
         assert isinstance(meta, ExtendMetadata), "init_forward_metadata did not run for extend"
         q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
@@ -187,5 +195,9 @@ class TritonAttnBackend(AttentionBackend):
             forward_batch.extend_start_loc,
             meta.max_extend_len,
             layer.scaling,
+            sliding_window=layer.sliding_window_size,
+            logit_cap=layer.logit_cap,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )
         return out.view(-1, layer.tp_q_head_num * layer.head_dim)

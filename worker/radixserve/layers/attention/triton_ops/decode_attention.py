@@ -9,6 +9,11 @@ Grouped-query attention: a stage-1 program loads every query head that shares it
 (padded to 16 rows so `tl.dot` can use the tensor cores), so each K/V tile is read once per
 group instead of once per query head. KV slots are looked up through
 `req_to_token[req_pool_index, position]`, so the pool's slots can lie anywhere.
+
+A sliding window W makes the KV of a request its last W tokens: the splits cut that range
+(computed on the device from seq_len, so a captured graph stays valid). A logit soft-cap
+applies cap * tanh(score / cap) to the scores; FP8 KV is read as stored and its per-tensor
+scales are folded in (k's into the score scale, v's into the output).
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixserve.layers.fused_ops import dot_precision
+
 # Smallest piece of KV a split gets: shorter splits would spend more on the merge than they save.
 _MIN_SPLIT_TOKENS = 64
 _BLOCK_N = 64
@@ -24,17 +31,37 @@ MAX_KV_SPLITS = 64
 # Programs per SM the split count aims for: decode programs are latency-bound (a chain of
 # dependent gathers), so the SMs need several each to hide it.
 _PROGRAMS_PER_SM = 4
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
-def _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT: tl.constexpr):
-    """[start, end) of one split; stage 1 and stage 2 must agree on it."""
-    split_len = tl.cdiv(seq_len, num_kv_splits)
-    split_len = tl.cdiv(split_len, MIN_SPLIT) * MIN_SPLIT
-    start = split_len * split_id
+def _window_start(seq_len, window):
+    """First visible key of the request's newest query: seq_len - W with a window W > 0."""
+    return tl.maximum(seq_len - tl.where(window > 0, window, seq_len), 0)
+
+
+@triton.jit
+def _split_len(kv_len, num_kv_splits, MIN_SPLIT: tl.constexpr):
+    return tl.cdiv(tl.cdiv(kv_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
+
+
+@triton.jit
+def _split_bounds(kv_start, seq_len, split_id, num_kv_splits, MIN_SPLIT: tl.constexpr):
+    """[start, end) of one split of the keys [kv_start, seq_len); stage 1 and stage 2 must
+    agree on it."""
+    split_len = _split_len(seq_len - kv_start, num_kv_splits, MIN_SPLIT)
+    start = kv_start + split_len * split_id
     end = tl.minimum(start + split_len, seq_len)
     return start, end
+
+
+@triton.jit
+def soft_cap_log2(qk, sm_scale, cap, HAS_CAP: tl.constexpr):
+    """Raw q.k scores -> base-2 logits: scaled, and with HAS_CAP soft-capped first,
+    cap * tanh(s / cap) (tanh as 1 - 2 / (1 + e^2x): exact at both ends, no overflow)."""
+    s = qk * sm_scale
+    if HAS_CAP:
+        s = cap * (1.0 - 2.0 / (1.0 + tl.exp(2.0 * s / cap)))
+    return s * 1.4426950408889634
 
 
 @triton.jit
@@ -47,7 +74,10 @@ def _decode_grouped_split_kernel(
     Seq_lens,
     Mid_O,
     Mid_Lse,
-    sm_scale_log2,
+    sm_scale,
+    logit_cap,
+    v_scale,
+    window,
     num_kv_splits,
     stride_r2t,
     stride_qb,
@@ -68,6 +98,7 @@ def _decode_grouped_split_kernel(
     BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_CAP: tl.constexpr,
 ):
     batch = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -81,7 +112,8 @@ def _decode_grouped_split_kernel(
 
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
     req_row = tl.load(Req_pool_indices + batch).to(tl.int64)
-    start, end = _split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
+    kv_start = _window_start(seq_len, window)
+    start, end = _split_bounds(kv_start, seq_len, split_id, num_kv_splits, MIN_SPLIT)
     if end > start:
         q = tl.load(
             Q + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -101,7 +133,8 @@ def _decode_grouped_split_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+            qk = soft_cap_log2(qk, sm_scale, logit_cap, HAS_CAP)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             v = tl.load(
                 V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
@@ -123,7 +156,7 @@ def _decode_grouped_split_kernel(
             + heads[:, None] * stride_moh
             + split_id * stride_mos
             + offs_d[None, :],
-            acc / l_i[:, None],
+            acc * (v_scale / l_i[:, None]),
             mask=out_mask,
         )
         tl.store(
@@ -139,6 +172,7 @@ def _decode_merge_splits_kernel(
     Mid_Lse,
     Out,
     Seq_lens,
+    window,
     num_kv_splits,
     stride_mob,
     stride_moh,
@@ -160,9 +194,10 @@ def _decode_merge_splits_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
+    kv_len = seq_len - _window_start(seq_len, window)
+    split_len = _split_len(kv_len, num_kv_splits, MIN_SPLIT)
     offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < tl.cdiv(seq_len, split_len)  # the splits _split_bounds left non-empty
+    mask_s = offs_s < tl.cdiv(kv_len, split_len)  # the splits _split_bounds left non-empty
 
     lse = tl.load(
         Mid_Lse + batch * stride_mlb + head * stride_mlh + offs_s, mask=mask_s, other=float("-inf")
@@ -183,11 +218,6 @@ def _decode_merge_splits_kernel(
         out.to(Out.dtype.element_ty),
         mask=mask_d,
     )
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """float32 models are the exactness reference: keep their dots in IEEE float32, not tf32."""
-    return "ieee" if dtype == torch.float32 else "tf32"
 
 
 def choose_num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
@@ -218,8 +248,14 @@ def decode_attention_fwd(
     mid_lse: torch.Tensor,
     num_kv_splits: int,
     sm_scale: float,
+    sliding_window: int = -1,
+    logit_cap: float = 0.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
-    """o[b, h] = softmax(q[b, h] . K[b]^T * sm_scale) V[b] over the first seq_lens[b] tokens.
+    """o[b, h] = softmax(q[b, h] . K[b]^T * sm_scale) V[b] over the first seq_lens[b] tokens
+    (the last `sliding_window` of them if it is positive; scores soft-capped at `logit_cap`
+    if positive). K and V are the buffers' values times k_scale and v_scale.
 
     q, o: [bs, q_heads, head_dim]; k_buffer, v_buffer: [slots, kv_heads, head_dim];
     mid_o: [>= bs, q_heads, >= num_kv_splits, head_dim] float32 and mid_lse:
@@ -240,7 +276,10 @@ def decode_attention_fwd(
         seq_lens,
         mid_o,
         mid_lse,
-        sm_scale * _LOG2E,
+        sm_scale * k_scale,
+        logit_cap,
+        v_scale,
+        sliding_window,
         num_kv_splits,
         req_to_token.stride(0),
         q.stride(0),
@@ -261,6 +300,7 @@ def decode_attention_fwd(
         BLOCK_N=_BLOCK_N,
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         DOT_PRECISION=dot_precision(q.dtype),
+        HAS_CAP=logit_cap > 0,
         num_warps=4,
         num_stages=2,
     )
@@ -269,6 +309,7 @@ def decode_attention_fwd(
         mid_lse,
         o,
         seq_lens,
+        sliding_window,
         num_kv_splits,
         mid_o.stride(0),
         mid_o.stride(1),

@@ -10,6 +10,8 @@ BLOCK_M new tokens of one query head and makes two passes with one online softma
    mask `key position <= query position`, stopping at the tile's last query.
 
 So prefix tokens never need to be copied, and the new K/V need not be in the pool yet.
+A sliding window W also hides keys W or more positions behind a query (both passes start at
+the tile's first visible key); a logit soft-cap and FP8 prefix scales are applied as in decode.
 """
 
 from __future__ import annotations
@@ -18,18 +20,18 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.layers.attention.triton_ops.decode_attention import dot_precision
-
-_LOG2E = 1.4426950408889634
+from radixserve.layers.attention.triton_ops.decode_attention import dot_precision, soft_cap_log2
 
 
 @triton.jit
 def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     """Fold one [BLOCK_M, BLOCK_N] tile of scores (base-2 logits) and its values into the
-    running state."""
+    running state. A row that has seen no visible key yet (a sliding window can hide a whole
+    tile from it) keeps its empty state instead of turning into -inf - -inf = nan."""
     m_new = tl.maximum(m_i, tl.max(qk, 1))
-    alpha = tl.exp2(m_i - m_new)
-    p = tl.exp2(qk - m_new[:, None])
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(qk - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
@@ -48,7 +50,11 @@ def _extend_kernel(
     Prefix_lens,
     Extend_lens,
     Extend_start_loc,
-    sm_scale_log2,
+    sm_scale,
+    logit_cap,
+    k_scale,
+    v_scale,
+    window,
     stride_r2t,
     stride_qt,
     stride_qh,
@@ -68,6 +74,8 @@ def _extend_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -95,8 +103,12 @@ def _extend_kernel(
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        # Pass 1: the cached prefix, through req_to_token.
-        for start_n in range(0, prefix_len, BLOCK_N):
+        # Pass 1: the cached prefix, through req_to_token. With a window the tile's first
+        # query (position prefix_len + block_m * BLOCK_M) sees nothing before its window.
+        prefix_start = 0
+        if HAS_WINDOW:
+            prefix_start = tl.maximum(prefix_len + block_m * BLOCK_M - window + 1, 0)
+        for start_n in range(prefix_start, prefix_len, BLOCK_N):
             pos = start_n + offs_n
             mask_n = pos < prefix_len
             slots = tl.load(Req_to_token + req_row * stride_r2t + pos, mask=mask_n, other=0)
@@ -106,18 +118,26 @@ def _extend_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+            qk = soft_cap_log2(qk, sm_scale * k_scale, logit_cap, HAS_CAP)
+            visible = mask_n[None, :]
+            if HAS_WINDOW:
+                visible = visible & (pos[None, :] > prefix_len + offs_m[:, None] - window)
+            qk = tl.where(visible, qk, float("-inf"))
             v = tl.load(
                 V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )
-            m_i, l_i, acc = _online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
+            v = (v.to(tl.float32) * v_scale).to(q.dtype)
+            m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
         # Pass 2: the new tokens, causal, contiguous in this pass's k/v.
         causal_end = tl.minimum((block_m + 1) * BLOCK_M, extend_len)
-        for start_n in range(0, causal_end, BLOCK_N):
+        new_start = 0
+        if HAS_WINDOW:
+            new_start = tl.maximum(block_m * BLOCK_M - window + 1, 0)
+        for start_n in range(new_start, causal_end, BLOCK_N):
             pos = start_n + offs_n
             mask_n = pos < extend_len
             rows = token_start + pos
@@ -126,8 +146,11 @@ def _extend_kernel(
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
-            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION) * sm_scale_log2
+            qk = tl.dot(q, k.to(q.dtype), input_precision=DOT_PRECISION)
+            qk = soft_cap_log2(qk, sm_scale, logit_cap, HAS_CAP)
             visible = mask_n[None, :] & (offs_m[:, None] >= pos[None, :])
+            if HAS_WINDOW:
+                visible = visible & (pos[None, :] > offs_m[:, None] - window)
             qk = tl.where(visible, qk, float("-inf"))
             v = tl.load(
                 V_Extend + rows[:, None] * stride_vet + kv_head * stride_veh + offs_d[None, :],
@@ -171,13 +194,19 @@ def extend_attention_fwd(
     max_extend_len: int,
     sm_scale: float,
     tile: tuple[int, int, int, int] | None = None,
+    sliding_window: int = -1,
+    logit_cap: float = 0.0,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
     q_extend, o_extend: [tokens, q_heads, head_dim]; k_extend, v_extend: [tokens, kv_heads,
     head_dim] (this pass's tokens, requests back to back from extend_start_loc);
     k_buffer, v_buffer: [slots, kv_heads, head_dim], read for the first prefix_lens[b] tokens.
-    tile overrides tile_config (for tuning).
+    tile overrides tile_config (for tuning). A positive sliding_window W hides keys at W or
+    more positions behind a query; a positive logit_cap soft-caps the scores; the buffers'
+    values times k_scale / v_scale are the prefix's K / V (FP8 pools).
     """
     _, num_heads, head_dim = q_extend.shape
     num_kv_heads = k_extend.shape[1]
@@ -196,7 +225,11 @@ def extend_attention_fwd(
         prefix_lens,
         extend_lens,
         extend_start_loc,
-        sm_scale * _LOG2E,
+        sm_scale,
+        logit_cap,
+        k_scale,
+        v_scale,
+        sliding_window,
         req_to_token.stride(0),
         q_extend.stride(0),
         q_extend.stride(1),
@@ -216,6 +249,8 @@ def extend_attention_fwd(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         DOT_PRECISION=dot_precision(q_extend.dtype),
+        HAS_CAP=logit_cap > 0,
+        HAS_WINDOW=sliding_window > 0,
         num_warps=num_warps,
         num_stages=num_stages,
     )

@@ -1,0 +1,66 @@
+"""Batch-1 FP8 projections of the Llama-3-8B shape, each timed as CUDA graph replays: the
+FP8 GEMV (weight-only, layers/gemv.py with channel scales; the shipped block config and a few
+others) against torch._scaled_mm at M = 1 (with its per-token activation quantization) and
+against the bf16 GEMV the unquantized model runs. Decides whether batch 1 takes the GEMV
+(layers/quantization/fp8.py routes it there); prints microseconds and the share of copy
+bandwidth of the FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [OUT.json]"""
+
+import json
+import sys
+
+import torch
+from triton.testing import do_bench_cudagraph
+
+from radixserve.layers.gemv import block_config, gemv
+from radixserve.layers.quantization.fp8 import quantize_per_token, quantize_rows
+
+SHAPES = {
+    "8b.qkv": (6144, 4096),
+    "8b.o": (4096, 4096),
+    "8b.gate_up": (28672, 4096),
+    "8b.down": (4096, 14336),
+}
+BANDWIDTH = 4.25e12  # measured copy bandwidth of the H200 (docs/benchmarks.md)
+FP8_CONFIGS = [(2, 1024, 2), (2, 2048, 2), (4, 1024, 4), (2, 4096, 4)]
+
+
+def scaled_mm(x, values, scale):
+    q, x_scale = quantize_per_token(x)
+    return torch._scaled_mm(
+        q, values.t(), scale_a=x_scale, scale_b=scale.view(1, -1), out_dtype=x.dtype
+    )
+
+
+def measure(n: int, k: int) -> dict:
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    values, scale = quantize_rows(w)
+    x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
+    shipped = block_config(n, k)
+    row = {
+        "shipped": str(shipped),
+        "fp8_floor_us": n * k / BANDWIDTH * 1e6,
+        "bf16_gemv_us": do_bench_cudagraph(lambda: gemv(x, w, None, *shipped)) * 1e3,
+        "fp8_scaled_mm_us": do_bench_cudagraph(lambda: scaled_mm(x, values, scale)) * 1e3,
+        "fp8_gemv_us": {},
+    }
+    for config in [shipped, *FP8_CONFIGS]:
+        run = lambda c=config: gemv(x, values, None, *c, scale=scale)  # noqa: E731
+        row["fp8_gemv_us"][str(config)] = do_bench_cudagraph(run) * 1e3
+    return row
+
+
+results = {}
+for name, (n, k) in SHAPES.items():
+    row = measure(n, k)
+    results[name] = row
+    fp8 = row["fp8_gemv_us"][row["shipped"]]
+    best = min(row["fp8_gemv_us"].items(), key=lambda kv: kv[1])
+    print(
+        f"=== {name:11s} fp8 floor {row['fp8_floor_us']:6.1f} us | fp8 gemv {fp8:6.1f} "
+        f"({100 * row['fp8_floor_us'] / fp8:4.1f}% BW; best {best[1]:6.1f} at {best[0]}) | "
+        f"scaled_mm {row['fp8_scaled_mm_us']:6.1f} | bf16 gemv {row['bf16_gemv_us']:6.1f}",
+        flush=True,
+    )
+if len(sys.argv) > 1:
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f, indent=1)

@@ -1,0 +1,132 @@
+"""The fused MoE kernels at real sizes on the GPU: against the torch reference over random
+routings (experts that get no token included, and all tokens on one expert), in bf16 and with
+FP8 experts; routing against torch; and a MoE layer captured in a CUDA graph (no host sync,
+replays with new routings equal to eager)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
+]
+
+from radixserve.layers.moe.fused_moe import (  # noqa: E402
+    fused_moe,
+    fused_moe_native,
+    select_experts,
+    select_experts_native,
+)
+from radixserve.layers.moe.layer import FusedMoE  # noqa: E402
+from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
+
+# (experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer, a Mixtral-like one
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-like": (8, 2, 1024, 1792)}
+TOKENS = [1, 7, 64, 512]
+ROUTINGS = ["random", "few-experts", "one-expert"]
+
+
+def routing(tokens: int, experts: int, kind: str, gen: torch.Generator) -> torch.Tensor:
+    """Router logits: random; reaching only a fifth of the experts; or piling on expert 3."""
+    logits = torch.randn(tokens, experts, generator=gen)
+    if kind == "few-experts":
+        logits[:, torch.randperm(experts, generator=gen)[: experts * 4 // 5]] = -30.0
+    elif kind == "one-expert":
+        logits[:, 3] += 30.0
+    return logits.cuda()
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm())
+
+
+def weights(experts: int, hidden: int, inter: int, gen: torch.Generator):
+    w13 = (torch.randn(experts, 2 * inter, hidden, generator=gen) / hidden**0.5).cuda()
+    w2 = (torch.randn(experts, hidden, inter, generator=gen) / inter**0.5).cuda()
+    return w13, w2
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_fused_moe_matches_reference_within_bf16(shape, tokens, kind):
+    """Error against float64 no larger than the bf16 torch reference's own (plus slack):
+    within bf16 norms, idle experts and pile-ups included."""
+    experts, top_k, hidden, inter = SHAPES[shape]
+    gen = torch.Generator().manual_seed(tokens)
+    w13, w2 = weights(experts, hidden, inter, gen)
+    x = torch.randn(tokens, hidden, generator=gen).cuda()
+    topk_w, topk_ids = select_experts_native(
+        routing(tokens, experts, kind, gen), top_k, True, False
+    )
+    exact = fused_moe_native(x.double(), w13.double(), w2.double(), topk_w.double(), topk_ids)
+    bf = torch.bfloat16
+    use = torch.zeros(2, dtype=torch.int64, device="cuda")
+    out = fused_moe(x.to(bf), w13.to(bf), w2.to(bf), topk_w, topk_ids, use)
+    native = fused_moe_native(x.to(bf), w13.to(bf), w2.to(bf), topk_w, topk_ids)
+    err, native_err = relative_error(out, exact), relative_error(native, exact)
+    assert out.shape == (tokens, hidden) and out.dtype == bf
+    assert err <= 1.5 * native_err + 2e-3, (err, native_err)
+    assert use.tolist() == [int(torch.unique(topk_ids).numel()), 1]
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_fp8_experts_match_dequantized_reference(tokens):
+    experts, top_k, hidden, inter = SHAPES["qwen3-30b-a3b"]
+    gen = torch.Generator().manual_seed(5)
+    w13, w2 = weights(experts, hidden, inter, gen)
+    (q13, s13), (q2, s2) = quantize_rows(w13), quantize_rows(w2)
+    x = torch.randn(tokens, hidden, generator=gen).cuda().to(torch.bfloat16)
+    topk_w, topk_ids = select_experts_native(
+        routing(tokens, experts, "random", gen), top_k, True, True
+    )
+    use = torch.zeros(2, dtype=torch.int64, device="cuda")
+    out = fused_moe(x, q13, q2, topk_w, topk_ids, use, "silu", s13, s2)
+    ref = fused_moe_native(x.double(), q13, q2, topk_w.double(), topk_ids, "silu", s13, s2)
+    assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("round_weights", [False, True])
+def test_routing_kernel_matches_torch(round_weights):
+    gen = torch.Generator().manual_seed(2)
+    # distinct logits: ties would leave torch.topk's order open
+    logits = torch.stack([torch.randperm(128, generator=gen) for _ in range(300)]) * 0.01
+    logits = logits.cuda().to(torch.bfloat16 if round_weights else torch.float32)
+    w, ids = select_experts(logits, 8, True, round_weights)
+    w_ref, ids_ref = select_experts_native(logits, 8, True, round_weights)
+    assert torch.equal(ids, ids_ref)
+    assert torch.allclose(w, w_ref, atol=1e-6)
+
+
+def test_moe_layer_decode_is_captured_in_a_cuda_graph():
+    """Routing, alignment, both GEMMs and the sum run inside a graph: replays with other
+    hidden states and router logits (other experts, idle ones) equal eager runs, and the
+    captured pass asks nothing of the host."""
+    experts, top_k, hidden, inter = SHAPES["qwen3-30b-a3b"]
+    gen = torch.Generator().manual_seed(9)
+    with torch.device("cuda"):
+        layer = FusedMoE(experts, top_k, hidden, inter, renormalize=True, round_weights=True)
+    w13, w2 = weights(experts, hidden, inter, gen)
+    layer.w13_weight.data = w13.to(torch.bfloat16)
+    layer.w2_weight.data = w2.to(torch.bfloat16)
+    bs = 4
+    x = torch.zeros(bs, hidden, device="cuda", dtype=torch.bfloat16)
+    logits = torch.zeros(bs, experts, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        layer(x, logits)  # warm-up: compilation stays out of the graph
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            out = layer(x, logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for kind in ROUTINGS:
+        x.copy_(torch.randn(bs, hidden, generator=gen).to(x))
+        logits.copy_(routing(bs, experts, kind, gen).to(logits))
+        graph.replay()
+        assert torch.equal(out, layer(x, logits)), kind

@@ -1,0 +1,150 @@
+"""Run the fused MoE kernels in Triton's CPU interpreter; print one JSON result line.
+
+Started by test_moe_interpret.py in a subprocess: TRITON_INTERPRET must be set before the
+kernel module is imported and must not leak into the rest of the test session."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch  # noqa: E402
+from triton_interpret_check import _allow_one_element_index  # noqa: E402
+
+from radixserve.layers.moe.fused_moe import (  # noqa: E402
+    align_by_expert,
+    fused_moe,
+    fused_moe_native,
+    max_padded_pairs,
+    select_experts,
+    select_experts_native,
+)
+from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
+
+_allow_one_element_index()
+gen = torch.Generator().manual_seed(0)
+
+
+def randn(*shape: int, dtype: torch.dtype = torch.float32, std: float = 1.0) -> torch.Tensor:
+    return (torch.randn(*shape, generator=gen) * std).to(dtype)
+
+
+def routing_logits(tokens: int, experts: int, used: list[int] | None) -> torch.Tensor:
+    """Random router logits; with `used`, every other expert is out of reach (no token)."""
+    logits = randn(tokens, experts)
+    if used is not None:
+        idle = torch.ones(experts, dtype=torch.bool)
+        idle[used] = False
+        logits[:, idle] = -30.0
+    return logits
+
+
+def check_alignment(topk_ids: torch.Tensor, experts: int, block_m: int) -> dict:
+    use = torch.zeros(2, dtype=torch.int64)
+    align = align_by_expert(topk_ids.to(torch.int32), experts, block_m, use)
+    flat = topk_ids.reshape(-1)
+    numel = flat.numel()
+    used = int(align.num_padded[0])
+    ids, owners = align.sorted_ids[:used], align.expert_ids
+    pairs = ids[ids < numel]
+    counts = torch.bincount(flat, minlength=experts)
+    expected_padded = int(((counts + block_m - 1) // block_m * block_m).sum())
+    blocks_ok = all(
+        bool((flat[ids[b * block_m : (b + 1) * block_m]] == owners[b]).all())
+        for b in range(used // block_m)
+        if (ids[b * block_m : (b + 1) * block_m] < numel).all()
+    )
+    # every padding row sits in its expert's last block, after the pairs
+    return {
+        "pairs_once": sorted(pairs.tolist()) == list(range(numel)),
+        "padding_only_numel": bool((ids[ids >= numel] == numel).all()),
+        "tail_padding": bool((align.sorted_ids[used:] == numel).all()),
+        "num_padded": used == expected_padded,
+        "within_bound": used <= max_padded_pairs(numel, experts, block_m),
+        "blocks_owned": blocks_ok
+        and all(int(owners[b]) == int(flat[ids[b * block_m]]) for b in range(used // block_m)),
+        "unused_blocks": bool((owners[used // block_m :] == -1).all()),
+        "expert_use": use.tolist() == [int((counts > 0).sum()), 1],
+    }
+
+
+results = {"routing": [], "alignment": [], "moe": []}
+# routing: softmax + top-k (+ renormalise, + round) against torch
+for tokens, experts, top_k, renorm, round_to in [
+    (7, 8, 2, True, False),
+    (5, 60, 8, False, True),
+    (3, 128, 8, True, True),
+]:
+    if round_to:  # half-precision logits, all distinct (ties would leave the order open)
+        order = torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)])
+        logits = (order * 0.01).to(torch.float16)
+    else:
+        logits = randn(tokens, experts)
+    w, ids = select_experts(logits, top_k, renorm, round_to)
+    w_ref, ids_ref = select_experts_native(logits, top_k, renorm, round_to)
+    results["routing"].append(
+        {
+            "case": [tokens, experts, top_k, renorm, round_to],
+            "same_ids": bool(torch.equal(ids.long(), ids_ref.long())),
+            "max_weight_err": float((w - w_ref).abs().max()),
+        }
+    )
+
+# alignment: random routings, some with idle experts, block sizes 4 and 16
+for tokens, experts, top_k, block_m, used in [
+    (1, 8, 2, 16, None),
+    (9, 8, 2, 4, [1, 6]),
+    (70, 16, 4, 16, None),
+    (33, 64, 8, 4, list(range(0, 64, 5))),
+]:
+    logits = routing_logits(tokens, experts, used)
+    _, ids = select_experts_native(logits, top_k, True, False)
+    results["alignment"].append(
+        {"case": [tokens, experts, top_k, block_m]} | check_alignment(ids, experts, block_m)
+    )
+
+# the whole layer against the reference, float32 and float16, idle experts included
+for tokens, experts, top_k, hidden, inter, used, activation in [
+    (1, 8, 2, 32, 24, None, "silu"),
+    (6, 8, 2, 48, 40, [2, 5], "silu"),
+    (19, 16, 4, 64, 32, list(range(0, 16, 3)), "gelu_pytorch_tanh"),
+]:
+    for dtype in (torch.float32, torch.float16):
+        x = randn(tokens, hidden, dtype=dtype)
+        w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.2)
+        w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
+        weights, ids = select_experts_native(
+            routing_logits(tokens, experts, used), top_k, True, False
+        )
+        ref = fused_moe_native(
+            x.double(), w13.double(), w2.double(), weights.double(), ids, activation
+        )
+        use = torch.zeros(2, dtype=torch.int64)
+        out = fused_moe(x, w13, w2, weights, ids, use, activation)
+        native = fused_moe_native(x, w13, w2, weights, ids, activation)
+        results["moe"].append(
+            {
+                "case": [tokens, experts, top_k, hidden, inter, activation, str(dtype)],
+                "dtype": str(dtype),
+                "shape_ok": list(out.shape) == [tokens, hidden] and out.dtype == dtype,
+                "rel_err": float((out.double() - ref).norm() / ref.norm()),
+                "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
+                "idle_experts": experts - int(torch.unique(ids).numel()),
+            }
+        )
+    # FP8 experts (per expert and channel scales) against the dequantized reference
+    w13_q, w13_s = quantize_rows(w13.float())
+    w2_q, w2_s = quantize_rows(w2.float())
+    x = randn(tokens, hidden, dtype=torch.float16)
+    use = torch.zeros(2, dtype=torch.int64)
+    out = fused_moe(x, w13_q, w2_q, weights, ids, use, activation, w13_s, w2_s)
+    ref = fused_moe_native(x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s)
+    results.setdefault("fp8", []).append(
+        {"case": [tokens, experts], "rel_err": float((out.double() - ref).norm() / ref.norm())}
+    )
+print(json.dumps(results))

@@ -1,0 +1,186 @@
+"""FusedMoE: a mixture-of-experts MLP's experts, one tensor for all of them.
+
+Weights: `w13_weight` [E, 2 * I_rank, H] ([gate; up] of every expert) and `w2_weight`
+[E, H, I_rank]. Tensor parallelism shards the experts' intermediate dimension like a dense
+MLP's: each rank holds rows [lo, hi) of every expert's gate and up and the same columns of
+its down projection, so the ranks' outputs are partial sums and one all-reduce finishes the
+layer. With FP8 (`--quantization fp8` or an FP8 checkpoint) the weights are float8 with a
+float32 scale per (expert, output channel).
+
+Routing (softmax, top-k, renormalisation) is here too, so a model gives the layer its hidden
+states and router logits only. On CUDA the Triton kernels run (fused_moe.py); elsewhere the
+torch reference.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from radixserve.distributed.parallel_state import all_reduce, even_shard, tp_rank, tp_size
+from radixserve.layers import fused_ops
+from radixserve.layers.moe.fused_moe import (
+    fused_moe,
+    fused_moe_native,
+    select_experts,
+    select_experts_native,
+)
+from radixserve.layers.quantization.fp8 import FP8_DTYPE, channel_scales, quantize_rows
+
+# checkpoint projection name -> (tensor, offset of its rows in [gate; up] in units of I)
+EXPERT_PROJECTIONS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", None)}
+
+
+class FusedMoE(nn.Module):
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        renormalize: bool,
+        round_weights: bool,
+        activation: str = "silu",
+        fp8: bool = False,
+    ) -> None:
+        """`round_weights`: round the routing weights to the model dtype before using them
+        (Qwen3-MoE does, Mixtral keeps them in float32)."""
+        super().__init__()
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.renormalize = renormalize
+        self.round_weights = round_weights
+        self.activation = activation
+        self.intermediate_size = intermediate_size
+        self.rows = even_shard(intermediate_size, tp_rank(), tp_size())
+        local = self.rows[1] - self.rows[0]
+        self.local_intermediate = local
+        dtype = FP8_DTYPE if fp8 else None
+        self.w13_weight = nn.Parameter(
+            torch.zeros(num_experts, 2 * local, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.w2_weight = nn.Parameter(
+            torch.zeros(num_experts, hidden_size, local, dtype=dtype), requires_grad=False
+        )
+        self.w13_weight_scale: nn.Parameter | None = None
+        self.w2_weight_scale: nn.Parameter | None = None
+        if fp8:
+            self.w13_weight_scale = nn.Parameter(
+                torch.ones(num_experts, 2 * local, dtype=torch.float32), requires_grad=False
+            )
+            self.w2_weight_scale = nn.Parameter(
+                torch.ones(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
+            )
+        # [experts that got a token, passes], summed over passes: the expert weights a pass
+        # actually streams (bench latency reads it). A plain tensor, not state.
+        self.expert_use = torch.zeros(2, dtype=torch.int64)
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """hidden [T, H], router_logits [T, E] -> [T, H], summed over the ranks."""
+        if fused_ops.enabled_for(hidden):
+            weights, ids = select_experts(
+                router_logits, self.top_k, self.renormalize, self.round_weights
+            )
+            if self.expert_use.device != hidden.device:
+                self.expert_use = self.expert_use.to(hidden.device)
+            out = fused_moe(
+                hidden,
+                self.w13_weight,
+                self.w2_weight,
+                weights,
+                ids,
+                self.expert_use,
+                self.activation,
+                self.w13_weight_scale,
+                self.w2_weight_scale,
+            )
+        else:
+            weights, ids = select_experts_native(
+                router_logits, self.top_k, self.renormalize, self.round_weights
+            )
+            used = torch.unique(ids).numel()
+            self.expert_use += torch.tensor([used, 1], device=self.expert_use.device)
+            out = fused_moe_native(
+                hidden,
+                self.w13_weight,
+                self.w2_weight,
+                weights,
+                ids,
+                self.activation,
+                self.w13_weight_scale,
+                self.w2_weight_scale,
+            )
+        return all_reduce(out)
+
+    def experts_read(self) -> tuple[int, int]:
+        """(experts used, passes) summed since the layer was built (a host sync)."""
+        used, passes = self.expert_use.tolist()
+        return used, passes
+
+    @property
+    def expert_bytes(self) -> int:
+        """Bytes of one expert's weights and scales on this rank."""
+        tensors = [self.w13_weight, self.w2_weight, self.w13_weight_scale, self.w2_weight_scale]
+        total = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        return total // self.num_experts
+
+    @torch.no_grad()
+    def load_expert(
+        self, projection: str, expert: int | None, kind: str, tensor: torch.Tensor
+    ) -> set[str]:
+        """Load a checkpoint tensor of one expert (`expert`) or of all of them (None: the
+        stacked [E, ...] form transformers builds in memory); `projection` is gate, up, down
+        or gate_up (stacked only), `kind` weight or weight_scale. This rank takes its rows of
+        the intermediate dimension. Returns the parameter names written."""
+        lo, hi = self.rows
+        experts = slice(None) if expert is None else expert
+        if projection == "gate_up":  # [E, 2I, H]: halves are gate and up
+            size = self.intermediate_size
+            gate, up = tensor[:, lo:hi], tensor[:, size + lo : size + hi]
+            return self.load_expert("gate", None, kind, gate) | self.load_expert(
+                "up", None, kind, up
+            )
+        name, half = EXPERT_PROJECTIONS[projection]
+        local = self.local_intermediate
+        if half is not None:
+            if expert is not None:  # a whole checkpoint tensor: this rank's rows
+                tensor = tensor[lo:hi] if tensor.shape[0] == self.intermediate_size else tensor
+            rows = slice(half * local, (half + 1) * local)
+            return self._write(name, experts, rows, kind, tensor)
+        if kind == "weight" and tensor.shape[-1] == self.intermediate_size:
+            tensor = tensor[..., lo:hi]  # down: this rank's columns of the intermediate dim
+        return self._write(name, experts, slice(None), kind, tensor)
+
+    def _write(
+        self,
+        name: str,
+        experts: int | slice,
+        rows: slice,
+        kind: str,
+        tensor: torch.Tensor,
+    ) -> set[str]:
+        weight = getattr(self, f"{name}_weight")
+        scale = getattr(self, f"{name}_weight_scale")
+        if kind == "input_scale":
+            return set()
+        if kind == "weight_scale":
+            if scale is None:
+                raise KeyError(f"{name}: unquantized experts have no weight_scale")
+            target = scale[experts, rows]
+            count = target.shape[-1]
+            if target.dim() == 2:  # stacked: one scale or one row of scales per expert
+                values = torch.stack([channel_scales(s, count) for s in tensor.float()])
+            else:
+                values = channel_scales(tensor, count)
+            target.copy_(values)
+            return {f"{name}_weight_scale"}
+        if scale is None:
+            weight[experts, rows].copy_(tensor)
+            return {f"{name}_weight"}
+        if tensor.dtype == FP8_DTYPE:
+            weight[experts, rows].copy_(tensor)
+            return {f"{name}_weight"}
+        values, row_scales = quantize_rows(tensor)
+        weight[experts, rows].copy_(values)
+        scale[experts, rows].copy_(row_scales)
+        return {f"{name}_weight", f"{name}_weight_scale"}
