@@ -30,6 +30,7 @@ class FakeReq:
     sampling_params: SamplingParams
     origin_input_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
     output_ids: list[int] = field(default_factory=list)
+    grammar: None = None
 
 
 def batch(reqs: list[FakeReq], vocab: int = VOCAB) -> SamplingBatchInfo:

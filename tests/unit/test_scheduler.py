@@ -72,7 +72,12 @@ class FakeWorker:
         tokens = (last * 31 + 7) % VOCAB
         slots = self.future.reserve(len(batch.seq_lens))
         self.future.store(slots, tokens)
-        return PendingBatchResult(tokens, None, None, slots)
+        pending = PendingBatchResult(slots)
+        pending.set_tokens(tokens, None, None)
+        return pending
+
+    def sample_deferred(self, pending: PendingBatchResult) -> None:
+        raise AssertionError("no batch here has constrained rows")
 
     def _check_memory(self, batch: ModelWorkerBatch) -> None:
         free = set(self.allocator.free_slots().tolist())
