@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
 from radixserve.constrained.grammar_cache import GrammarCache
-from radixserve.constrained.xgrammar_backend import XGrammarBackend
 from radixserve.forward.mode import ForwardMode
 from radixserve.managers.io_struct import (
     AbortReq,
@@ -101,8 +100,11 @@ class ServedModel:
     matmul_parameters: int = 0
 
     def grammar_backend(self) -> GrammarBackend:
-        """The backend constrained requests compile on (built on first use: it reads the whole
-        vocabulary)."""
+        """The backend constrained requests compile on, built by the grammar cache at the first
+        of them (it reads the whole vocabulary); xgrammar is imported only then, so a worker
+        that never sees a constraint never loads it."""
+        from radixserve.constrained.xgrammar_backend import XGrammarBackend
+
         return XGrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
 
