@@ -217,9 +217,9 @@ def test_regex_outputs_match_in_full(source, scheduler):
 def test_ebnf_output_is_in_the_grammar_and_sampling_too(source, scheduler):
     prompt = chat(source, "Write an arithmetic expression.")
     params = [
-        SamplingParams(max_new_tokens=24, temperature=0.0, ebnf=ARITHMETIC),
-        SamplingParams(max_new_tokens=24, temperature=1.0, seed=1, ebnf=ARITHMETIC),
-        SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9, seed=2, ebnf=ARITHMETIC),
+        SamplingParams(max_new_tokens=16, temperature=0.0, ebnf=ARITHMETIC),
+        SamplingParams(max_new_tokens=16, temperature=1.0, seed=1, ebnf=ARITHMETIC),
+        SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, seed=2, ebnf=ARITHMETIC),
     ]
     results = generate(scheduler, [prompt] * 3, params)
     expression = re.compile(r"[0-9+\-()]+")
