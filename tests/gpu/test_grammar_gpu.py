@@ -1,8 +1,6 @@
 """Constrained decoding on the GPU fast path: CUDA graphs, overlap scheduling, masks applied by
-xgrammar's Triton kernel. Every constrained output follows its grammar, overlap changes (almost)
-nothing, and forming and launching batches with constrained rows still never waits for the
-device: the masks' copy is queued like a kernel and the only host sync is the fetch of a launched
-batch's tokens (the scheduler fills the masks after that fetch, while the next forward runs).
+xgrammar's Triton kernel. Every constrained output follows its grammar and overlap changes
+(almost) nothing. (That constrained batches add no host sync is test_overlap_no_sync.py's.)
 
 The model has random weights and no tokenizer; the grammars run over the character tokenizer of
 the unit tests, its ids a prefix of the model's vocabulary (the rest are never allowed).
@@ -35,8 +33,6 @@ from engine_harness import (  # noqa: E402
 )
 from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
-from radixserve.managers import tp_worker  # noqa: E402
-from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
 
@@ -108,39 +104,3 @@ def test_constrained_rows_follow_their_grammars_under_graphs_and_overlap(source)
     agreement = token_agreement(results[True], results[False])
     print(f"overlap on/off token agreement {agreement:.4f}")
     assert agreement > 0.98
-
-
-def test_constrained_batches_never_sync_but_to_fetch_tokens(source, monkeypatch):
-    model, loaded = source
-    scheduler = make_scheduler(
-        model, loaded, device="cuda", dtype="float32", attention_backend="triton"
-    )
-    prompts, params = workload(12)
-    # warm-up outside the check: grammar compiles, Triton's JIT, allocator growth
-    run_to_completion(scheduler, prompts[:6], params[:6])
-
-    resolve = tp_worker.PendingBatchResult.resolve
-
-    def resolve_may_sync(self):
-        torch.cuda.set_sync_debug_mode(0)
-        try:
-            return resolve(self)
-        finally:
-            torch.cuda.set_sync_debug_mode("error")
-
-    monkeypatch.setattr(tp_worker.PendingBatchResult, "resolve", resolve_may_sync)
-    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
-        scheduler.handle_generate_request(TokenizedGenerateReqInput(f"r{i}", ids, p))
-    # the grammars are cached: admitted at the first step, nothing to wait for under the check
-    results: dict[str, dict] = {}
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        while scheduler.has_work():
-            scheduler.step()
-            for out in scheduler.pop_outputs():
-                entry = results.setdefault(out.rid, {"ids": [], "finish": None})
-                entry["ids"].extend(out.new_token_ids)
-                entry["finish"] = out.finished_reason
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    check_constrained(results, params)

@@ -15,20 +15,11 @@ from engine_harness import random_prompts
 
 from radixserve.entrypoints.engine import Engine
 from radixserve.managers.tokenizer_manager import GenerationError
+from radixserve.model_loader import random_init
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
-TINY_LLAMA_WITH_SMOLLM2_VOCAB = {
-    "model_type": "llama",
-    "vocab_size": 49152,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 2048,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-}
+# tiny random weights, but a vocabulary large enough for the bundled tokenizer: text, grammars
+TINY_WITH_SMOLLM2_VOCAB = {**random_init.PRESETS["tiny-llama"], "vocab_size": 49152}
 
 
 def generate(model: str, tp_size: int, **kwargs) -> list[dict]:
@@ -78,8 +69,8 @@ def test_tp2_constrained_outputs_equal_tp1(tmp_path):
     """Grammars compile on each rank's own threads and finish at different times: rank 0 tells
     the other rank when to admit, so both run the same batches; a grammar that does not compile
     fails on both the same way."""
-    config = tmp_path / "config.json"  # tiny random weights with SmolLM2's tokenizer
-    config.write_text(json.dumps(TINY_LLAMA_WITH_SMOLLM2_VOCAB))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_WITH_SMOLLM2_VOCAB))
     schema = {
         "type": "object",
         "properties": {
