@@ -137,6 +137,7 @@ def run_phase(scheduler, args, tag: str, constrained: int, cost: MaskCost, vocab
     busy0, gap0 = timeline.decode_busy_ms, timeline.decode_gap_ms
     # wait for the compile outside the measurement (the first phase's compile is cached later)
     while scheduler.grammar_queue:
+        scheduler.wait_for_grammars(timeout=60)
         scheduler.step()
     cost.reset()
     ends: list[tuple[float, bool]] = []

@@ -325,7 +325,7 @@ def test_a_stream_whose_grammar_does_not_compile_is_a_400_before_any_event(serve
             return reply.status, await reply.json(content_type=None)
 
     status, reply = asyncio.run(go())
-    assert status == 400 and reply["error"]["param"] == "ebnf"
+    assert status == 400 and reply["error"]["param"] == "sampling_params.ebnf"
     assert 'Rule "x" is not defined' in reply["error"]["message"]
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from engine_harness import random_prompts
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.engine import Engine
-from radixserve.managers.tokenizer_manager import GenerationError
 from radixserve.model_loader import random_init
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
@@ -92,8 +92,9 @@ def test_tp2_constrained_outputs_equal_tp1(tmp_path):
     assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in two[:3])
     assert json.loads(two[0]["text"]).keys() == {"n", "tag"}
     bad = {"max_new_tokens": 4, "ebnf": "root ::= missing"}
-    with pytest.raises(GenerationError, match='"missing" is not defined'):
+    with pytest.raises(InvalidParameterError, match='"missing" is not defined') as error:
         generate(f"random:{config}", 2, prompt="x", sampling_params=bad)
+    assert error.value.param == "sampling_params.ebnf"
 
 
 def _rank_processes(scheduler_pid: int) -> list[int]:

@@ -19,6 +19,7 @@ device runs the forward while the host resolves the previous batch and fills the
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
@@ -249,6 +250,13 @@ class Scheduler:
     def waiting_only_for_grammars(self) -> bool:
         """Nothing can run until a compile ends (the process loop then waits, not spins)."""
         return bool(self.grammar_queue) and not self._has_runnable_work()
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block until a pending compile ends (or `timeout` seconds): for an in-process driver
+        with nothing else to do, instead of spinning through empty steps."""
+        pending = [r.grammar_future for r in self.grammar_queue]
+        if pending:
+            concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
 
     def flush_cache(self) -> bool:
         if self.in_flight is None:
