@@ -4,13 +4,15 @@ It is mutable, and shared rather than copied: the `ModelWorkerBatch` of every pa
 the running batch's one instance. Two parties change it, both on the scheduler's thread and in
 launch order, never concurrently: the scheduler changes its membership between launches
 (`filter_batch` when requests leave, `merge_batch` when they join), and the model worker
-advances its per-token state when it launches a pass (`update_with_new_tokens`, queued on the
-device behind that pass's sampling). Everything the Sampler does per step is a whole-batch
-tensor op over these fields.
+advances its per-token state when it launches a pass's sampling (`update_with_new_tokens`,
+queued on the device behind that sampling). Everything the Sampler does per step is a
+whole-batch tensor op over these fields.
 
 Rows that follow a grammar (constrained decoding) keep their request's matcher in `grammars`;
 `update_grammar_mask` turns the matchers' current states into one token bitmask for the batch,
-right before sampling, which applies it with the other logit processors.
+right before sampling, which applies it with the other logit processors. A batch with such rows
+has its sampling launched after the batch before it is resolved (`ModelWorker.sample_deferred`),
+still before the scheduler next changes the membership.
 
 Random sampling is reproducible per request: the noise of row i at a step is a counter-based
 hash of (the row's seed, tokens it has generated so far, vocab index), computed with integer
