@@ -4,7 +4,7 @@
 # Stages: tests latency offline overlap (default), latency-1b, latency-8b, overlap-8b, profile,
 # profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs),
 # grammar (constrained decoding's cost at batch 64 on the Llama-3-8B shape; needs the xgrammar
-# and apache-tvm-ffi wheels and .whl/smollm2-tokenizer, see scripts/gpu/bench_grammar.py).
+# and apache-tvm-ffi wheels and .whl/smollm2-tokenizer: docs/benchmarks.md, bench_grammar.py).
 # Logs/JSON under $OUT.
 set -u
 . "$(dirname "$0")/device_env.sh"

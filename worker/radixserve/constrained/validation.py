@@ -13,8 +13,6 @@ from __future__ import annotations
 import json
 import re
 
-import jsonschema
-
 CONSTRAINT_KINDS = ("json_schema", "regex", "ebnf")
 
 _ROOT_RULE = re.compile(r"^\s*root\s*::=", re.MULTILINE)
@@ -44,6 +42,10 @@ def validate_constraint(kind: str, text: object) -> str | None:
 
 
 def _schema_problem(text: str) -> str | None:
+    # imported here: the scheduler process imports this module (through SamplingParams) but
+    # never calls it, and a lean GPU image need not carry jsonschema for it
+    import jsonschema
+
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as exc:
