@@ -2,7 +2,9 @@
 # One device call: engine correctness on the GPU, then the benchmarks of docs/benchmarks.md.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/engine_checks.sh [stages...]
 # Stages: tests latency offline overlap (default), latency-1b, latency-8b, overlap-8b, profile,
-# profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs).
+# profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs),
+# grammar (constrained decoding's cost at batch 64 on the Llama-3-8B shape; needs the xgrammar
+# and apache-tvm-ffi wheels and .whl/smollm2-tokenizer: docs/benchmarks.md, bench_grammar.py).
 # Logs/JSON under $OUT.
 set -u
 . "$(dirname "$0")/device_env.sh"
@@ -56,6 +58,9 @@ for stage in $stages; do
         --num-prompts 256 --input-len 1024 --input-len-min 100 --output-len 1024 --output-len-min 100 \
         --transformers none --output-json "$OUT/offline-qwen3.json" 2>&1 | tail -6 ;;
     overlap) overlap llama-3.2-1b "" ;;
+    grammar)
+      timeout 200 python3 scripts/gpu/bench_grammar.py --model random:llama-3-8b \
+        --tokenizer .whl/smollm2-tokenizer --output-json "$OUT/grammar-8b.json" 2>&1 | grep "===" ;;
     overlap-8b) overlap llama-3-8b -8b ;;
     tp)
       nvidia-smi topo -m > "$OUT/topo.txt" 2>&1; head -4 "$OUT/topo.txt"

@@ -2,12 +2,15 @@
 
 The scheduler steps under torch's sync debug mode set to "error": any host sync other than the
 one that fetches a launched batch's tokens (`PendingBatchResult.resolve`) fails the test. New
-requests arrive while others decode, so prefill, mixed-in sampling options and decode batches
-are all formed under the check.
+requests arrive while others decode, so prefill, mixed-in sampling options, constrained rows
+(JSON Schema masks filled after the previous batch's fetch, copied and applied without a wait)
+and decode batches are all formed under the check.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -17,6 +20,8 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+from char_tokenizer import make_char_tokenizer  # noqa: E402
 from engine_harness import greedy, make_scheduler, random_prompts  # noqa: E402
 from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
@@ -25,12 +30,15 @@ from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E40
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
 
+SCHEMA = json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 50})
+
 
 def submit(scheduler, prompts, tag: str) -> None:
     params = [
         greedy(24),
         SamplingParams(max_new_tokens=24, temperature=0.8, top_p=0.9, top_k=20, seed=1),
         SamplingParams(max_new_tokens=24, temperature=0.0, repetition_penalty=1.2),
+        SamplingParams(max_new_tokens=24, temperature=0.0, json_schema=SCHEMA, logit_bias={5: 2}),
     ]
     for i, ids in enumerate(prompts):
         scheduler.handle_generate_request(
@@ -45,13 +53,17 @@ def test_forming_and_launching_batches_never_syncs(monkeypatch, tmp_path, backen
     if backend == "flashinfer":
         pytest.importorskip("flashinfer")
     model = random_model(tmp_path, "small-llama", SMALL_LLAMA)
-    source = load_model_source(model, dtype="bfloat16", device="cuda")
+    # the grammar's vocabulary: the character tokenizer's ids, a prefix of the model's
+    source = dataclasses.replace(
+        load_model_source(model, dtype="bfloat16", device="cuda"), tokenizer=make_char_tokenizer()
+    )
     scheduler = make_scheduler(
         model, source, device="cuda", dtype="bfloat16", attention_backend=backend
     )
     assert scheduler.overlap and scheduler.worker.model_runner.cuda_graph_runner is not None
     vocab = source.config.vocab_size
-    # warm-up outside the check: kernel compilation and allocator growth may sync
+    # warm-up outside the check: kernel compilation, allocator growth and the grammar's first
+    # compile may sync (the grammar is cached for the checked part)
     submit(scheduler, random_prompts(6, vocab, 5, 40, seed=1), "warm")
     while scheduler.has_work():
         scheduler.step()

@@ -41,9 +41,3 @@ def api_client(api_server):
         base_url=api_server.base_url + "/v1", api_key=API_KEY, max_retries=0
     ) as client:
         yield client
-
-
-# Enabled when the structured-output engine (SamplingParams.json_schema/regex/ebnf/logit_bias,
-# xgrammar masks in the sampler) is merged: forced tool calls, response_format and regex end
-# to end on the shared api_server.
-collect_ignore = ["test_server_structured.py"]

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import aiohttp
+import jsonschema
 import openai
 import pytest
 
@@ -284,6 +285,50 @@ def test_native_generate_text_and_ids(server):
     assert len(by_ids["meta_info"]["output_token_logprobs"]) == 2
 
 
+def test_native_generate_follows_a_json_schema_whatever_the_model(server):
+    """The model has random weights; the grammar alone makes its output valid."""
+    schema = {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "legs": {"type": "integer", "minimum": 0, "maximum": 8},
+            "tags": {"type": "array", "items": {"enum": ["cat", "dog"]}, "maxItems": 2},
+        },
+        "required": ["name", "legs"],
+    }
+    params = {"max_new_tokens": 120, "temperature": 0.8, "seed": 3}
+    status, reply, _ = post(
+        server,
+        "/generate",
+        {"text": "A pet:", "sampling_params": {**params, "json_schema": json.dumps(schema)}},
+    )
+    assert status == 200
+    assert reply["meta_info"]["finish_reason"]["type"] == "stop"
+    jsonschema.validate(json.loads(reply["text"]), schema)
+    status, reply, _ = post(
+        server,
+        "/generate",
+        {"text": "A date:", "sampling_params": {**params, "regex": r"20\d\d-[01]\d"}},
+    )
+    assert status == 200 and re.fullmatch(r"20\d\d-[01]\d", reply["text"])
+
+
+def test_a_stream_whose_grammar_does_not_compile_is_a_400_before_any_event(server):
+    async def go():
+        async with (
+            aiohttp.ClientSession() as session,
+            session.post(
+                server.base_url + "/generate",
+                json={"text": "Hi", "sampling_params": {"ebnf": "root ::= x"}, "stream": True},
+            ) as reply,
+        ):
+            return reply.status, await reply.json(content_type=None)
+
+    status, reply = asyncio.run(go())
+    assert status == 400 and reply["error"]["param"] == "sampling_params.ebnf"
+    assert 'Rule "x" is not defined' in reply["error"]["message"]
+
+
 def test_native_generate_stream(server):
     async def go():
         async with (
@@ -323,6 +368,60 @@ def test_native_generate_stream(server):
         ("/v1/completions", {"model": MODEL, "prompt": [1, 10**7]}, 400, "prompt"),
         ("/generate", {"text": "x", "sampling_params": {"temperature": "hot"}}, 400, None),
         ("/generate", {"text": "x", "stream": "yes"}, 400, "stream"),
+        # constraints: the front end's check, then what only the scheduler's compile finds
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"json_schema": "{no"}},
+            400,
+            "sampling_params.json_schema",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"regex": "(ab"}},
+            400,
+            "sampling_params.regex",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"regex": "(?=a)b"}},
+            400,
+            "sampling_params.regex",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"ebnf": "root ::= item"}},
+            400,
+            "sampling_params.ebnf",
+        ),
+        (
+            "/generate",
+            {
+                "text": "x",
+                "sampling_params": {
+                    "json_schema": '{"type": "string", "minLength": 3, "maxLength": 1}'
+                },
+            },
+            400,
+            "sampling_params.json_schema",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"regex": "a", "ebnf": 'root ::= "a"'}},
+            400,
+            "sampling_params.ebnf",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"logit_bias": {"x": 1}}},
+            400,
+            "sampling_params.logit_bias",
+        ),
+        (
+            "/generate",
+            {"text": "x", "sampling_params": {"logit_bias": {"5": 101}}},
+            400,
+            "sampling_params.logit_bias",
+        ),
         ("/no/such/route", {}, 404, None),
     ],
 )

@@ -1,8 +1,7 @@
 """Structured outputs, forced tool calls and full tool round trips on the real server (the
 bundled SmolLM2 behind API keys, shared with test_server_api.py), with the official client.
 
-Needs the structured-output engine (enabled in tests/integration/conftest.py once it is
-merged). `required` and named tool choices are real end to end: the grammar makes the model
+`required` and named tool choices are real end to end: the grammar makes the model
 call. Under `auto` a 135M model rarely calls a tool on its own, so a `regex` makes it write
 Hermes calls, which the family parser then reads like any model's output.
 """
@@ -195,7 +194,7 @@ class Paint(BaseModel):
 
 class Book(BaseModel):
     title: str = Field(max_length=30)
-    subtitle: str | None
+    subtitle: str | None = Field(max_length=40)
     pages: int | None = Field(ge=1, le=2000)
 
 

@@ -4,6 +4,7 @@ their intermediate dimension too); and the ranks end together."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -12,9 +13,13 @@ from pathlib import Path
 import pytest
 from engine_harness import random_prompts
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.engine import Engine
+from radixserve.model_loader import random_init
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
+# tiny random weights, but a vocabulary large enough for the bundled tokenizer: text, grammars
+TINY_WITH_SMOLLM2_VOCAB = {**random_init.PRESETS["tiny-llama"], "vocab_size": 49152}
 
 
 def generate(model: str, tp_size: int, **kwargs) -> list[dict]:
@@ -58,6 +63,38 @@ def test_tp2_sampling_stays_in_lockstep():
         sampling_params=params,
     )
     assert [o["meta_info"]["completion_tokens"] for o in outs] == [24] * 4
+
+
+def test_tp2_constrained_outputs_equal_tp1(tmp_path):
+    """Grammars compile on each rank's own threads and finish at different times: rank 0 tells
+    the other rank when to admit, so both run the same batches; a grammar that does not compile
+    fails on both the same way."""
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps(TINY_WITH_SMOLLM2_VOCAB))
+    schema = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "tag": {"enum": ["a", "b"]},
+        },
+        "required": ["n", "tag"],
+    }
+    params = [
+        {"max_new_tokens": 40, "temperature": 0.0, "json_schema": json.dumps(schema)},
+        {"max_new_tokens": 20, "temperature": 0.0, "regex": r"[a-z]{1,6}!"},
+        {"max_new_tokens": 20, "temperature": 0.0, "ebnf": 'root ::= "x" [0-9]+ "y"'},
+        GREEDY,
+    ]
+    prompts = ["A record:", "A word:", "A code:", "Hello"]
+    one = generate(f"random:{config}", 1, prompt=prompts, sampling_params=params)
+    two = generate(f"random:{config}", 2, prompt=prompts, sampling_params=params)
+    assert [o["output_ids"] for o in two] == [o["output_ids"] for o in one]
+    assert all(o["meta_info"]["finish_reason"]["type"] == "stop" for o in two[:3])
+    assert json.loads(two[0]["text"]).keys() == {"n", "tag"}
+    bad = {"max_new_tokens": 4, "ebnf": "root ::= missing"}
+    with pytest.raises(InvalidParameterError, match='"missing" is not defined') as error:
+        generate(f"random:{config}", 2, prompt="x", sampling_params=bad)
+    assert error.value.param == "sampling_params.ebnf"
 
 
 def _rank_processes(scheduler_pid: int) -> list[int]:

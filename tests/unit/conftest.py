@@ -1,9 +1,5 @@
 import pytest
 
-# Enabled when the structured-output engine (SamplingParams.json_schema/regex/ebnf/logit_bias)
-# is merged: these drive those fields through the front door.
-collect_ignore = ["test_openai_serving_structured.py"]
-
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():

@@ -2,8 +2,7 @@
 (see scripted_server.py): what the front door hands the engine (SamplingParams.json_schema,
 regex, ebnf, logit_bias) and how forced output is read back, with the official client.
 
-Needs the structured-output fields on SamplingParams (enabled in tests/unit/conftest.py once
-they are merged). The grammar itself is exercised with a real model in
+The grammar itself is exercised with a real model in
 tests/integration/test_server_structured.py.
 """
 

@@ -30,6 +30,7 @@ class FakeReq:
     sampling_params: SamplingParams
     origin_input_ids: list[int] = field(default_factory=lambda: [5, 6, 7])
     output_ids: list[int] = field(default_factory=list)
+    grammar: None = None
 
 
 def batch(reqs: list[FakeReq], vocab: int = VOCAB) -> SamplingBatchInfo:
@@ -270,6 +271,34 @@ def test_min_new_tokens_counts_already_generated_tokens():
     assert torch.isfinite(logits).all()
 
 
+def test_logit_bias_forces_bans_and_leaves_other_rows_alone(sampler):
+    torch.manual_seed(3)
+    logits = torch.randn(5, VOCAB) * 3
+    best = logits.argmax(dim=-1)
+    worst = logits.argmin(dim=-1)
+    second = logits.topk(2, dim=-1).indices[:, 1]
+    params = [
+        SamplingParams(temperature=0.0, logit_bias={worst[0].item(): 100}),  # forced
+        SamplingParams(temperature=0.0, logit_bias={best[1].item(): -100}),  # banned
+        SamplingParams(temperature=0.0),
+        SamplingParams(temperature=1.0, seed=4, logit_bias={worst[3].item(): 100}),
+        SamplingParams(temperature=1.0, seed=5),
+    ]
+    out = sampler(logits.clone(), batch([FakeReq(p) for p in params])).next_token_ids
+    assert out[0] == worst[0] and out[1] == second[1] and out[3] == worst[3]
+    unbiased = sampler(logits[[2, 4]].clone(), batch([FakeReq(params[2]), FakeReq(params[4])]))
+    assert out[[2, 4]].tolist() == unbiased.next_token_ids.tolist()
+
+
+def test_logit_bias_adds_to_the_named_logits_only():
+    info = batch([FakeReq(SamplingParams(logit_bias={3: 2.5, 0: -1.0})), FakeReq(SamplingParams())])
+    logits = torch.zeros(2, VOCAB)
+    info.apply_logits_processors(logits)
+    expected = torch.zeros(2, VOCAB)
+    expected[0, 3], expected[0, 0] = 2.5, -1.0
+    assert torch.equal(logits, expected)
+
+
 def test_penalty_state_allocated_only_when_needed():
     plain = batch([FakeReq(SamplingParams(temperature=0.5, top_k=4)) for _ in range(3)])
     assert plain.penalizers.is_empty
@@ -280,9 +309,9 @@ def test_penalty_state_allocated_only_when_needed():
 DIVERSE_PARAMS = [
     SamplingParams(temperature=0.0, seed=1),
     SamplingParams(temperature=0.7, top_k=5, seed=2, repetition_penalty=1.4),
-    SamplingParams(top_p=0.8, seed=3, frequency_penalty=0.5),
+    SamplingParams(top_p=0.8, seed=3, frequency_penalty=0.5, logit_bias={4: 1.5, 9: -3.0}),
     SamplingParams(min_p=0.1, seed=4, min_new_tokens=3, stop_token_ids=[11]),
-    SamplingParams(temperature=1.3, seed=5, presence_penalty=-1.0),
+    SamplingParams(temperature=1.3, seed=5, presence_penalty=-1.0, logit_bias={2: 7.0}),
     SamplingParams(seed=6),
 ]
 

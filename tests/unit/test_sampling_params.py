@@ -47,6 +47,14 @@ def test_defaults_verify_and_are_not_greedy():
         ("stop", [f"s{i}" for i in range(17)]),
         ("seed", -1),
         ("seed", 2**64),
+        ("logit_bias", {VOCAB: 1.0}),
+        ("logit_bias", {"-1": 1.0}),
+        ("logit_bias", {5: 100.5}),
+        ("logit_bias", {5: -101}),
+        ("json_schema", '{"type": "objekt"}'),
+        ("json_schema", "{not json"),
+        ("regex", "(unclosed"),
+        ("ebnf", 'start ::= "a"'),
     ],
 )
 def test_verify_rejects_out_of_range_naming_the_parameter(field, value):
@@ -77,6 +85,11 @@ def test_verify_rejects_out_of_range_naming_the_parameter(field, value):
         {"stop": [f"s{i}" for i in range(16)]},
         {"seed": 0},
         {"seed": 2**64 - 1},
+        {"logit_bias": {0: -100, VOCAB - 1: 100}},
+        {"logit_bias": {}},
+        {"json_schema": '{"type": "object", "properties": {"a": {"type": "integer"}}}'},
+        {"regex": "[a-z]+@[a-z]+\\.com"},
+        {"ebnf": 'root ::= "yes" | "no"'},
     ],
 )
 def test_verify_accepts_boundaries(overrides):
@@ -124,6 +137,14 @@ def test_from_dict_rejects_unknown_key_by_name():
         ("stop_token_ids", 7),
         ("seed", 1.5),
         ("top_p", False),
+        ("json_schema", {"type": "object"}),
+        ("regex", ["a"]),
+        ("ebnf", 3),
+        ("logit_bias", [[5, 1.0]]),
+        ("logit_bias", {"five": 1.0}),
+        ("logit_bias", {"5": "high"}),
+        ("logit_bias", {"5": float("nan")}),
+        ("logit_bias", {True: 1.0}),
     ],
 )
 def test_from_dict_rejects_wrong_types_naming_the_parameter(field, value):
@@ -147,6 +168,25 @@ def test_from_dict_normalizes_values():
     assert params.max_new_tokens == 7
 
 
+def test_logit_bias_keys_from_json_become_token_ids():
+    params = SamplingParams.from_dict({"logit_bias": {"50": -100, " 7 ": 2, 3: 1.5}})
+    assert params.logit_bias == {50: -100.0, 7: 2.0, 3: 1.5}
+    assert all(isinstance(v, float) for v in params.logit_bias.values())
+
+
+def test_at_most_one_constraint_naming_the_second():
+    with pytest.raises(ValueError, match=r"^ebnf cannot be combined with regex"):
+        SamplingParams(regex="a", ebnf='root ::= "a"')
+    assert SamplingParams(regex="a+").constraint == ("regex", "a+")
+    assert SamplingParams().constraint is None
+
+
+def test_a_constraint_cannot_hold_back_the_end():
+    params = SamplingParams(json_schema='{"type": "integer"}', min_new_tokens=2)
+    with pytest.raises(ValueError, match="^min_new_tokens cannot be combined with json_schema"):
+        params.verify(VOCAB)
+
+
 def test_constructor_wraps_a_single_stop_string():
     assert SamplingParams(stop="END").stop == ["END"]
 
@@ -166,5 +206,13 @@ def test_is_greedy(overrides, greedy):
 
 
 def test_pickle_roundtrip():
-    params = SamplingParams(temperature=0.3, stop=["x"], stop_token_ids=[3], seed=42, n=2)
+    params = SamplingParams(
+        temperature=0.3,
+        stop=["x"],
+        stop_token_ids=[3],
+        seed=42,
+        n=2,
+        json_schema='{"type": "string"}',
+        logit_bias={"4": -100},
+    )
     assert pickle.loads(pickle.dumps(params)) == params

@@ -31,6 +31,14 @@ class AbortReq:
 
 
 @dataclass
+class GrammarsReadyReq:
+    """Rank 0's word that these requests' grammars have compiled (or failed), so that every rank
+    admits them in the same step (only sent with --tp-size > 1)."""
+
+    rids: list[str]
+
+
+@dataclass
 class FlushCacheReq:
     pass
 

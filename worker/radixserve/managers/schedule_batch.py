@@ -11,6 +11,7 @@ write (see ReqToTokenPool).
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,6 +23,7 @@ from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from radixserve.constrained.base_grammar_backend import CompiledGrammar, Grammar
     from radixserve.mem_cache.allocator import TokenSlotAllocator
     from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
@@ -71,6 +73,10 @@ class Req:
         # while a launched batch's token for this request is unresolved (overlap): the input
         # id that stands for it (model_executor/future_tokens.py)
         self.future_id: int | None = None
+        # constrained decoding: the compile of the request's grammar until it is admitted, then
+        # its matcher, which has accepted every token in output_ids
+        self.grammar_future: Future[CompiledGrammar] | None = None
+        self.grammar: Grammar | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -99,6 +105,11 @@ class Req:
     # -- stopping ----------------------------------------------------------------------------
     def check_finished(self, context_len: int, tokenizer: Any) -> None:
         if self.finished_reason is not None:
+            return
+        if self.grammar is not None and self.grammar.is_terminated():
+            # the grammar ended on a stop token it allowed, even at max_new_tokens or with
+            # ignore_eos: nothing more can follow
+            self.finished_reason = {"type": "stop", "matched": self.output_ids[-1]}
             return
         params = self.sampling_params
         if len(self.output_ids) >= params.max_new_tokens:

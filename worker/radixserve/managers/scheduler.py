@@ -8,15 +8,25 @@ finished requests' KV in the radix tree and queues output deltas. Requests and a
 method calls (`dispatch`). The process, its sockets and tensor parallelism are
 scheduler_process.py's; statistics are scheduler_stats.py's. The worker is anything with the
 `BatchWorker` shape, so the policy runs in tests with a fake worker and no model.
+
+Constrained requests (json_schema, regex, ebnf) wait in `grammar_queue` while their grammar
+compiles on the grammar cache's threads, and join the waiting queue once it has: the loop never
+waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
+then, once the batch before it has been resolved and every matcher has accepted its row's last
+token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
+device runs the forward while the host resolves the previous batch and fills the masks.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
+from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.forward.mode import ForwardMode
 from radixserve.managers.io_struct import (
     AbortReq,
@@ -24,6 +34,7 @@ from radixserve.managers.io_struct import (
     FlushCacheReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
+    GrammarsReadyReq,
     ReqOutput,
     SchedulerStats,
     TokenizedGenerateReqInput,
@@ -64,7 +75,14 @@ class BatchWorker(Protocol):
     asynchronous: bool
     timeline: GpuTimeline
 
-    def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult: ...
+    def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
+        """Launch the batch's forward and, unless it has constrained rows, its sampling (see
+        PendingBatchResult.awaits_sampling)."""
+        ...
+
+    def sample_deferred(self, pending: PendingBatchResult) -> None:
+        """Launch the sampling of a batch whose rows' grammars are now up to date."""
+        ...
 
     def describe(self) -> dict[str, Any]:
         """Device, dtype and backend, for server info."""
@@ -78,9 +96,17 @@ class ServedModel:
     context_len: int
     vocab_size: int
     eos_token_ids: frozenset[int]
-    tokenizer: Any = None  # decodes output tails for stop strings
+    tokenizer: Any = None  # decodes output tails for stop strings; grammars are built on it
     description: str = ""
     matmul_parameters: int = 0
+
+    def grammar_backend(self) -> GrammarBackend:
+        """The backend constrained requests compile on, built by the grammar cache at the first
+        of them (it reads the whole vocabulary); xgrammar is imported only then, so a worker
+        that never sees a constraint never loads it."""
+        from radixserve.constrained.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
 
 
 @dataclass
@@ -109,6 +135,14 @@ class Scheduler:
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
 
         self.waiting_queue: list[Req] = []
+        # constrained requests whose grammar is compiling, in arrival order
+        self.grammar_queue: list[Req] = []
+        self.grammar_cache = (
+            GrammarCache(model.grammar_backend) if model.tokenizer is not None else None
+        )
+        # with tensor parallelism rank 0 decides when a compile is done and tells every rank
+        # (GrammarsReadyReq), so that all ranks admit the request in the same step
+        self.polls_grammars = server_args.tp_size == 1
         self.running_batch = self._new_batch([])
         self.chunked_req: Req | None = None
         self.last_batch: ScheduleBatch | None = None  # the batch launched last
@@ -138,7 +172,21 @@ class Scheduler:
             self._emit(req)
             return
         self.reqs_by_rid[req.rid] = req
-        self.waiting_queue.append(req)
+        constraint = req.sampling_params.constraint
+        if constraint is None:
+            self.waiting_queue.append(req)
+            return
+        if self.grammar_cache is None:
+            kind = constraint[0]
+            req.finished_reason = {
+                "type": "error",
+                "message": f"{kind} needs the model's tokenizer, and this model has none",
+                "param": kind,
+            }
+            self._finish_waiting(req)
+            return
+        req.grammar_future = self.grammar_cache.get(*constraint)
+        self.grammar_queue.append(req)
 
     def _validate(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
@@ -156,8 +204,9 @@ class Scheduler:
         req = self.reqs_by_rid.get(rid)
         if req is None or req.finished():
             return
-        if req in self.waiting_queue:
-            self.waiting_queue.remove(req)
+        queue = next((q for q in (self.waiting_queue, self.grammar_queue) if req in q), None)
+        if queue is not None:
+            queue.remove(req)
             req.finished_reason = {"type": "abort"}
             self._finish_waiting(req)
         else:
@@ -167,6 +216,47 @@ class Scheduler:
     def _finish_waiting(self, req: Req) -> None:
         self.reqs_by_rid.pop(req.rid, None)
         self._emit(req)
+
+    # -- grammars ----------------------------------------------------------------------------
+    def ready_grammar_rids(self) -> list[str]:
+        """Requests whose grammar compile has ended (compiled or failed); never waits."""
+        return [r.rid for r in self.grammar_queue if r.grammar_future.done()]
+
+    def admit_grammars(self, rids: list[str]) -> None:
+        """Move these requests to the waiting queue with a fresh matcher each, or finish them
+        with the compile's error. Waits for compiles still running: only a rank following rank
+        0 can be behind it."""
+        chosen = set(rids)
+        ready = [r for r in self.grammar_queue if r.rid in chosen]
+        if not ready:
+            return
+        self.grammar_queue = [r for r in self.grammar_queue if r.rid not in chosen]
+        for req in ready:
+            future, req.grammar_future = req.grammar_future, None
+            kind = req.sampling_params.constraint[0]
+            try:
+                req.grammar = future.result().new_grammar()
+            except GrammarError as exc:
+                message = f"{kind} cannot be compiled: {exc}"
+                req.finished_reason = {"type": "error", "message": message, "param": kind}
+            except Exception as exc:  # the backend itself failed: not the client's fault
+                logger.exception("grammar backend failed on a %s", kind)
+                req.finished_reason = {"type": "error", "message": f"{kind}: {exc}"}
+            if req.finished():
+                self._finish_waiting(req)
+            else:
+                self.waiting_queue.append(req)
+
+    def waiting_only_for_grammars(self) -> bool:
+        """Nothing can run until a compile ends (the process loop then waits, not spins)."""
+        return bool(self.grammar_queue) and not self._has_runnable_work()
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block until a pending compile ends (or `timeout` seconds): for an in-process driver
+        with nothing else to do, instead of spinning through empty steps."""
+        pending = [r.grammar_future for r in self.grammar_queue]
+        if pending:
+            concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
 
     def flush_cache(self) -> bool:
         if self.in_flight is None:
@@ -193,7 +283,9 @@ class Scheduler:
             "schedule_policy": self.server_args.schedule_policy,
             "radix_cache": not self.server_args.disable_radix_cache,
             "num_running_requests": len(self.running_batch),
-            "num_queued_requests": len(self.waiting_queue),
+            "num_queued_requests": len(self.waiting_queue) + len(self.grammar_queue),
+            "num_compiling_grammars": len(self.grammar_queue),
+            "grammar_cache_entries": len(self.grammar_cache or ()),
             **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
             "kv_cache_evictable_ratio": self.kv_evictable(),
@@ -225,6 +317,9 @@ class Scheduler:
         self.worker.timeline.reset()
 
     def has_work(self) -> bool:
+        return bool(self.grammar_queue) or self._has_runnable_work()
+
+    def _has_runnable_work(self) -> bool:
         return bool(
             self.waiting_queue
             or self.running_batch.reqs
@@ -241,16 +336,22 @@ class Scheduler:
         without it (or on the CPU, where nothing runs asynchronously) a batch is resolved right
         after its launch. False when nothing was launched or resolved.
         """
+        if self.polls_grammars and self.grammar_queue:
+            self.admit_grammars(self.ready_grammar_rids())
         batch = self.get_next_batch_to_run()
-        launched = None
-        if batch is not None:
-            launched = self._launch(batch)
-            if not self.overlap:
-                self._resolve(launched)
-                launched = None
-        previous, self.in_flight = self.in_flight, launched
+        launched = self._launch(batch) if batch is not None else None
+        previous, self.in_flight = self.in_flight, None
         if previous is not None:
             self._resolve(previous)
+        if launched is not None:
+            if launched.pending.awaits_sampling:
+                # constrained rows: their grammars have now accepted the previous batch's
+                # tokens, so the masks follow what was really sampled
+                self.worker.sample_deferred(launched.pending)
+            if self.overlap:
+                self.in_flight = launched
+            else:
+                self._resolve(launched)
         if batch is None:
             self.worker.timeline.mark_idle()
         return batch is not None or previous is not None
@@ -415,6 +516,10 @@ class Scheduler:
     def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         token = result.next_token_ids[i]
         req.output_ids.append(token)
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            # the mask allowed only what the grammar accepts: this is an engine bug
+            logger.error("request %s: its grammar rejected sampled token %d", req.rid, token)
+            req.finished_reason = {"type": "error", "message": "the grammar rejected a token"}
         if req.return_logprob and result.logprobs is not None:
             top = result.top_logprobs[i] if result.top_logprobs else []
             req.pending_logprobs.append(TokenLogprob(token, result.logprobs[i], list(top or [])))
@@ -464,7 +569,7 @@ class Scheduler:
     def pop_stats(self) -> SchedulerStats:
         return self.counters.pop(
             running=len(self.running_batch) + (1 if self.chunked_req else 0),
-            queued=len(self.waiting_queue),
+            queued=len(self.waiting_queue) + len(self.grammar_queue),
             kv_usage=self.kv_usage(),
             kv_evictable=self.kv_evictable(),
             max_total_tokens=self.max_total_tokens,
@@ -488,6 +593,8 @@ class Scheduler:
             self.handle_generate_request(msg)
         elif isinstance(msg, AbortReq):
             self.abort_request(msg.rid)
+        elif isinstance(msg, GrammarsReadyReq):
+            self.admit_grammars(msg.rids)
         elif isinstance(msg, FlushCacheReq):
             ok = self.flush_cache()
             return FlushCacheReqOutput(ok, "" if ok else "requests are running; not flushed")

@@ -28,6 +28,7 @@ from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_
 from radixserve.logging_config import configure_logging
 from radixserve.managers.io_struct import (
     BatchReqOutput,
+    GrammarsReadyReq,
     StopRanksReq,
     TokenizedGenerateReqInput,
 )
@@ -45,6 +46,10 @@ WARMUP_PROMPT_TOKENS = 160
 
 # an idle scheduler loop reports at least this often (what /ready's liveness check reads)
 HEARTBEAT_S = 1.0
+
+# while only grammar compiles are pending, the loop waits up to this long for a message instead
+# of spinning
+GRAMMAR_WAIT_MS = 2
 
 
 @dataclass
@@ -225,7 +230,9 @@ def _serve(
     Each iteration's messages go to ranks 1..N-1 (`to_ranks`) before rank 0 applies them: a
     send, never a wait, so the host's critical path between two steps has no round trip
     between ranks (a gloo object broadcast took ~0.9 ms on a 2-core CPU); the devices stay in
-    step through their own collectives.
+    step through their own collectives. Grammar compiles end at different times on each rank,
+    so rank 0's say decides when a constrained request is admitted (a GrammarsReadyReq among
+    the messages; the scheduler's own polling is off with ranks).
 
     SIGTERM only sets a flag: the step in progress finishes, so that with --tp-size > 1 every
     rank is between collectives when the others are told to stop."""
@@ -241,12 +248,17 @@ def _serve(
         if not busy and not recv_sock.poll(timeout=200) and os.getppid() != parent:
             logger.info("front end is gone; exiting")
             return
+        if scheduler.waiting_only_for_grammars():
+            # grammars compile on other threads: wait a little for them or a message, not spin
+            recv_sock.poll(timeout=GRAMMAR_WAIT_MS)
         messages = []
         while True:
             try:
                 messages.append(recv_sock.recv_pyobj(zmq.NOBLOCK))
             except zmq.Again:
                 break
+        if to_ranks and (ready := scheduler.ready_grammar_rids()):
+            messages.append(GrammarsReadyReq(ready))
         for sock in to_ranks:
             sock.send_pyobj(messages)
         for msg in messages:

@@ -165,6 +165,9 @@ class GenerateInput:
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
     # Readiness probes: kept out of the request metrics.
     internal: bool = False
+    # How the request spells SamplingParams fields (GenerateRequest.sampling_param_names), for
+    # the scheduler's errors about them (a constraint that does not compile)
+    sampling_param_names: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -366,6 +369,7 @@ class TokenizerManager:
                         sampling_params=copy,
                         return_logprob=request.return_logprob,
                         top_logprobs_num=top,
+                        sampling_param_names=request.sampling_param_names,
                     )
                 )
         if len(inputs) == 1:
@@ -496,6 +500,9 @@ class TokenizerManager:
             raise RequestAbortedError("the request was aborted by the server")
         if reason is not None and reason["type"] == "error":
             self._count_finished(state, "error", output.prompt_tokens)
+            if reason.get("param") is not None:  # refused before admission: the request's fault
+                error = InvalidParameterError(reason["message"], reason["param"])
+                raise error.renamed(state.input.sampling_param_names)
             raise GenerationError(reason.get("message", "generation failed"))
         text = self._detokenize(state, output, final=reason is not None)
         logprobs = self._release_logprobs(state, output, final=reason is not None)

@@ -5,6 +5,10 @@ and returns at once, so the scheduler can prepare the next batch while the devic
 (overlap scheduling). Tokens a later batch needs before the host has them are future tokens
 (model_executor/future_tokens.py): the pending result tells the scheduler, per row, the
 placeholder input id that stands for the row's token until it is resolved.
+
+A batch with constrained rows launches only its forward: a row's mask depends on the row's
+previous token, which under overlap is still on its way to the host. The scheduler calls
+`sample_deferred` once it has resolved that token, and the device runs the forward meanwhile.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from radixserve.distributed.parallel_state import broadcast_from_first
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.future_tokens import FutureSlots
-from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixserve.model_loader.loader import ModelSource
 from radixserve.server_args import ServerArgs
 
@@ -30,27 +34,42 @@ class GenerationBatchResult:
 
 
 class PendingBatchResult:
-    """The device-side outcome of a launched batch; `resolve()` is the step's one host sync."""
+    """The device-side outcome of a launched batch; `resolve()` is the step's one host sync.
 
-    def __init__(
+    Its tokens are set (`set_tokens`) when its sampling is launched: at launch, or for a batch
+    with constrained rows (`awaits_sampling`) by `ModelWorker.sample_deferred`."""
+
+    def __init__(self, future: FutureSlots, started: torch.cuda.Event | None = None) -> None:
+        self.future = future  # row i's token is named by future.placeholder(i) until resolved
+        self.started = started
+        self.done: torch.cuda.Event | None = None
+        self._ids: torch.Tensor | None = None
+        self._logprobs: torch.Tensor | None = None
+        self._top_logprobs: list[list[tuple[int, float]]] | None = None
+        # the forward's output and batch, kept until the deferred sampling launches
+        self.deferred: tuple[ForwardOutput, ModelWorkerBatch] | None = None
+
+    @property
+    def awaits_sampling(self) -> bool:
+        return self.deferred is not None
+
+    def set_tokens(
         self,
         next_token_ids: torch.Tensor,
         logprobs: torch.Tensor | None,
         top_logprobs: list[list[tuple[int, float]]] | None,
-        future: FutureSlots,
-        started: torch.cuda.Event | None = None,
     ) -> None:
-        self.future = future  # row i's token is named by future.placeholder(i) until resolved
-        self.started = started
-        self._top_logprobs = top_logprobs
+        """Queue the copy of the sampled tokens to the host and mark the batch's end."""
         pinned = next_token_ids.device.type == "cuda"
         self._ids = next_token_ids.to("cpu", non_blocking=pinned)
         self._logprobs = logprobs.to("cpu", non_blocking=pinned) if logprobs is not None else None
+        self._top_logprobs = top_logprobs
         self.done = torch.cuda.Event(enable_timing=True) if pinned else None
         if self.done is not None:
             self.done.record()
 
     def resolve(self) -> GenerationBatchResult:
+        assert self._ids is not None, "the batch's sampling was never launched"
         if self.done is not None:
             self.done.synchronize()
         return GenerationBatchResult(
@@ -135,22 +154,44 @@ class ModelWorker:
             started.record()
         future = runner.future_tokens.reserve(len(batch.seq_lens))
         out = runner.forward(batch, future)
+        pending = PendingBatchResult(future, started)
         info = batch.sampling_info
         if out.greedy_ids is not None and info.is_plain_greedy and not batch.return_logprob:
             # the graph picked these and put them in the ring; identical on every rank (the
             # logits are), so there is nothing to sample, broadcast or store
-            next_token_ids, logprobs, top_logprobs = out.greedy_ids, None, None
+            info.update_with_new_tokens(out.greedy_ids)
+            pending.set_tokens(out.greedy_ids, None, None)
+        elif info.has_grammars:
+            pending.deferred = (out, batch)
         else:
-            sampled = runner.sample(out.logits, out.forward_batch)
-            next_token_ids = sampled.next_token_ids
-            logprobs, top_logprobs = sampled.logprobs, sampled.top_logprobs
-            # ranks sample from identical logits, but unseeded requests draw different noise
-            # on each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift
-            broadcast_from_first(next_token_ids)
-            runner.future_tokens.store(future, next_token_ids)
-        info.update_with_new_tokens(next_token_ids)
-        return PendingBatchResult(next_token_ids, logprobs, top_logprobs, future, started)
+            self._sample(out, batch, pending)
+        return pending
+
+    @torch.inference_mode()
+    def sample_deferred(self, pending: PendingBatchResult) -> None:
+        """Sample a batch launched with constrained rows, now that each row's grammar has
+        accepted the row's tokens so far: the rows' masks are filled on the host and applied on
+        the device with the batch's other logit processors."""
+        assert pending.deferred is not None
+        (out, batch), pending.deferred = pending.deferred, None
+        batch.sampling_info.update_grammar_mask()
+        self._sample(out, batch, pending)
+
+    def _sample(
+        self, out: ForwardOutput, batch: ModelWorkerBatch, pending: PendingBatchResult
+    ) -> None:
+        runner = self.model_runner
+        sampled = runner.sample(out.logits, out.forward_batch)
+        # ranks sample from identical logits, but unseeded requests draw different noise on
+        # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift
+        broadcast_from_first(sampled.next_token_ids)
+        runner.future_tokens.store(pending.future, sampled.next_token_ids)
+        batch.sampling_info.update_with_new_tokens(sampled.next_token_ids)
+        pending.set_tokens(sampled.next_token_ids, sampled.logprobs, sampled.top_logprobs)
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Launch and wait: the synchronous path."""
-        return self.launch(batch).resolve()
+        pending = self.launch(batch)
+        if pending.awaits_sampling:
+            self.sample_deferred(pending)
+        return pending.resolve()

@@ -1,4 +1,4 @@
-"""Batched logit penalties, each with state that lives as long as the batch.
+"""Batched logit penalties and biases, each with state that lives as long as the batch.
 
 A penalizer's state is `[bs, vocab]`, so it is allocated only when some request in the batch
 asks for it (`BatchedPenalizers` holds just the kinds in use). Rows of requests that do not
@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from radixserve.constrained.base_grammar_backend import Grammar
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.utils import device_tensor
 
@@ -26,6 +27,7 @@ class ReqLike(Protocol):
     sampling_params: SamplingParams
     origin_input_ids: list[int]
     output_ids: list[int]
+    grammar: Grammar | None  # the request's matcher, when its output follows a grammar
 
 
 def _token_mask(
@@ -189,6 +191,61 @@ class FrequencyPresencePenalizer(Penalizer):
 
 
 @dataclass
+class LogitBiasPenalizer(Penalizer):
+    """OpenAI's logit_bias: per row, a few token ids whose logits get a fixed value added. Held
+    sparse, `[bs, k]` for the batch's largest k; shorter rows pad with token 0 and bias 0.0, an
+    exact no-op, so applying it is one scatter-add over the batch."""
+
+    token_ids: torch.Tensor  # [bs, k] int64
+    biases: torch.Tensor  # [bs, k] float32
+
+    @staticmethod
+    def is_required(params: SamplingParams) -> bool:
+        return bool(params.logit_bias)
+
+    @classmethod
+    def from_reqs(cls, reqs, vocab_size, device, eos_ids):
+        entries = [list((r.sampling_params.logit_bias or {}).items()) for r in reqs]
+        width = max(len(e) for e in entries)
+        padded = [e + [(0, 0.0)] * (width - len(e)) for e in entries]
+        return cls(
+            token_ids=device_tensor([[t for t, _ in e] for e in padded], torch.int64, device),
+            biases=device_tensor([[b for _, b in e] for e in padded], torch.float32, device),
+        )
+
+    @classmethod
+    def neutral(cls, batch_size, vocab_size, device):
+        return cls(
+            token_ids=torch.zeros(batch_size, 1, dtype=torch.int64, device=device),
+            biases=torch.zeros(batch_size, 1, dtype=torch.float32, device=device),
+        )
+
+    def apply(self, logits, num_generated):
+        logits.scatter_add_(1, self.token_ids, self.biases)
+
+    def update(self, next_token_ids):
+        """Nothing to track: a bias does not change as tokens are generated."""
+
+    def filter(self, keep):
+        self.token_ids = self.token_ids[keep]
+        self.biases = self.biases[keep]
+
+    def merge(self, other):
+        width = max(self.token_ids.shape[1], other.token_ids.shape[1])
+        self.token_ids = torch.cat(
+            [_pad_columns(self.token_ids, width), _pad_columns(other.token_ids, width)]
+        )
+        self.biases = torch.cat(
+            [_pad_columns(self.biases, width), _pad_columns(other.biases, width)]
+        )
+
+
+def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    """`x` `[bs, k]` with zero columns appended up to `width`."""
+    return torch.nn.functional.pad(x, (0, width - x.shape[1]))
+
+
+@dataclass
 class MinNewTokensPenalizer(Penalizer):
     """Forbids stopping early: EOS (unless `ignore_eos`, where EOS does not stop) and the
     request's stop_token_ids get -inf while fewer than min_new_tokens tokens are generated."""
@@ -237,11 +294,13 @@ class MinNewTokensPenalizer(Penalizer):
         self.stop_tokens = torch.cat([self.stop_tokens, other.stop_tokens])
 
 
-# Applied in this order: repetition (scales logits), then the OpenAI subtractive penalties,
-# then the min_new_tokens mask last so nothing can lift a forbidden token back from -inf.
+# Applied in this order: repetition (scales logits), then the OpenAI subtractive penalties and
+# logit_bias, then the min_new_tokens mask last so nothing can lift a forbidden token back from
+# -inf (SamplingBatchInfo applies a grammar's mask after all of them, for the same reason).
 PENALIZER_KINDS: tuple[type[Penalizer], ...] = (
     RepetitionPenalizer,
     FrequencyPresencePenalizer,
+    LogitBiasPenalizer,
     MinNewTokensPenalizer,
 )
 

@@ -4,9 +4,15 @@ It is mutable, and shared rather than copied: the `ModelWorkerBatch` of every pa
 the running batch's one instance. Two parties change it, both on the scheduler's thread and in
 launch order, never concurrently: the scheduler changes its membership between launches
 (`filter_batch` when requests leave, `merge_batch` when they join), and the model worker
-advances its per-token state when it launches a pass (`update_with_new_tokens`, queued on the
-device behind that pass's sampling). Everything the Sampler does per step is a whole-batch
-tensor op over these fields.
+advances its per-token state when it launches a pass's sampling (`update_with_new_tokens`,
+queued on the device behind that sampling). Everything the Sampler does per step is a
+whole-batch tensor op over these fields.
+
+Rows that follow a grammar (constrained decoding) keep their request's matcher in `grammars`;
+`update_grammar_mask` turns the matchers' current states into one token bitmask for the batch,
+right before sampling, which applies it with the other logit processors. A batch with such rows
+has its sampling launched after the batch before it is resolved (`ModelWorker.sample_deferred`),
+still before the scheduler next changes the membership.
 
 Random sampling is reproducible per request: the noise of row i at a step is a counter-based
 hash of (the row's seed, tokens it has generated so far, vocab index), computed with integer
@@ -22,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.constrained.base_grammar_backend import Grammar, VocabMask
 from radixserve.sampling.penalties import BatchedPenalizers, ReqLike
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.utils import device_tensor
@@ -82,10 +89,14 @@ class SamplingBatchInfo:
     seed_keys: torch.Tensor  # [bs] int32 holding 32-bit keys
     num_generated: torch.Tensor  # [bs] int64, tokens each request has generated so far
     penalizers: BatchedPenalizers
+    grammars: list[Grammar | None]  # per row: the request's matcher, if it is constrained
+    # this step's mask of the constrained rows (update_grammar_mask), on the device
+    vocab_mask: VocabMask | None = None
     is_all_greedy: bool = True
     max_top_k: int = 0  # largest top_k among sampled rows with top-k on; 0: top-k unused
     need_top_p: bool = False
     need_min_p: bool = False
+    has_grammars: bool = False
 
     @classmethod
     def from_reqs(
@@ -117,6 +128,7 @@ class SamplingBatchInfo:
             seed_keys=_seed_keys(seeds, device),
             num_generated=device_tensor([len(r.output_ids) for r in reqs], torch.int64, device),
             penalizers=BatchedPenalizers.from_reqs(reqs, vocab_size, device, eos_token_ids),
+            grammars=[r.grammar for r in reqs],
         )
         info._refresh_flags()
         return info
@@ -128,7 +140,7 @@ class SamplingBatchInfo:
     @property
     def is_plain_greedy(self) -> bool:
         """Every row takes the argmax of the raw logits: all greedy, no logit processors."""
-        return self.is_all_greedy and self.penalizers.is_empty
+        return self.is_all_greedy and self.penalizers.is_empty and not self.has_grammars
 
     @property
     def need_top_k(self) -> bool:
@@ -141,11 +153,29 @@ class SamplingBatchInfo:
         self.max_top_k = max((p.top_k for p in sampled if 0 < p.top_k < self.vocab_size), default=0)
         self.need_top_p = any(p.top_p < 1.0 for p in sampled)
         self.need_min_p = any(p.min_p > 0.0 for p in sampled)
+        self.has_grammars = any(g is not None for g in self.grammars)
+        self.vocab_mask = None  # rows moved: a mask is rebuilt before the next sampling
+
+    def update_grammar_mask(self) -> None:
+        """Build this step's token mask from the constrained rows' matchers, as they stand: call
+        once every row's grammar has accepted the row's previous token. A terminated grammar
+        allows nothing more, and its request is finished: the row samples unmasked and its token
+        is dropped."""
+        rows = [i for i, g in enumerate(self.grammars) if g is not None and not g.is_terminated()]
+        if not rows:
+            self.vocab_mask = None
+            return
+        grammars = [self.grammars[i] for i in rows]
+        backend = grammars[0].backend
+        self.vocab_mask = backend.token_bitmask(grammars, rows, self.batch_size, self.device)
 
     def apply_logits_processors(self, logits: torch.Tensor) -> None:
-        """Penalties and the min_new_tokens mask, in place on `[bs, vocab]` float32 logits."""
+        """Penalties, logit_bias and the min_new_tokens mask, then the grammar mask, in place on
+        `[bs, vocab]` float32 logits."""
         if not self.penalizers.is_empty:
             self.penalizers.apply(logits, self.num_generated)
+        if self.vocab_mask is not None:
+            self.vocab_mask.apply(logits)
 
     def update_with_new_tokens(self, next_token_ids: torch.Tensor) -> None:
         """Count the tokens just sampled (`[bs]` on the device) for penalties and the step
@@ -170,6 +200,7 @@ class SamplingBatchInfo:
         """Keep the rows `keep_indices`, in that order."""
         keep = device_tensor(keep_indices, torch.int64, self.device)
         self.sampling_params = [self.sampling_params[i] for i in keep_indices]
+        self.grammars = [self.grammars[i] for i in keep_indices]
         for name in _ROW_TENSORS:
             setattr(self, name, getattr(self, name)[keep])
         self.penalizers.filter(keep, self.sampling_params)
@@ -178,6 +209,7 @@ class SamplingBatchInfo:
     def merge_batch(self, other: SamplingBatchInfo) -> None:
         """Append `other`'s rows after this batch's."""
         self.sampling_params = self.sampling_params + other.sampling_params
+        self.grammars = self.grammars + other.grammars
         for name in _ROW_TENSORS:
             setattr(self, name, torch.cat([getattr(self, name), getattr(other, name)]))
         self.penalizers.merge(other.penalizers)

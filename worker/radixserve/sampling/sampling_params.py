@@ -3,20 +3,26 @@
 Types are checked when a `SamplingParams` is built (so a malformed request never crosses the
 IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size. Every
 problem is an `InvalidParameterError` naming the field, which each API renames into its own
-spelling (OpenAI's max_tokens, the native sampling_params.max_new_tokens).
+spelling (OpenAI's max_tokens, the native sampling_params.max_new_tokens). A constraint
+(`json_schema`, `regex` or `ebnf`) gets the cheap check the front end can make without torch
+(constrained/validation.py); the scheduler compiles it before the request is admitted.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from radixserve.api_errors import InvalidParameterError
+from radixserve.constrained.validation import CONSTRAINT_KINDS, validate_constraint
 
 MAX_STOP_STRINGS = 16
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**64 - 1
+MAX_LOGIT_BIAS = 100.0
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOAT_FIELDS = (
@@ -28,11 +34,33 @@ _FLOAT_FIELDS = (
     "repetition_penalty",
 )
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens")
+_INTEGER = re.compile(r"\s*-?[0-9]+\s*")
 
 
 def _is_int(value: Any) -> bool:
     """True for Python ints but not bools (JSON `true` must not pass as 1)."""
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_biases(value: Any) -> dict[int, float]:
+    """logit_bias as {token id: bias}; JSON object keys arrive as strings ("50256": -100)."""
+    if not isinstance(value, dict):
+        raise InvalidParameterError(
+            f"logit_bias must be an object of token id -> bias, got {value!r}", "logit_bias"
+        )
+    biases = {}
+    for key, bias in value.items():
+        token_id = int(key) if isinstance(key, str) and _INTEGER.fullmatch(key) else key
+        if not _is_int(token_id):
+            raise InvalidParameterError(
+                f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias"
+            )
+        if not (_is_int(bias) or isinstance(bias, float)) or math.isnan(bias):
+            raise InvalidParameterError(
+                f"logit_bias values must be numbers, got {bias!r} for {key!r}", "logit_bias"
+            )
+        biases[token_id] = float(bias)
+    return biases
 
 
 @dataclass
@@ -52,6 +80,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     n: int = 1
     seed: int | None = None
+    # constrained decoding: the output follows at most one of these (SGLang's spelling)
+    json_schema: str | None = None  # a JSON Schema, as a JSON string
+    regex: str | None = None
+    ebnf: str | None = None  # xgrammar's EBNF (GBNF), with a `root` rule
+    # token id -> added to its logit before sampling (OpenAI's logit_bias: -100 bans, +100 forces)
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -87,6 +121,20 @@ class SamplingParams:
             raise InvalidParameterError(
                 f"seed must be an integer or null, got {self.seed!r}", "seed"
             )
+        given = [kind for kind in CONSTRAINT_KINDS if getattr(self, kind) is not None]
+        for kind in given:
+            if not isinstance(getattr(self, kind), str):
+                raise InvalidParameterError(
+                    f"{kind} must be a string, got {getattr(self, kind)!r}", kind
+                )
+        if len(given) > 1:
+            raise InvalidParameterError(
+                f"{given[1]} cannot be combined with {given[0]}: give at most one of "
+                "json_schema, regex and ebnf",
+                given[1],
+            )
+        if self.logit_bias is not None:
+            self.logit_bias = _token_biases(self.logit_bias)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
@@ -154,6 +202,38 @@ class SamplingParams:
             raise InvalidParameterError("stop strings must be non-empty", "stop")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
             raise InvalidParameterError(f"seed must be in [0, 2**64), got {self.seed}", "seed")
+        for token_id, bias in (self.logit_bias or {}).items():
+            if not 0 <= token_id < vocab_size:
+                raise InvalidParameterError(
+                    f"logit_bias keys must be token ids in [0, {vocab_size}), got {token_id}",
+                    "logit_bias",
+                )
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise InvalidParameterError(
+                    f"logit_bias values must be in [-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}], "
+                    f"got {bias} for token {token_id}",
+                    "logit_bias",
+                )
+        if self.constraint is not None:
+            kind, text = self.constraint
+            problem = validate_constraint(kind, text)
+            if problem is not None:
+                raise InvalidParameterError(f"{kind} {problem}", kind)
+            if self.min_new_tokens > 0:
+                # the grammar decides when the output may end; forbidding the end token earlier
+                # could leave a row with no allowed token at all
+                raise InvalidParameterError(
+                    f"min_new_tokens cannot be combined with {kind}", "min_new_tokens"
+                )
+
+    @property
+    def constraint(self) -> tuple[str, str] | None:
+        """(kind, text) of the grammar the output must follow, if any."""
+        for kind in CONSTRAINT_KINDS:
+            text = getattr(self, kind)
+            if text is not None:
+                return kind, text
+        return None
 
     @property
     def is_greedy(self) -> bool:

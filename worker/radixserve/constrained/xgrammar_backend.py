@@ -1,0 +1,107 @@
+"""The grammar backend on xgrammar: compiled grammars with precomputed token masks, a matcher per
+request, batched bitmask fills on the host and the bitmask applied by xgrammar's kernel (Triton
+on CUDA, C++ on the CPU).
+
+JSON Schemas compile to compact JSON (`{"a": 1, "b": [2, 3]}`): no free whitespace between
+tokens, so a model cannot stall in a run of newlines, and properties must appear in the schema's
+order with no extra ones (xgrammar's strict mode; the output still validates against the schema).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Collection, Sequence
+from typing import Any
+
+import torch
+import transformers
+import xgrammar as xgr
+
+from radixserve.constrained.base_grammar_backend import (
+    CompiledGrammar,
+    Grammar,
+    GrammarBackend,
+    GrammarError,
+    VocabMask,
+)
+
+# xgrammar's messages start with a timestamp, the C++ source line and sometimes the failed check
+_MESSAGE_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: (Check failed: .*? is false: )?")
+
+
+def _reason(exc: Exception) -> str:
+    return _MESSAGE_PREFIX.sub("", str(exc).strip()).strip()
+
+
+class XGrammarMatcher(Grammar):
+    def __init__(self, backend: XGrammarBackend, matcher: xgr.GrammarMatcher) -> None:
+        super().__init__(backend)
+        self.matcher = matcher
+
+    def accept_token(self, token_id: int) -> bool:
+        return self.matcher.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        return self.matcher.is_terminated()
+
+
+class XGrammarBackend(GrammarBackend):
+    """One model's vocabulary as xgrammar sees it. Building it reads the whole vocabulary (about
+    a second for 128k tokens), so the grammar cache builds it on its thread at the first
+    constrained request."""
+
+    def __init__(
+        self,
+        tokenizer: transformers.PreTrainedTokenizerBase,
+        vocab_size: int,
+        stop_token_ids: Collection[int],
+    ) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(
+            tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
+        )
+        threads = min(8, os.cpu_count() or 1)
+        # the grammar cache owns caching (keyed by kind and text, failures included)
+        self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
+        self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
+        self.vocab_size = vocab_size
+
+    def compile(self, kind: str, text: str) -> CompiledGrammar:
+        try:
+            if kind == "json_schema":
+                handle = self._compiler.compile_json_schema(text, any_whitespace=False)
+            elif kind == "regex":
+                handle = self._compiler.compile_regex(text)
+            elif kind == "ebnf":
+                handle = self._compiler.compile_grammar(text)
+            else:
+                raise ValueError(f"unknown constraint kind {kind!r}")
+        except RuntimeError as exc:
+            raise GrammarError(_reason(exc)) from None
+        return CompiledGrammar(self, handle)
+
+    def new_grammar(self, handle: Any) -> XGrammarMatcher:
+        return XGrammarMatcher(self, xgr.GrammarMatcher(handle))
+
+    def token_bitmask(
+        self,
+        grammars: Sequence[Grammar],
+        rows: Sequence[int],
+        batch_size: int,
+        device: torch.device,
+    ) -> VocabMask:
+        # pinned on CUDA: the copy is queued behind the forward pass instead of waiting for it,
+        # and torch's pinned-memory cache keeps the block until the copy has run
+        host = torch.full(
+            xgr.get_bitmask_shape(batch_size, self.vocab_size),
+            -1,
+            dtype=xgr.bitmask_dtype,
+            pin_memory=device.type == "cuda",
+        )
+        matchers = [g.matcher for g in grammars]
+        self._batch.batch_fill_next_token_bitmask(matchers, host, list(rows))
+        bitmask = host.to(device, non_blocking=True) if device.type == "cuda" else host
+        return VocabMask(bitmask, self)
+
+    def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+        xgr.apply_token_bitmask_inplace(logits, bitmask)
