@@ -16,6 +16,7 @@ from typing import Any, Literal
 import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixserve.api_errors import error_body
 from radixserve.managers.io_struct import TokenLogprob
 from radixserve.sampling.sampling_params import MAX_N
 
@@ -44,14 +45,7 @@ class OpenAIError(Exception):
         self.retry_after = retry_after
 
     def body(self) -> dict[str, Any]:
-        return {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
+        return error_body(self.message, type=self.type, param=self.param, code=self.code)
 
 
 class _Request(BaseModel):
