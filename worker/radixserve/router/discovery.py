@@ -131,8 +131,8 @@ class EndpointSliceDiscovery:
         try:
             if os.environ.get("KUBERNETES_SERVICE_HOST"):
                 kubernetes.config.load_incluster_config()
-            else:
-                kubernetes.config.load_kube_config()
+            else:  # $KUBECONFIG as it is now (the client reads it once, at import)
+                kubernetes.config.load_kube_config(config_file=os.environ.get("KUBECONFIG"))
         except (kubernetes.config.ConfigException, OSError) as exc:
             raise DiscoveryError(
                 f"no Kubernetes credentials for EndpointSlice discovery: {exc}"
