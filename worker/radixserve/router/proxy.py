@@ -3,8 +3,8 @@
 An attempt fails *before its first byte* when the worker cannot be reached or the connection
 drops before a response (the worker is then taken out: `down`), or when it answers 429 (queue
 full) or 503 (draining: the worker is taken out as `not_ready`). Such a request goes to another
-worker, at most `max_retries` times; when no other ready worker is left the last answer is the
-client's, unchanged. Any other answer is the worker's to give: errors pass through as they are.
+worker, at most `max_retries` times; when no other ready worker is left the last worker answer
+is the client's, unchanged. Any other answer is the worker's to give: errors pass through as they are.
 
 Non-streaming answers are read whole before the first byte goes to the client, so a worker
 dying mid-generation is still a retry. Server-sent events are relayed event by event as they
@@ -156,7 +156,8 @@ class Proxy:
                 upstream.in_flight -= 1
             if not isinstance(outcome, Refusal):
                 return outcome
-            refusal = outcome
+            if outcome.status or not refusal.status:  # a worker's own answer beats silence
+                refusal = outcome
         return refusal.response()
 
     async def _pick(
