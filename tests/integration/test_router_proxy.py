@@ -11,7 +11,6 @@ import asyncio
 import time
 
 import aiohttp
-
 from router_harness import ScriptedWorker, read_events, running_router, wait_until
 
 
@@ -121,11 +120,13 @@ def test_a_stream_that_breaks_midway_ends_with_an_error_event() -> None:
         (worker,) = await start(ScriptedWorker("w", mode="break", events=3))
         async with running_router(worker_url=(worker.url,)) as (router, url):
             await wait_until(lambda: router.pool.ready())
-            async with aiohttp.ClientSession() as session:
-                async with session.post(url + "/v1/completions", json=completion(True)) as reply:
-                    assert reply.status == 200
-                    assert reply.headers["X-Radixserve-Worker"] == worker.url
-                    events = await read_events(reply)
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url + "/v1/completions", json=completion(True)) as reply,
+            ):
+                assert reply.status == 200
+                assert reply.headers["X-Radixserve-Worker"] == worker.url
+                events = await read_events(reply)
             assert [e["i"] for e in events[:3]] == [0, 1, 2]  # the half event never arrives
             assert events[3]["error"]["code"] == "upstream_disconnected"
             assert events[3]["error"]["type"] == "server_error"
@@ -157,25 +158,27 @@ def test_with_no_ready_worker_requests_wait_then_are_served() -> None:
     async def scenario() -> None:
         worker = ScriptedWorker("late", ready=False)
         await start(worker)
-        async with running_router(worker_url=(worker.url,), pending_timeout=30) as (router, url):
-            async with aiohttp.ClientSession() as session:
-                async with session.get(url + "/ready") as reply:
-                    assert reply.status == 503
-                async with session.get(url + "/health") as reply:
-                    assert reply.status == 200
+        async with (
+            running_router(worker_url=(worker.url,), pending_timeout=30) as (router, url),
+            aiohttp.ClientSession() as session,
+        ):
+            async with session.get(url + "/ready") as reply:
+                assert reply.status == 503
+            async with session.get(url + "/health") as reply:
+                assert reply.status == 200
 
-                async def ask() -> int:
-                    async with session.post(url + "/v1/completions", json=completion()) as reply:
-                        return reply.status
+            async def ask() -> int:
+                async with session.post(url + "/v1/completions", json=completion()) as reply:
+                    return reply.status
 
-                waiting = [asyncio.create_task(ask()) for _ in range(3)]
-                await wait_until(lambda: router.pool.pending == 3)
-                assert metric(router, "radixserve_router_pending_requests") == 3
-                worker.ready = True  # the autoscaler's new worker passes its probe
-                assert await asyncio.gather(*waiting) == [200, 200, 200]
-                assert metric(router, "radixserve_router_pending_requests") == 0
-                async with session.get(url + "/ready") as reply:
-                    assert reply.status == 200
+            waiting = [asyncio.create_task(ask()) for _ in range(3)]
+            await wait_until(lambda: router.pool.pending == 3)
+            assert metric(router, "radixserve_router_pending_requests") == 3
+            worker.ready = True  # the autoscaler's new worker passes its probe
+            assert await asyncio.gather(*waiting) == [200, 200, 200]
+            assert metric(router, "radixserve_router_pending_requests") == 0
+            async with session.get(url + "/ready") as reply:
+                assert reply.status == 200
         await stop(worker)
 
     asyncio.run(scenario())
@@ -183,25 +186,25 @@ def test_with_no_ready_worker_requests_wait_then_are_served() -> None:
 
 def test_the_wait_ends_in_503_with_retry_after_at_the_timeout_or_a_full_queue() -> None:
     async def scenario() -> None:
-        async with running_router(
-            worker_url=("http://127.0.0.1:9",), pending_timeout=0.5, max_pending=1
-        ) as (router, url):
-            async with aiohttp.ClientSession() as session:
-                started = time.monotonic()
-                first = asyncio.create_task(
-                    session.post(url + "/v1/completions", json=completion())
-                )
-                await wait_until(lambda: router.pool.pending == 1)
-                async with session.post(url + "/v1/completions", json=completion()) as full:
-                    assert full.status == 503
-                    assert (await full.json())["error"]["code"] == "pending_queue_full"
-                reply = await first
-                assert reply.status == 503 and reply.headers["Retry-After"] == "1"
-                body = await reply.json()
-                assert body["error"]["code"] == "no_ready_worker"
-                assert "0.5s" in body["error"]["message"]
-                assert 0.5 <= time.monotonic() - started < 5
-                reply.release()
+        async with (
+            running_router(
+                worker_url=("http://127.0.0.1:9",), pending_timeout=0.5, max_pending=1
+            ) as (router, url),
+            aiohttp.ClientSession() as session,
+        ):
+            started = time.monotonic()
+            first = asyncio.create_task(session.post(url + "/v1/completions", json=completion()))
+            await wait_until(lambda: router.pool.pending == 1)
+            async with session.post(url + "/v1/completions", json=completion()) as full:
+                assert full.status == 503
+                assert (await full.json())["error"]["code"] == "pending_queue_full"
+            reply = await first
+            assert reply.status == 503 and reply.headers["Retry-After"] == "1"
+            body = await reply.json()
+            assert body["error"]["code"] == "no_ready_worker"
+            assert "0.5s" in body["error"]["message"]
+            assert 0.5 <= time.monotonic() - started < 5
+            reply.release()
 
     asyncio.run(scenario())
 
