@@ -20,6 +20,12 @@ DEFAULT_AUTOSCALING_TARGETS = {"queued": 4.0, "running": 16.0, "kvCacheUsage": 0
 ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 SCHEDULE_POLICIES = ("lpm", "fcfs")
+ROUTER_POLICIES = ("cache_aware", "power_of_two", "round_robin")  # radixserve router --policy
+SCALE_TO_ZERO_NEEDS_ROUTER = (
+    "autoscaling.minReplicas 0 needs router.enabled: with no worker running, only the router can"
+    " take requests, hold them, and count them (radixserve_router_pending_requests) so that"
+    " KEDA starts a worker"
+)
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 
@@ -96,6 +102,17 @@ class Monitoring:
 
 
 @dataclass(frozen=True)
+class Router:
+    """`radixserve router` pods in front of the workers, and optionally an InferencePool."""
+
+    enabled: bool = False
+    replicas: int = 1
+    policy: str = "cache_aware"
+    pending_timeout_seconds: int = 300
+    inference_pool: bool = False
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """One InferenceService's desired state, defaults applied, cross-field rules checked."""
 
@@ -114,6 +131,7 @@ class ServiceSpec:
     affinity: Mapping[str, Any] | None = None
     runtime_class_name: str | None = None
     env: tuple[Mapping[str, Any], ...] = ()
+    router: Router = field(default_factory=Router)
 
     @property
     def desired_replicas(self) -> int:
@@ -130,6 +148,9 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
     engine = _parse_engine(_mapping(raw, "engine"))
     resources = _parse_resources(_mapping(raw, "resources"), engine)
     autoscaling = _parse_autoscaling(raw.get("autoscaling"))
+    router = _parse_router(_mapping(raw, "router"))
+    if autoscaling is not None and autoscaling.min_replicas == 0 and not router.enabled:
+        raise InvalidSpecError(SCALE_TO_ZERO_NEEDS_ROUTER)
     replicas = _optional_int(raw, "replicas", minimum=0)
     lifecycle_raw = _mapping(raw, "lifecycle")
     monitoring_raw = _mapping(raw, "monitoring")
@@ -157,6 +178,17 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
         affinity=raw.get("affinity"),
         runtime_class_name=raw.get("runtimeClassName"),
         env=tuple(raw.get("env") or ()),
+        router=router,
+    )
+
+
+def _parse_router(raw: Mapping[str, Any]) -> Router:
+    return Router(
+        enabled=bool(raw.get("enabled", False)),
+        replicas=_int(raw, "replicas", 1, minimum=1),
+        policy=_choice(raw, "policy", ROUTER_POLICIES),
+        pending_timeout_seconds=_int(raw, "pendingTimeoutSeconds", 300, minimum=1),
+        inference_pool=bool(raw.get("inferencePool", False)),
     )
 
 

@@ -19,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
     "offline": "radixserve.entrypoints.bench_offline",
     "latency": "radixserve.entrypoints.bench_latency",
+    "router": "radixserve.entrypoints.bench_router",
 }
 
 
