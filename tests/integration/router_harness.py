@@ -21,6 +21,7 @@ from aiohttp import web
 
 from radixserve.api_errors import error_body
 from radixserve.router.args import RouterArgs
+from radixserve.router.discovery import EndpointSliceDiscovery
 from radixserve.router.server import Router, build_app
 
 
@@ -124,8 +125,13 @@ class ScriptedWorker:
 
 
 @contextlib.asynccontextmanager
-async def running_router(**overrides: Any) -> AsyncIterator[tuple[Router, str]]:
-    """A router (its real app) on a free port; health probes every 50 ms unless overridden."""
+async def running_router(
+    discovery: EndpointSliceDiscovery | None = None, **overrides: Any
+) -> AsyncIterator[tuple[Router, str]]:
+    """A router (its real app) on a free port; health probes every 50 ms unless overridden.
+
+    With `discovery` (connected already), the workers come from its EndpointSlices.
+    """
     settings: dict[str, Any] = {
         "host": "127.0.0.1",
         "port": free_port(),
@@ -133,7 +139,7 @@ async def running_router(**overrides: Any) -> AsyncIterator[tuple[Router, str]]:
         "model_name": "m",
         **overrides,
     }
-    router = Router(RouterArgs(**settings))
+    router = Router(RouterArgs(**settings), discovery)
     await router.start()
     runner = web.AppRunner(build_app(router), handler_cancellation=True, shutdown_timeout=1)
     await runner.setup()
