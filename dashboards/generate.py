@@ -146,13 +146,18 @@ def panels(by: str) -> list[Panel]:
         ),
         Panel(
             "KV cache usage",
-            "Used KV slots / KV capacity of the fullest worker; near 1 means admission stalls "
-            "and decode retracts requests.",
+            "KV held by running and queued requests / KV capacity of the fullest worker; near 1 "
+            "means admission stalls and decode retracts requests. Evictable: prefix cache no "
+            "request pins, reclaimed on demand (a warm idle worker is all evictable, no usage).",
             "percentunit",
             (
                 Query(
                     f"max by ({by}) (radixserve_kv_cache_usage_ratio{{{SELECTOR}}})",
-                    legend,
+                    f"used {legend}",
+                ),
+                Query(
+                    f"max by ({by}) (radixserve_kv_cache_evictable_ratio{{{SELECTOR}}})",
+                    f"evictable {legend}",
                 ),
             ),
             extra={"min": 0, "max": 1},

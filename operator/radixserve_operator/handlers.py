@@ -16,6 +16,7 @@ import kubernetes
 
 from radixserve_operator import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from radixserve_operator.kube import KubeApi
+from radixserve_operator.manifests.meta import SERVICE_LABEL
 from radixserve_operator.metrics import (
     ERRORS,
     RECONCILE_SECONDS,
@@ -29,9 +30,11 @@ from radixserve_operator.reconcile import (
     owner_reference,
     reconcile,
     refresh_status,
+    refresh_worker_status,
 )
 
 MANAGED_CHILDREN = {"app.kubernetes.io/managed-by": FIELD_MANAGER}
+WORKER_PODS = {**MANAGED_CHILDREN, "app.kubernetes.io/component": "worker"}
 # One lock per InferenceService: the reconcile and the Deployment watcher both write its status
 # (from kopf's worker threads); serialising them keeps a stale read from overwriting a new one.
 _status_locks: collections.defaultdict[tuple[str, str], threading.Lock] = collections.defaultdict(
@@ -107,6 +110,30 @@ def deployment_changed(
             refreshed = refresh_status(context, deployment, now())
             if refreshed is not None:
                 context.api.patch_status(*owner, refreshed[1].status)
+        except kubernetes.client.ApiException:
+            ERRORS.labels("status").inc()
+            raise
+    if refreshed is not None:
+        _publish(context, *refreshed)
+
+
+@kopf.on.event("", "v1", "pods", labels={**WORKER_PODS, SERVICE_LABEL: kopf.PRESENT})
+def worker_pod_changed(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    """Show a worker that cannot start (crash loop, OOM kill, no node fits) as Degraded, with
+    its last termination message and an Event, and clear it when the pods recover."""
+    pod = event["object"]
+    namespace = pod["metadata"]["namespace"]
+    service_name = pod["metadata"]["labels"][SERVICE_LABEL]
+    context: OperatorContext = memo.context
+    selector = ",".join(
+        f"{key}={value}" for key, value in {**WORKER_PODS, SERVICE_LABEL: service_name}.items()
+    )
+    with _status_locks[namespace, service_name]:
+        try:
+            pods = context.api.list_pods(namespace, selector)
+            refreshed = refresh_worker_status(context, namespace, service_name, pods, now())
+            if refreshed is not None:
+                context.api.patch_status(namespace, service_name, refreshed[1].status)
         except kubernetes.client.ApiException:
             ERRORS.labels("status").inc()
             raise

@@ -75,6 +75,15 @@ class KubeApi:
             raise
         return True
 
+    def list_pods(self, namespace: str, label_selector: str) -> list[dict[str, Any]]:
+        """Read-only: the worker pods a status is computed from."""
+        listed = self._call(
+            "GET",
+            f"/api/v1/namespaces/{namespace}/pods",
+            query=[("labelSelector", label_selector)],
+        )
+        return listed.get("items") or []
+
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"
         return self._call(

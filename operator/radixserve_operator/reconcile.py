@@ -1,8 +1,9 @@
-"""One reconcile pass and one status refresh, independent of kopf.
+"""One reconcile pass and the status refreshes, independent of kopf.
 
 ``reconcile`` turns an InferenceService body into applied children and a status;
-``refresh_status`` recomputes a parent's status when its Deployment changes. Both return what
-to patch and which Events to post, and let the kopf handlers do the posting.
+``refresh_status`` recomputes a parent's status when its Deployment changes and
+``refresh_worker_status`` when one of its worker pods does. All return what to patch and which
+Events to post, and let the kopf handlers do the posting.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from radixserve_operator.spec import DEFAULT_PORT, InvalidSpecError, ServiceSpec
 from radixserve_operator.status import (
     DEGRADED,
     READY,
+    WORKER_PROBLEMS,
     DeploymentState,
     Problem,
     compute_status,
     problem_from_status,
+    worker_problem,
 )
 
 OPTIONAL_KINDS = {
@@ -75,12 +78,15 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
     owner = owner_of(body)
     generation = body["metadata"].get("generation")
     previous = body.get("status") or {}
+    workers = problem_from_status(previous, WORKER_PROBLEMS)  # the pod watcher's to change
     try:
         spec = parse_spec(body.get("spec") or {}, name=owner.name, default_image=ctx.default_image)
     except InvalidSpecError as error:
         existing = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
         problem = Problem("InvalidSpec", str(error))
-        status = _status(owner, generation, existing, problem, previous, now, url=None)
+        status = _status(
+            owner, generation, existing, problem, previous, now, url=None, workers=workers
+        )
         events = _transitions(previous, status)
         if not events and previous.get("observedGeneration") != generation:
             events.append(EventNote("Warning", "InvalidSpec", str(error)))  # each refused edit
@@ -113,7 +119,17 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
         router = ctx.api.get("apps/v1", "Deployment", owner.namespace, router_name(owner))
         router = router or {"spec": {"replicas": spec.router.replicas}}  # not there yet
     url = service_url(owner, DEFAULT_PORT)
-    status = _status(owner, generation, deployment, problem, previous, now, url=url, router=router)
+    status = _status(
+        owner,
+        generation,
+        deployment,
+        problem,
+        previous,
+        now,
+        url=url,
+        workers=workers,
+        router=router,
+    )
     events = _transitions(previous, status)
     if previous.get("observedGeneration") != generation and problem is None:
         events.insert(0, EventNote("Normal", "Reconciled", f"applied generation {generation}"))
@@ -132,36 +148,68 @@ def refresh_status(
     if parent is None or parent["metadata"].get("uid") != owner_ref.get("uid"):
         return None
     previous = parent.get("status") or {}
-    owner = owner_of(parent)
-    workers, router = _deployments_of(ctx.api, owner, deployment)
-    status = _status(
-        owner,
-        previous.get("observedGeneration"),
-        workers,
-        problem_from_status(previous),
-        previous,
-        now,
-        url=previous.get("url"),
-        router=router,
-    )
-    if _comparable(status) == _comparable({key: previous.get(key) for key in status}):
+    workers, router = _deployments_of(ctx.api, owner_of(parent), deployment)
+    problem = problem_from_status(previous, WORKER_PROBLEMS)
+    return _refreshed(parent, workers, router, problem, now)
+
+
+def refresh_worker_status(
+    ctx: OperatorContext,
+    namespace: str,
+    service_name: str,
+    pods: list[Mapping[str, Any]],
+    now: str,
+) -> tuple[Mapping[str, Any], Outcome] | None:
+    """The service's new status from all of its worker ``pods`` (after one of them changed):
+    Degraded while they cannot start, and back when they can; ``None`` if nothing to change."""
+    parent = ctx.api.get(API_VERSION, KIND, namespace, service_name)
+    if parent is None or parent["metadata"].get("deletionTimestamp"):
         return None
-    return parent, Outcome(status, _transitions(previous, status))
+    deployment = ctx.api.get("apps/v1", "Deployment", namespace, service_name)
+    router = _router_of(ctx.api, owner_of(parent))
+    return _refreshed(parent, deployment, router, worker_problem(pods), now)
 
 
 def _deployments_of(
     api: KubeApi, owner: Owner, changed: Mapping[str, Any]
 ) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
-    """(workers, router) Deployments of a service: the one that changed, the other read.
-
-    The router's exists only while the spec enables it (the reconcile prunes it otherwise).
-    """
+    """(workers, router) Deployments of a service: the one that changed, the other read."""
     labels = changed["metadata"].get("labels") or {}
     if labels.get("app.kubernetes.io/component") == ROUTER_COMPONENT:
         return api.get("apps/v1", "Deployment", owner.namespace, owner.name), changed
+    return changed, _router_of(api, owner)
+
+
+def _router_of(api: KubeApi, owner: Owner) -> Mapping[str, Any] | None:
+    """The service's router Deployment: there only while the spec enables it (else pruned)."""
     router = api.get("apps/v1", "Deployment", owner.namespace, router_name(owner))
     owned = router is not None and (owner_reference(router) or {}).get("uid") == owner.uid
-    return changed, router if owned else None
+    return router if owned else None
+
+
+def _refreshed(
+    parent: Mapping[str, Any],
+    deployment: Mapping[str, Any] | None,
+    router: Mapping[str, Any] | None,
+    workers: Problem | None,
+    now: str,
+) -> tuple[Mapping[str, Any], Outcome] | None:
+    """The parent's status recomputed between reconciles (its reconcile problem kept)."""
+    previous = parent.get("status") or {}
+    status = _status(
+        owner_of(parent),
+        previous.get("observedGeneration"),
+        deployment,
+        problem_from_status(previous),
+        previous,
+        now,
+        url=previous.get("url"),
+        workers=workers,
+        router=router,
+    )
+    if _comparable(status) == _comparable({key: previous.get(key) for key in status}):
+        return None
+    return parent, Outcome(status, _transitions(previous, status))
 
 
 def _status(
@@ -173,6 +221,7 @@ def _status(
     now: str,
     *,
     url: str | None,
+    workers: Problem | None = None,
     router: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return compute_status(
@@ -183,6 +232,7 @@ def _status(
         url=url,
         previous=previous,
         now=now,
+        workers=workers,
         router=DeploymentState.from_body(router) if router is not None else None,
     )
 

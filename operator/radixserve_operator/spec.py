@@ -13,14 +13,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.entrypoints.arguments import all_choices
+from radixserve.router.policies import POLICIES as ROUTER_POLICY_REGISTRY
+from radixserve.server_args import API_KEY_ENV  # the variable the worker reads its key from
+
 DEFAULT_PORT = 8000
 BUILTIN_MODELS = frozenset({"smollm2-135m"})
 AUTOSCALING_METRICS = ("queued", "running", "kvCacheUsage")
 DEFAULT_AUTOSCALING_TARGETS = {"queued": 4.0, "running": 16.0, "kvCacheUsage": 0.8}
-ATTENTION_BACKENDS = ("auto", "torch_native", "triton", "flashinfer")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-SCHEDULE_POLICIES = ("lpm", "fcfs")
-ROUTER_POLICIES = ("cache_aware", "power_of_two", "round_robin")  # radixserve router --policy
+# the worker's own choices (its registries and ServerArgs), which the CRD's enums equal
+_WORKER_CHOICES = all_choices()
+ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
+DTYPES = _WORKER_CHOICES["dtype"]
+SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+ROUTER_POLICIES = tuple(ROUTER_POLICY_REGISTRY)  # radixserve router --policy, the CRD's enum
 SCALE_TO_ZERO_NEEDS_ROUTER = (
     "autoscaling.minReplicas 0 needs router.enabled: with no worker running, only the router can"
     " take requests, hold them, and count them (radixserve_router_pending_requests) so that"
@@ -96,6 +104,14 @@ class Lifecycle:
 
 
 @dataclass(frozen=True)
+class SecretKeyRef:
+    """One key of a Secret in the service's namespace."""
+
+    name: str
+    key: str
+
+
+@dataclass(frozen=True)
 class Monitoring:
     service_monitor: bool = False
     interval: str = "15s"
@@ -131,6 +147,8 @@ class ServiceSpec:
     affinity: Mapping[str, Any] | None = None
     runtime_class_name: str | None = None
     env: tuple[Mapping[str, Any], ...] = ()
+    # The worker's API key (clients send it as a Bearer token), read from a Secret.
+    api_key_secret: SecretKeyRef | None = None
     router: Router = field(default_factory=Router)
 
     @property
@@ -177,7 +195,8 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
         tolerations=tuple(raw.get("tolerations") or ()),
         affinity=raw.get("affinity"),
         runtime_class_name=raw.get("runtimeClassName"),
-        env=tuple(raw.get("env") or ()),
+        env=_parse_env(raw.get("env")),
+        api_key_secret=_parse_secret_ref(raw.get("apiKeySecretRef"), "spec.apiKeySecretRef"),
         router=router,
     )
 
@@ -190,6 +209,29 @@ def _parse_router(raw: Mapping[str, Any]) -> Router:
         pending_timeout_seconds=_int(raw, "pendingTimeoutSeconds", 300, minimum=1),
         inference_pool=bool(raw.get("inferencePool", False)),
     )
+
+
+def _parse_env(raw: Any) -> tuple[Mapping[str, Any], ...]:
+    env = tuple(raw or ())
+    if any(isinstance(var, Mapping) and var.get("name") == API_KEY_ENV for var in env):
+        raise InvalidSpecError(
+            f"spec.env must not set {API_KEY_ENV}: give the key as spec.apiKeySecretRef"
+        )
+    return env
+
+
+def _parse_secret_ref(raw: Any, where: str) -> SecretKeyRef | None:
+    """A Secret's key, never its value: the worker gets it through the pod's environment."""
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping):
+        raise InvalidSpecError(f"{where} must be an object with name and key")
+    name, key = raw.get("name"), raw.get("key")
+    if not isinstance(name, str) or not _SECRET_NAME.match(name) or len(name) > 253:
+        raise InvalidSpecError(f"{where}.name must be the name of a Secret, got {name!r}")
+    if not isinstance(key, str) or not _SECRET_KEY.match(key) or len(key) > 253:
+        raise InvalidSpecError(f"{where}.key must be a key of that Secret, got {key!r}")
+    return SecretKeyRef(name=name, key=key)
 
 
 def _parse_model(raw: Mapping[str, Any], service_name: str) -> ModelSource:
@@ -227,8 +269,8 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         dtype=_choice(raw, "dtype", DTYPES),
         max_running_requests=_optional_int(raw, "maxRunningRequests", minimum=1),
         max_total_tokens=_optional_int(raw, "maxTotalTokens", minimum=1),
-        max_queued_requests=_optional_int(raw, "maxQueuedRequests", minimum=0),
-        chunked_prefill_size=_optional_int(raw, "chunkedPrefillSize", minimum=-1),
+        max_queued_requests=_optional_int(raw, "maxQueuedRequests", minimum=1),
+        chunked_prefill_size=_optional_int(raw, "chunkedPrefillSize", minimum=1),
         mem_fraction_static=None if fraction is None else float(fraction),
         cuda_graph=bool(raw.get("cudaGraph", True)),
         radix_cache=bool(raw.get("radixCache", True)),

@@ -1,12 +1,14 @@
-"""The InferenceService ``status``: conditions computed from the Deployment and the last reconcile.
+"""The InferenceService ``status``: conditions from the Deployment, its pods and the last reconcile.
 
-Pure: the reconcile handler and the Deployment watcher both call ``compute_status`` and patch
-the result, so the two paths cannot disagree about what "Ready" means.
+Pure: the reconcile handler and the Deployment and pod watchers all call ``compute_status`` and
+patch the result, so the paths cannot disagree about what "Ready" means. A worker that cannot
+start (crash-looping, OOM-killed, unschedulable, its image not pullable) is read from the pods
+by ``worker_problem`` and shown as ``Degraded``, with the last termination message.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +21,14 @@ ROUTER_READY = "RouterReady"
 RECONCILE_PROBLEMS = frozenset(
     {"InvalidSpec", "ApplyFailed", "AutoscalingUnavailable", "InferencePoolUnavailable"}
 )
+# Degraded reasons that only the pod watcher can set or clear, most telling first.
+CRASH_LOOP = "CrashLoopBackOff"
+OOM_KILLED = "OOMKilled"
+UNSCHEDULABLE = "Unschedulable"
+IMAGE_PULL = "ImagePullBackOff"
+WORKER_PROBLEMS = (OOM_KILLED, CRASH_LOOP, IMAGE_PULL, UNSCHEDULABLE)
+# Kubernetes keeps a termination message to 4 KiB; a condition shows its end (the last lines).
+MESSAGE_TAIL_CHARS = 600
 
 
 @dataclass(frozen=True)
@@ -67,16 +77,80 @@ class DeploymentState:
         )
 
 
-def problem_from_status(status: Mapping[str, Any] | None) -> Problem | None:
-    """The reconcile problem a previous status recorded, to keep it across Deployment events."""
+def problem_from_status(
+    status: Mapping[str, Any] | None, reasons: Collection[str] = RECONCILE_PROBLEMS
+) -> Problem | None:
+    """The problem with one of ``reasons`` that a previous status recorded, to keep it across
+    events that cannot see it (a reconcile problem on a Deployment event, a pod problem on a
+    reconcile)."""
     for condition in (status or {}).get("conditions") or []:
         if (
             condition.get("type") == DEGRADED
             and condition.get("status") == "True"
-            and condition.get("reason") in RECONCILE_PROBLEMS
+            and condition.get("reason") in reasons
         ):
             return Problem(condition["reason"], condition.get("message", ""))
     return None
+
+
+def worker_problem(pods: Iterable[Mapping[str, Any]]) -> Problem | None:
+    """Why the service's worker pods cannot start, or ``None`` while they can.
+
+    Each pod gives at most one problem (its most telling); of all pods', the most telling
+    reason is reported, from the first pod by name, so the result does not depend on order.
+    """
+    found = [
+        (WORKER_PROBLEMS.index(problem.reason), pod_name, problem)
+        for pod in pods
+        if (problem := _pod_problem(pod)) is not None
+        for pod_name in [(pod.get("metadata") or {}).get("name", "")]
+    ]
+    return min(found, key=lambda item: item[:2])[2] if found else None
+
+
+def _pod_problem(pod: Mapping[str, Any]) -> Problem | None:
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    if meta.get("deletionTimestamp"):
+        return None  # going away (a rollout or scale-down): not the service's problem
+    name = meta.get("name", "?")
+    for condition in status.get("conditions") or []:
+        if (
+            condition.get("type") == "PodScheduled"
+            and condition.get("status") == "False"
+            and condition.get("reason") == UNSCHEDULABLE
+        ):
+            detail = condition.get("message") or "no node fits the pod"
+            return Problem(UNSCHEDULABLE, f"pod {name} cannot be scheduled: {detail}")
+    problems = []
+    for container in status.get("containerStatuses") or []:
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        terminated = (container.get("state") or {}).get("terminated") or (
+            (container.get("lastState") or {}).get("terminated") or {}
+        )
+        restarts = container.get("restartCount", 0)
+        where = f"pod {name}: container {container.get('name', '?')}"
+        if terminated.get("reason") == OOM_KILLED:
+            message = f"{where} was OOM-killed (restarts: {restarts}); raise its memory limit"
+            problems.append(Problem(OOM_KILLED, message + _termination(terminated)))
+        elif waiting.get("reason") == CRASH_LOOP:
+            message = f"{where} is crash-looping (restarts: {restarts})"
+            problems.append(Problem(CRASH_LOOP, message + _termination(terminated)))
+        elif waiting.get("reason") in (IMAGE_PULL, "ErrImagePull", "InvalidImageName"):
+            detail = waiting.get("message") or waiting["reason"]
+            problems.append(Problem(IMAGE_PULL, f"{where} cannot pull its image: {detail}"))
+    return min(problems, key=lambda p: WORKER_PROBLEMS.index(p.reason)) if problems else None
+
+
+def _termination(terminated: Mapping[str, Any]) -> str:
+    """The last termination, as a message suffix: exit code and the message's end."""
+    if not terminated:
+        return ""
+    text = f"; last exit code {terminated.get('exitCode', '?')}"
+    message = (terminated.get("message") or "").strip()
+    if message:
+        tail = message[-MESSAGE_TAIL_CHARS:]
+        text += ": " + ("..." + tail if len(tail) < len(message) else tail)
+    return text
 
 
 def compute_status(
@@ -88,16 +162,18 @@ def compute_status(
     url: str | None,
     previous: Mapping[str, Any] | None,
     now: str,
+    workers: Problem | None = None,
     router: DeploymentState | None = None,
 ) -> dict[str, Any]:
     """The full ``status`` object; ``lastTransitionTime`` only moves when a condition flips.
 
-    ``router`` is the router Deployment's state when the spec enables the router.
-    """
+    ``problem`` is the last reconcile's, ``workers`` the pods' (``worker_problem``): a spec
+    that cannot be applied is named before the pods that run the previous one. ``router`` is
+    the router Deployment's state when the spec enables the router."""
     conditions = [
         _ready(deployment, problem),
         _progressing(deployment, problem),
-        _degraded(deployment, problem),
+        _degraded(deployment, problem or workers),
     ]
     if router is not None:
         conditions[0] = _ready_behind_router(conditions[0], deployment, router)

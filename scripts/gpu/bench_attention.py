@@ -22,9 +22,9 @@ import torch
 import triton.testing
 from attention_cases import make_case, run_backend
 
+from radixserve.forward.mode import ForwardMode
 from radixserve.layers.attention.triton_backend import TritonAttnBackend
 from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
-from radixserve.model_executor.forward_batch_info import ForwardMode
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 KV_TOKEN_BYTES = 2 * KV_HEADS * HEAD_DIM * DTYPE.itemsize
@@ -78,7 +78,7 @@ def make_runs(backend_cls: type | None, mode: ForwardMode, prefix: list[int], ex
         case = make_case(mode, prefix, extend, HEADS, KV_HEADS, HEAD_DIM, DTYPE, "cuda", gen)
         case.dense_k.clear()  # the reference's copies are not needed here
         case.dense_v.clear()
-        backend = backend_cls(case.model_runner) if backend_cls else None
+        backend = backend_cls(case.context) if backend_cls else None
         if backend:
             run_backend(backend, case)  # metadata planned once, as per forward pass
         runs.append((backend, case))

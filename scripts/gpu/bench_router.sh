@@ -6,14 +6,8 @@
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/bench_router.sh
 # Result: $OUT/router-overhead-8b.json (+ server logs under $OUT/logs), a PASS/FAIL line.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
-export PYTHONPATH="worker${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/device_env.sh"
+export PYTHONPATH="worker:$SITE"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 timeout 560 python3 -m radixserve.entrypoints.cli bench router --scenario overhead \

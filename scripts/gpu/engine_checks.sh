@@ -5,16 +5,8 @@
 # profile-1b, host (where the host time of a 1B decode step goes), tp (needs two GPUs).
 # Logs/JSON under $OUT.
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-# the carried wheels, installed once per machine (runs on the two GPUs of one machine share it)
-if [ ! -d /tmp/site ] && ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl
-fi
-[ -d /tmp/site ] && export PYTHONPATH=/tmp/site
-export PYTHONPATH="worker${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+. "$(dirname "$0")/device_env.sh"
+export PYTHONPATH="worker:$SITE"
 RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests latency offline overlap}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -20,7 +20,7 @@ import torch
 
 from radixserve.entrypoints.bench_latency import run_batch
 from radixserve.managers.io_struct import BatchReqOutput, TokenizedGenerateReqInput
-from radixserve.managers.scheduler import Scheduler
+from radixserve.managers.scheduler_process import build_scheduler
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
@@ -31,8 +31,8 @@ source = load_model_source(model, dtype="auto", device="cuda", context_length=40
 args = ServerArgs(
     model=model, context_length=4096, attention_backend="triton", cuda_graph_max_bs=64
 )
-scheduler = Scheduler(args, source)
-worker, runner = scheduler.worker, scheduler.runner
+scheduler = build_scheduler(args, source)
+worker, runner = scheduler.worker, scheduler.worker.model_runner
 vocab = source.config.vocab_size
 
 

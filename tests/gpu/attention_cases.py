@@ -9,13 +9,14 @@ every request's K/V so the reference does not trust the pool it is checking.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
 
 import torch
 
+from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.forward.mode import ForwardMode
+from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 
@@ -24,7 +25,7 @@ TOLERANCE = {torch.float32: 1e-4, torch.float16: 4e-3, torch.bfloat16: 2e-2}
 class AttentionCase:
     forward_batch: ForwardBatch
     layer: RadixAttention
-    model_runner: SimpleNamespace
+    context: AttentionContext  # what a backend is built from
     q: torch.Tensor  # [tokens, heads * head_dim]
     k: torch.Tensor  # [tokens, kv_heads * head_dim]
     v: torch.Tensor
@@ -33,7 +34,7 @@ class AttentionCase:
     extend_lens: list[int]  # new tokens per request (1 for decode)
 
 
-def make_model_runner(
+def make_context(
     num_heads: int,
     num_kv_heads: int,
     head_dim: int,
@@ -41,17 +42,15 @@ def make_model_runner(
     device: str,
     req_to_token_pool: ReqToTokenPool,
     token_to_kv_pool: TokenToKVPool,
-) -> SimpleNamespace:
-    """What a backend constructor reads from the model runner, and nothing more."""
-    return SimpleNamespace(
-        device=device,
+) -> AttentionContext:
+    return AttentionContext(
+        device=torch.device(device),
         dtype=dtype,
-        req_to_token_pool=req_to_token_pool,
-        token_to_kv_pool=token_to_kv_pool,
-        model_config=SimpleNamespace(
-            num_attention_heads=num_heads, num_key_value_heads=num_kv_heads, head_dim=head_dim
-        ),
-        server_args=SimpleNamespace(tp_size=1),
+        kv_dtype=token_to_kv_pool.dtype,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        req_to_token=req_to_token_pool.req_to_token,
     )
 
 
@@ -152,8 +151,10 @@ def make_case(
         **extend_fields,
     )
     layer = RadixAttention(num_heads, head_dim, head_dim**-0.5, num_kv_heads, layer_id=0)
-    runner = make_model_runner(num_heads, num_kv_heads, head_dim, dtype, device, req_pool, kv_pool)
-    return AttentionCase(forward_batch, layer, runner, q, k, v, dense_k, dense_v, list(extend_lens))
+    context = make_context(num_heads, num_kv_heads, head_dim, dtype, device, req_pool, kv_pool)
+    return AttentionCase(
+        forward_batch, layer, context, q, k, v, dense_k, dense_v, list(extend_lens)
+    )
 
 
 def dense_reference(case: AttentionCase) -> torch.Tensor:

@@ -9,11 +9,13 @@ and the pool holding this pass's K/V afterwards.
 from __future__ import annotations
 
 import itertools
+import zlib
 
 import pytest
 import torch
 
-from radixserve.model_executor.forward_batch_info import ForwardMode
+from radixserve.forward.mode import ForwardMode
+from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
 pytestmark = [
     pytest.mark.gpu,
@@ -64,11 +66,12 @@ def _backend_class(name: str):
 )
 def test_backend_matches_dense_reference(backend_name, params) -> None:
     mode, (heads, kv_heads), head_dim, dtype = params
-    gen = torch.Generator().manual_seed(hash((backend_name, _ids(params))) % 2**31)
+    # a seed fixed by the case's name: a failure reproduces (hash() of a str is salted per run)
+    gen = torch.Generator().manual_seed(zlib.crc32(f"{backend_name}-{_ids(params)}".encode()))
     for _ in range(2):
         prefix, extend = random_lengths(mode, gen)
         case = make_case(mode, prefix, extend, heads, kv_heads, head_dim, dtype, "cuda", gen)
-        out = run_backend(_backend_class(backend_name)(case.model_runner), case)
+        out = run_backend(_backend_class(backend_name)(case.context), case)
         assert out.shape == case.q.shape and out.dtype == dtype
         assert torch.isfinite(out).all()
         err = relative_error(out, dense_reference(case))
@@ -79,13 +82,12 @@ def test_backend_matches_dense_reference(backend_name, params) -> None:
 @pytest.mark.parametrize("backend_name", ["triton", "flashinfer"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda m: m.name.lower())
 def test_backend_matches_torch_native(backend_name, mode) -> None:
-    native = pytest.importorskip("radixserve.layers.attention.torch_native_backend")
     gen = torch.Generator().manual_seed(7)
     prefix, extend = random_lengths(mode, gen)
     dtype = torch.bfloat16
     case = make_case(mode, prefix, extend, 32, 8, 128, dtype, "cuda", gen)
-    ref = run_backend(native.TorchNativeAttnBackend(case.model_runner), case)
-    out = run_backend(_backend_class(backend_name)(case.model_runner), case)
+    ref = run_backend(TorchNativeAttnBackend(case.context), case)
+    out = run_backend(_backend_class(backend_name)(case.context), case)
     err = relative_error(out, ref)
     assert err < TOLERANCE[dtype], f"{prefix=} {extend=} rel err {err:.2e} vs torch_native"
 
@@ -107,7 +109,7 @@ def test_cuda_graph_replay_with_new_lengths(backend_name, heads) -> None:
         )  # fmt: skip
 
     captured = decode_case()
-    backend = _backend_class(backend_name)(captured.model_runner)
+    backend = _backend_class(backend_name)(captured.context)
     fill = backend.get_cuda_graph_seq_len_fill_value()
     fb = captured.forward_batch
     static = {

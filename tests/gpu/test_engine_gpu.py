@@ -84,7 +84,7 @@ def hf_greedy_cuda(hf, prompt: list[int]) -> list[int]:
 def test_overlap_is_exact_fp32(model_path, prompts, eager_fp32):
     """Same kernels scheduled with overlap (torch_native never captures graphs): identical."""
     results, scheduler = generate(model_path, "float32", prompts, attention_backend="torch_native")
-    assert scheduler.runner.cuda_graph_runner is None and scheduler.overlap
+    assert scheduler.worker.model_runner.cuda_graph_runner is None and scheduler.overlap
     assert token_agreement(results, eager_fp32) == 1.0
 
 
@@ -100,7 +100,7 @@ def test_graphs_match_eager_same_backend_fp32(model_path, prompts, backend):
         disable_overlap=True,
     )
     results, scheduler = generate(model_path, "float32", prompts, attention_backend=backend)
-    assert scheduler.runner.cuda_graph_runner is not None
+    assert scheduler.worker.model_runner.cuda_graph_runner is not None
     agreement = token_agreement(results, eager)
     print(f"{backend} graphs+overlap vs eager fp32 agreement {agreement:.4f}")
     assert agreement >= 0.99
@@ -129,7 +129,7 @@ def test_graphs_sample_like_eager_fp32(model_path, prompts, backend):
         disable_overlap=True,
     )
     results, scheduler = generate(model_path, "float32", prompts, params, attention_backend=backend)
-    assert scheduler.runner.cuda_graph_runner is not None and scheduler.overlap
+    assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
     agreement = token_agreement(results, eager)
     print(f"{backend} sampled graphs+overlap vs eager fp32 agreement {agreement:.4f}")
     assert agreement >= 0.99
@@ -138,7 +138,7 @@ def test_graphs_sample_like_eager_fp32(model_path, prompts, backend):
 @pytest.mark.parametrize("backend", FP32_BACKENDS)
 def test_fast_backends_fp32(model_path, prompts, eager_fp32, backend):
     results, scheduler = generate(model_path, "float32", prompts, attention_backend=backend)
-    assert scheduler.runner.cuda_graph_runner is not None and scheduler.overlap
+    assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
     agreement = token_agreement(results, eager_fp32)
     print(f"{backend} fp32 agreement {agreement:.4f}")
     assert agreement >= 0.99
@@ -187,7 +187,7 @@ def test_fast_backends_bf16_diverge_only_at_near_ties(
     transformers), and both tokens are among the float32 top 3.
     """
     results, scheduler = generate(model_path, "bfloat16", prompts, attention_backend=backend)
-    assert scheduler.runner.cuda_graph_runner is not None and scheduler.overlap
+    assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
     hf_bf16, hf_fp32 = hf_bf16_fp32
     divergences = 0
     for i, prompt in enumerate(prompts):

@@ -16,12 +16,14 @@ import pytest
 import torch
 from small_models import SMALL_LLAMA, SMALL_QWEN3, random_model
 
+from radixserve.forward.mode import ForwardMode
+from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.layers import fused_ops
 from radixserve.layers.activation import silu_and_mul_native
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
-from radixserve.managers.schedule_batch import ModelWorkerBatch
-from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+from radixserve.model_executor.forward_inputs import build_forward_batch
+from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import load_model_source
 from radixserve.server_args import ServerArgs
@@ -202,7 +204,7 @@ def _runner(model: str, dtype: str, device: str, backend: str) -> ModelRunner:
     if device == "cpu" and backend == "triton":  # the registry keeps triton to CUDA
         from radixserve.layers.attention.triton_backend import TritonAttnBackend
 
-        runner.attn_backend = TritonAttnBackend(runner)
+        runner.attn_backend = TritonAttnBackend(runner.attention_context())
     return runner
 
 
@@ -228,8 +230,13 @@ def _pass(
         extend_seq_lens=None if decode else [len(n) for n in new],
         extend_prefix_lens=None if decode else list(prefix),
     )
-    fb = ForwardBatch.init_new(
-        batch, runner.req_to_token_pool, runner.token_to_kv_pool, runner.attn_backend, runner.device
+    fb = build_forward_batch(
+        batch,
+        runner.req_to_token_pool,
+        runner.token_to_kv_pool,
+        runner.attn_backend,
+        runner.device,
+        FutureSlots(1, len(new)),
     )
     runner.attn_backend.init_forward_metadata(fb)
     return runner.model(fb.input_ids, fb.positions, fb)

@@ -49,7 +49,7 @@ def test_forming_and_launching_batches_never_syncs(monkeypatch, tmp_path, backen
     scheduler = make_scheduler(
         model, source, device="cuda", dtype="bfloat16", attention_backend=backend
     )
-    assert scheduler.overlap and scheduler.runner.cuda_graph_runner is not None
+    assert scheduler.overlap and scheduler.worker.model_runner.cuda_graph_runner is not None
     vocab = source.config.vocab_size
     # warm-up outside the check: kernel compilation and allocator growth may sync
     submit(scheduler, random_prompts(6, vocab, 5, 40, seed=1), "warm")

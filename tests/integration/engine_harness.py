@@ -9,6 +9,7 @@ import torch
 
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.managers.scheduler import Scheduler
+from radixserve.managers.scheduler_process import build_scheduler
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -16,7 +17,7 @@ from radixserve.server_args import ServerArgs
 def make_scheduler(model: str, source=None, **kwargs) -> Scheduler:
     kwargs.setdefault("device", "cpu")
     kwargs.setdefault("max_total_tokens", 4096)
-    return Scheduler(ServerArgs(model=model, **kwargs), source)
+    return build_scheduler(ServerArgs(model=model, **kwargs), source)
 
 
 def run_to_completion(

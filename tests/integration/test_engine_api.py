@@ -6,8 +6,11 @@ import asyncio
 import time
 
 import pytest
+from engine_harness import make_scheduler
 
-from radixserve.entrypoints.engine import Engine, PromptTooLongError
+from radixserve.entrypoints.engine import Engine
+from radixserve.managers.scheduler_process import warm_up
+from radixserve.managers.tokenizer_manager import PromptTooLongError
 
 pytestmark = pytest.mark.slow
 
@@ -130,3 +133,15 @@ def test_server_info_has_scheduler_counters_and_flush_empties_the_cache(engine):
     assert info["evictable_size"] > 0
     assert engine.flush_cache() is True
     assert engine.get_server_info()["evictable_size"] == 0
+
+
+def test_warm_up_leaves_no_trace():
+    """The start-up warm-up (run before a GPU worker reports ready) serves its requests and
+    leaves an empty cache, zero counters and every KV slot free."""
+    scheduler = make_scheduler("random:tiny-llama", max_total_tokens=2048)
+    warm_up(scheduler)
+    info = scheduler.get_server_info()
+    assert info["computed_prefill_tokens"] == 0 and info["forward_steps_by_mode"]["prefill"] == 0
+    assert info["free_slots"] == scheduler.max_total_tokens
+    assert info["evictable_size"] == info["protected_size"] == 0
+    assert not scheduler.has_work() and scheduler.pop_outputs() == []

@@ -121,8 +121,8 @@ def test_abort_frees_everything(tiny_llama, greedy):
     assert info["protected_size"] == 0
     assert info["free_slots"] + info["evictable_size"] == info["max_total_tokens"]
     assert (
-        scheduler.runner.req_to_token_pool.available_size()
-        == scheduler.runner.req_to_token_pool.size
+        scheduler.worker.model_runner.req_to_token_pool.available_size()
+        == scheduler.worker.model_runner.req_to_token_pool.size
     )
 
 

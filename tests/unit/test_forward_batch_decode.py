@@ -1,17 +1,15 @@
-"""ForwardBatch.init_decode: a decode pass's inputs packed into one buffer, padded for a CUDA
-graph's captured size (the layout the graph runner's static buffer relies on)."""
+"""build_decode_batch: a decode pass's inputs packed into one buffer, padded for a CUDA graph's
+captured size (the layout the graph runner's static buffer relies on)."""
 
 from __future__ import annotations
 
 import torch
 
-from radixserve.managers.schedule_batch import ModelWorkerBatch
+from radixserve.forward.mode import ForwardMode
+from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
-from radixserve.model_executor.forward_batch_info import (
-    DECODE_INPUT_ROWS,
-    ForwardBatch,
-    ForwardMode,
-)
+from radixserve.model_executor.forward_inputs import DECODE_INPUT_ROWS, build_decode_batch
+from radixserve.model_executor.future_tokens import NO_SLOTS, FutureSlots
 
 
 def decode_batch() -> ModelWorkerBatch:
@@ -32,7 +30,7 @@ def pool() -> ReqToTokenPool:
 
 
 def test_unpadded_decode_inputs():
-    fb = ForwardBatch.init_decode(decode_batch(), pool(), None, None, "cpu", future_start=20)
+    fb = build_decode_batch(decode_batch(), pool(), None, None, "cpu", FutureSlots(20, 3))
     assert fb.batch_size == 3 and fb.forward_mode.is_decode()
     assert fb.input_ids.tolist() == [11, -3, 7]
     assert fb.positions.tolist() == [4, 16, 1]  # the new token sits at seq_len - 1
@@ -45,8 +43,16 @@ def test_unpadded_decode_inputs():
 
 def test_padded_into_a_staging_buffer():
     staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
-    fb = ForwardBatch.init_decode(
-        decode_batch(), pool(), None, None, "cpu", 5, staging=staging, padded_size=4, seq_len_fill=1
+    fb = build_decode_batch(
+        decode_batch(),
+        pool(),
+        None,
+        None,
+        "cpu",
+        FutureSlots(5, 3),
+        staging=staging,
+        padded_size=4,
+        seq_len_fill=1,
     )
     assert fb.batch_size == 4
     # rows of the captured size 4 sit back to back at the start of the buffer, as captured
@@ -69,8 +75,8 @@ def test_capture_layout_is_all_padding():
     empty = torch.empty(0, dtype=torch.int64)
     nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
     staging = torch.full((DECODE_INPUT_ROWS * 8,), -99, dtype=torch.int64)
-    fb = ForwardBatch.init_decode(
-        nothing, pool(), None, None, "cpu", staging=staging, padded_size=2, seq_len_fill=1
+    fb = build_decode_batch(
+        nothing, pool(), None, None, "cpu", NO_SLOTS, staging=staging, padded_size=2, seq_len_fill=1
     )
     assert fb.batch_size == 2 and fb.seq_lens_sum == 2
     assert staging[:12].view(DECODE_INPUT_ROWS, 2).tolist() == [

@@ -6,6 +6,7 @@ import torch
 
 from radixserve.layers import fused_ops
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.model_executor.forward_inputs import write_req_to_token
 
 
 def test_req_pool_alloc_and_free_rows() -> None:
@@ -106,21 +107,43 @@ def test_write_columns_equals_one_slot_writes() -> None:
     assert batched.read(2, 16)[15] == 13
 
 
-def test_mirror_only_columns_wait_for_the_decode_pass() -> None:
-    """On a device pool the decode pass stores the cells; the host mirror has them at once.
-    (A CPU pool's mirror is its table: one write serves both.)"""
-    pool = ReqToTokenPool(size=4, max_context_len=16, device="cpu")
-    pool._mirror_is_device = False  # a device pool, stood in for by a second CPU table
-    pool._cpu_mirror = torch.zeros_like(pool.req_to_token)
-    pool.write_columns([3, 1], [5, 0], torch.tensor([11, 12]), mirror_only=True)
+def device_like_pool() -> ReqToTokenPool:
+    """A CPU pool with a host mirror apart from its table, as on a GPU."""
+    return ReqToTokenPool(size=4, max_context_len=16, device="cpu", separate_mirror=True)
+
+
+def test_writes_reach_the_mirror_at_once_and_the_table_at_the_next_pass() -> None:
+    pool = device_like_pool()
+    pool.write_batch([2, 0], [0, 3], [torch.tensor([5, 6, 7]), torch.tensor([9])])
+    pool.write(2, 1, torch.tensor([8]))  # a later write to the same cell wins
+    assert pool.read(2, 3).tolist() == [5, 8, 7] and pool.read(0, 4)[3] == 9
+    assert not pool.req_to_token.any()  # the table waits for the model runner
+    write_req_to_token(pool)
+    assert pool.req_to_token[2, :3].tolist() == [5, 8, 7] and pool.req_to_token[0, 3] == 9
+    assert pool.take_device_writes() == []  # applied once
+
+
+def test_a_decode_pass_stores_its_own_cells() -> None:
+    """Cells a decode pass stores from its packed inputs are not queued; the pass's write
+    (the store_cells kernel, done by torch here) puts them in the table."""
+    pool = device_like_pool()
+    pool.write_columns([3, 1], [5, 0], torch.tensor([11, 12]), stored_by_pass=True)
     assert pool.read(3, 6)[5] == 11 and pool.read(1, 1)[0] == 12
-    assert not pool.req_to_token.any()  # the device table is untouched until the pass
+    assert pool.take_device_writes() == []
 
     # the kernel's contract (checked against index_put_ in test_fused_ops*), done by torch here
     def index_put(table, rows, cols, values):
         table.index_put_((rows, cols), values.to(table.dtype))
 
     with mock.patch.object(fused_ops, "store_cells", side_effect=index_put) as store:
-        pool.store_decode_slots(torch.tensor([3, 1]), torch.tensor([5, 0]), torch.tensor([11, 12]))
+        write_req_to_token(
+            pool, (torch.tensor([3, 1]), torch.tensor([5, 0]), torch.tensor([11, 12]))
+        )
     store.assert_called_once()
-    assert torch.equal(pool.req_to_token, pool._cpu_mirror)
+    assert pool.req_to_token[3, 5] == 11 and pool.req_to_token[1, 0] == 12
+
+
+def test_a_cpu_pool_has_one_table_and_queues_nothing() -> None:
+    pool = ReqToTokenPool(size=4, max_context_len=16, device="cpu")
+    pool.write_batch([1], [2], [torch.tensor([4, 5])])
+    assert pool.req_to_token[1, 2:4].tolist() == [4, 5] and pool.take_device_writes() == []

@@ -1,13 +1,25 @@
-"""A model too large for the device fails before loading, with a message that says what to do."""
+"""A model too large for the device fails before loading, with a message that says what to do;
+the CPU's default KV pool is a bounded share of the available memory."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
-from radixserve.model_executor.model_runner import GiB, weight_bytes, weights_fit_problem
+from radixserve.mem_cache.memory_pool import TokenToKVPool
+from radixserve.model_executor.model_runner import (
+    CPU_DEFAULT_KV_BYTES,
+    GiB,
+    MiB,
+    ModelRunner,
+    weight_bytes,
+    weights_fit_problem,
+)
 from radixserve.model_loader.loader import load_model_source
 from radixserve.models.registry import get_model_class
+from radixserve.server_args import ServerArgs
 
 
 @pytest.mark.parametrize("preset", ["tiny-llama", "tiny-qwen2"])
@@ -53,3 +65,36 @@ def test_weights_that_do_not_fit_say_what_to_do():
     assert problem is not None
     assert "cuda:0" in problem and "140.00 GiB" in problem and "70.00 GiB" in problem
     assert "--tp-size" in problem
+
+
+def _cpu_runner(**overrides) -> ModelRunner:
+    args = ServerArgs(model="random:tiny-llama", device="cpu", max_running_requests=4, **overrides)
+    return ModelRunner(args, load_model_source(args.model, dtype="float32", device="cpu"))
+
+
+def _per_token(runner: ModelRunner) -> int:
+    cfg = runner.model_config
+    return TokenToKVPool.bytes_per_token(
+        cfg.num_hidden_layers, runner.local_kv_heads, cfg.head_dim, runner.dtype
+    )
+
+
+def test_cpu_kv_pool_defaults_to_a_bounded_share_of_available_memory(monkeypatch):
+    """Plenty of memory: the pool stops at CPU_DEFAULT_KV_BYTES (so `make serve` stays small);
+    little memory: it is the share of what is available."""
+    runner = _cpu_runner()
+    per_token = _per_token(runner)
+    assert runner.max_total_tokens == CPU_DEFAULT_KV_BYTES // per_token
+    page = os.sysconf("SC_PAGE_SIZE")
+    available = 64 * MiB
+    real_sysconf = os.sysconf
+    monkeypatch.setattr(
+        os,
+        "sysconf",
+        lambda name: available // page if name == "SC_AVPHYS_PAGES" else real_sysconf(name),
+    )
+    small = _cpu_runner()
+    assert small.max_total_tokens == int(available * 0.85 * 0.5 // per_token)
+    assert small.max_total_tokens < runner.max_total_tokens
+    # an explicit capacity is taken as given
+    assert _cpu_runner(max_total_tokens=512).max_total_tokens == 512

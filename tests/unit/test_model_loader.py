@@ -1,11 +1,13 @@
-"""Model loading: the bundled GGUF against transformers' own GGUF loader, HF directories,
-random presets and the errors for model strings we cannot load."""
+"""Model loading: GGUF pieces and written GGUF files, HF directories, random presets and the
+errors for model strings we cannot load (the bundled GGUF against transformers' own loader is
+an integration test: tests/integration/test_bundled_gguf.py)."""
 
 from __future__ import annotations
 
-import dataclasses
+import concurrent.futures
 import json
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +20,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config, Qwen3Co
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from radixserve.model_loader import gguf_file as gguf_file_module
 from radixserve.model_loader import random_init
+from radixserve.model_loader import tokenizer as tokenizer_module
 from radixserve.model_loader.config import resolve_dtype
 from radixserve.model_loader.gguf_file import (
     hf_tensor_name,
@@ -26,13 +30,11 @@ from radixserve.model_loader.gguf_file import (
     unpermute_rotary,
 )
 from radixserve.model_loader.loader import (
-    ModelSource,
     build_hf_reference,
     load_model_source,
 )
 from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
-    bundled_gguf_path,
     bundled_tokenizer,
     convert_gguf_tokenizer,
     gguf_tokenizer_cache_path,
@@ -49,86 +51,6 @@ def private_tokenizer_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterato
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("RADIXSERVE_CACHE_DIR", str(cache))
         yield cache
-
-
-@pytest.fixture(scope="module")
-def bundled() -> ModelSource:
-    return load_model_source("builtin:smollm2-135m")
-
-
-@pytest.fixture(scope="module")
-def bundled_weights(bundled: ModelSource) -> dict[str, torch.Tensor]:
-    return dict(bundled.weights())
-
-
-@pytest.fixture(scope="module")
-def transformers_gguf_state() -> dict[str, torch.Tensor]:
-    path = bundled_gguf_path()
-    model = AutoModelForCausalLM.from_pretrained(
-        str(path.parent), gguf_file=path.name, dtype=torch.float32
-    )
-    return model.state_dict()
-
-
-# --- the bundled GGUF -------------------------------------------------------------------------
-
-
-def test_bundled_config_is_smollm2_135m(bundled: ModelSource) -> None:
-    config = bundled.config
-    assert config.architecture == "LlamaForCausalLM"
-    assert isinstance(config.hf_config, LlamaConfig)
-    assert (config.vocab_size, config.hidden_size, config.intermediate_size) == (49152, 576, 1536)
-    assert (config.num_hidden_layers, config.num_attention_heads) == (30, 9)
-    assert (config.num_key_value_heads, config.head_dim) == (3, 64)
-    assert config.context_len == 8192
-    assert config.rope_theta == 100000.0 and config.rope_scaling is None
-    assert math.isclose(config.rms_norm_eps, 1e-5, rel_tol=1e-6)
-    assert config.tie_word_embeddings
-    assert config.dtype == torch.float32
-    assert config.eos_token_ids == {bundled.tokenizer.convert_tokens_to_ids("<|im_end|>")}
-    assert "GGUF" in bundled.description
-
-
-def test_bundled_weights_equal_transformers_gguf_loading(
-    bundled_weights: dict[str, torch.Tensor], transformers_gguf_state: dict[str, torch.Tensor]
-) -> None:
-    # transformers repeats the tied embedding as lm_head.weight; we yield it once.
-    expected_names = set(transformers_gguf_state) - {"lm_head.weight"}
-    assert set(bundled_weights) == expected_names
-    for name, tensor in bundled_weights.items():
-        assert tensor.dtype == torch.float32, name
-        assert torch.equal(tensor, transformers_gguf_state[name]), name
-
-
-def test_bundled_tokenizer_round_trips_and_renders_chat(bundled: ModelSource) -> None:
-    tokenizer = bundled.tokenizer
-    text = "Radix trees share prefixes: 42 tokens, café!"
-    ids = tokenizer.encode(text, add_special_tokens=False)
-    assert tokenizer.decode(ids) == text
-    messages = [
-        {"role": "user", "content": "What is 2+2?"},
-        {"role": "assistant", "content": "4"},
-    ]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
-    assert "<|im_start|>user\nWhat is 2+2?<|im_end|>" in rendered
-    assert "<|im_start|>assistant\n4<|im_end|>" in rendered
-    assert len(tokenizer) == BUNDLED_VOCAB_SIZE
-
-
-def test_build_hf_reference_matches_source_and_transformers(
-    bundled: ModelSource,
-    bundled_weights: dict[str, torch.Tensor],
-    transformers_gguf_state: dict[str, torch.Tensor],
-) -> None:
-    # Reuse the dequantized tensors: dequantizing 135M parameters again costs seconds.
-    reference = build_hf_reference(
-        dataclasses.replace(bundled, weights_factory=lambda: iter(bundled_weights.items()))
-    )
-    assert not reference.training
-    state = reference.state_dict()
-    for name, tensor in bundled_weights.items():
-        assert torch.equal(state[name], tensor), name
-    assert torch.equal(state["lm_head.weight"], transformers_gguf_state["lm_head.weight"])
 
 
 # --- GGUF pieces ------------------------------------------------------------------------------
@@ -315,11 +237,23 @@ def written_gguf(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, LlamaC
     return directory / "tiny.Q8_0.gguf", config, state
 
 
+@pytest.mark.parametrize("cached", [True, False], ids=["dequantized-cache", "from-the-file"])
 def test_written_gguf_round_trips_config_weights_and_tokenizer(
     written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    cached: bool,
 ) -> None:
+    """Loaded from its dequantized copy in the cache (a small file, the second time) or
+    straight from the file (too big to keep dequantized): the same model either way."""
     path, hf_config, state = written_gguf
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    if not cached:
+        monkeypatch.setattr(gguf_file_module, "DEQUANTIZED_CACHE_MAX_FILE_BYTES", 0)
+    load_model_source(str(path))  # the first load converts, when it caches
     source = load_model_source(str(path))
+    copies = list((tmp_path / "dequantized").glob("*/model.safetensors"))
+    assert bool(copies) == cached
     config = source.config
     assert config.architecture == "LlamaForCausalLM" and not config.tie_word_embeddings
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (
@@ -399,6 +333,58 @@ def test_gguf_tokenizer_is_converted_once_then_read_from_the_cache(
         converted.eos_token_id,
     )
     assert cached.chat_template == converted.chat_template == _TEST_CHAT_TEMPLATE
+
+
+def test_concurrent_first_loads_convert_once_and_both_succeed(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The front end and the scheduler load the tokenizer at the same moment on first start:
+    one converts and writes the cache atomically, the other waits and reads it (no error)."""
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    path, _, _ = written_gguf
+    conversions = []
+    convert = tokenizer_module.convert_gguf_tokenizer
+
+    def slow_convert(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+        conversions.append(gguf_path)
+        time.sleep(0.5)  # both threads are surely inside load_gguf_tokenizer meanwhile
+        return convert(gguf_path)
+
+    monkeypatch.setattr(tokenizer_module, "convert_gguf_tokenizer", slow_convert)
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        loaded = list(pool.map(load_gguf_tokenizer, [path, path]))
+    assert len(conversions) == 1
+    text = "<|im_start|>hello world<|im_end|>"
+    assert loaded[0].encode(text) == loaded[1].encode(text)
+    cache = gguf_tokenizer_cache_path(path)
+    # the cache and its lock, no staging directory left behind
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".lock"]
+
+
+def test_a_cache_written_by_someone_else_meanwhile_is_kept(
+    written_gguf: tuple[Path, LlamaConfig, dict[str, torch.Tensor]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer the lock cannot see (another node on a shared volume) renamed its copy into
+    place first: the rename's ENOTEMPTY is not an error, and the first copy stays."""
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    path, _, _ = written_gguf
+    cache = gguf_tokenizer_cache_path(path)
+    convert = tokenizer_module.convert_gguf_tokenizer
+
+    def convert_while_another_writes(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
+        tokenizer = convert(gguf_path)
+        tokenizer.save_pretrained(str(cache))  # the other writer wins the race
+        (cache / "marker").write_text("first")
+        return tokenizer
+
+    monkeypatch.setattr(tokenizer_module, "convert_gguf_tokenizer", convert_while_another_writes)
+    assert load_gguf_tokenizer(path).encode("hello") == convert(path).encode("hello")
+    assert (cache / "marker").read_text() == "first"
+    assert sorted(p.name for p in cache.parent.iterdir()) == [cache.name, cache.name + ".lock"]
 
 
 def test_directory_with_one_gguf_loads_it(

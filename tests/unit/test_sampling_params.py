@@ -6,6 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.sampling.sampling_params import SamplingParams
 
 VOCAB = 1000
@@ -50,8 +51,10 @@ def test_defaults_verify_and_are_not_greedy():
 )
 def test_verify_rejects_out_of_range_naming_the_parameter(field, value):
     params = SamplingParams(**{field: value})
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidParameterError, match=field) as info:
         params.verify(VOCAB)
+    assert info.value.param == field
+    assert isinstance(info.value, ValueError)  # in-process callers catch ValueError
 
 
 @pytest.mark.parametrize(
@@ -102,8 +105,9 @@ def test_verify_accepts_every_in_range_combination(
 
 
 def test_from_dict_rejects_unknown_key_by_name():
-    with pytest.raises(ValueError, match="max_tokens"):
+    with pytest.raises(InvalidParameterError, match="max_tokens") as info:
         SamplingParams.from_dict({"temperature": 0.5, "max_tokens": 3})
+    assert info.value.param == "max_tokens"
 
 
 @pytest.mark.parametrize(
@@ -123,8 +127,9 @@ def test_from_dict_rejects_unknown_key_by_name():
     ],
 )
 def test_from_dict_rejects_wrong_types_naming_the_parameter(field, value):
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidParameterError, match=field) as info:
         SamplingParams.from_dict({field: value})
+    assert info.value.param == field
 
 
 def test_from_dict_rejects_a_non_object():

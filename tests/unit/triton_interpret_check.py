@@ -25,9 +25,9 @@ from attention_cases import (  # noqa: E402
 )
 from triton.runtime import interpreter  # noqa: E402
 
+from radixserve.forward.mode import ForwardMode  # noqa: E402
 from radixserve.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices  # noqa: E402
-from radixserve.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 
 
 def _allow_one_element_index() -> None:
@@ -59,7 +59,7 @@ def main() -> None:
     for mode, prefix, extend, heads, kv_heads, head_dim in CASES:
         for dtype in (torch.float32, torch.float16):
             case = make_case(mode, prefix, extend, heads, kv_heads, head_dim, dtype, "cpu", gen)
-            out = run_backend(TritonAttnBackend(case.model_runner), case)
+            out = run_backend(TritonAttnBackend(case.context), case)
             results.append(
                 {
                     "case": f"{mode.name}-{heads}/{kv_heads}-d{head_dim}-{dtype}",

@@ -1,18 +1,60 @@
-"""OpenAI's error body, the one JSON shape every radixserve process answers errors with.
+"""Errors a client caused or must retry, in OpenAI's shape, for every process that answers HTTP.
 
-A leaf module (no radixserve imports, no torch) so that processes without the engine (the
-router) return errors in the same shape as the worker: `{"error": {"message", "type", "param",
-"code"}}`.
+A leaf module (no radixserve imports, no torch), so the lowest layers can raise a typed error
+that already knows which request parameter is wrong, and the front end renders it as
+`{"error": {"message", "type", "param", "code"}}` without parsing message text.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
+
+
+class APIError(Exception):
+    """An error rendered as OpenAI's error JSON with an HTTP status (400 unless told)."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.type = type
+        self.param = param
+        self.code = code
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+class InvalidParameterError(APIError, ValueError):
+    """A request parameter with a wrong type or value: a 400 naming it.
+
+    A ValueError too, so in-process callers of the Engine catch it as they always did."""
+
+    def __init__(self, message: str, param: str | None, code: str | None = None) -> None:
+        super().__init__(message, param=param, code=code)
+
+    def renamed(self, names: Mapping[str, str]) -> InvalidParameterError:
+        """The same error in another API's vocabulary (max_new_tokens -> max_tokens)."""
+        if self.param is None or self.param.split(".")[0] not in names:
+            return self
+        head, _, rest = self.param.partition(".")
+        param = names[head] + ("." + rest if rest else "")
+        message = self.message.replace(head, names[head])
+        return InvalidParameterError(message, param=param, code=self.code)
 
 
 def error_body(
     message: str,
-    *,
     type: str = "invalid_request_error",
     param: str | None = None,
     code: str | None = None,

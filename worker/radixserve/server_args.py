@@ -9,10 +9,16 @@ This module imports nothing of radixserve, so every layer may read it.
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
+# Where the keys come from when their flags are not given: the operator passes the API key from
+# a Secret as an environment variable, never as a command-line argument anyone can read.
+API_KEY_ENV = "RADIXSERVE_API_KEY"
+ADMIN_API_KEY_ENV = "RADIXSERVE_ADMIN_API_KEY"
 
 
 def option(default: Any, help: str, **extra: Any) -> Any:
@@ -46,7 +52,9 @@ class ServerArgs:
         None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"
     )
     max_total_tokens: int | None = option(
-        None, "KV cache capacity in tokens (default: what --mem-fraction-static leaves)"
+        None,
+        "KV cache capacity in tokens (default: what --mem-fraction-static leaves; on the CPU "
+        "at most 256 MiB of KV)",
     )
     context_length: int | None = option(
         None, "override the model's context length (default: the model config's)"
@@ -79,9 +87,47 @@ class ServerArgs:
         1024, "requests waiting for admission before new ones get 429"
     )
     drain_timeout: float = option(30.0, "seconds in-flight requests get to finish after SIGTERM")
+    scheduler_stall_timeout: float = option(
+        30.0,
+        "seconds the scheduler loop may go without a step or an idle heartbeat before /ready "
+        "answers 503 (a wedged scheduler; a busy one keeps stepping)",
+    )
     random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error", "critical")
+    )
+    log_format: str = option(
+        "plain",
+        "log lines as plain text or as one JSON object each, for every worker process",
+        choices=("plain", "json"),
+    )
+    log_requests: bool = option(
+        False,
+        "log one line per finished generation request: its id, model, prompt, completion and "
+        "cached tokens, finish reason, time to first token, end-to-end latency and HTTP status",
+    )
+    tool_call_parser: str | None = option(
+        None,
+        "how the model writes tool calls (default: recognised from the model's chat template; "
+        "hermes for models whose template has no tool support)",
+    )
+    reasoning_parser: str | None = option(
+        None, "split the model's <think> reasoning into reasoning_content (default: off)"
+    )
+    strict_api: bool = option(
+        False,
+        "refuse requests with fields the server does not know (default: ignore them, with one "
+        "warning per field name)",
+    )
+    api_key: str | None = option(
+        None,
+        "clients must send 'Authorization: Bearer KEY' to /v1/* and /generate "
+        f"(default: ${API_KEY_ENV}; unset: no key needed)",
+    )
+    admin_api_key: str | None = option(
+        None,
+        "the key for /flush_cache and /get_server_info "
+        f"(default: ${ADMIN_API_KEY_ENV}, else the API key)",
     )
     new_token_ratio: float = option(
         0.7,
@@ -90,6 +136,10 @@ class ServerArgs:
     )
 
     def __post_init__(self) -> None:
+        if self.api_key is None:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+        if self.admin_api_key is None:
+            self.admin_api_key = os.environ.get(ADMIN_API_KEY_ENV) or None
         if self.served_model_name is None:
             self.served_model_name = _default_served_name(self.model)
         for name, allowed in static_choices().items():
@@ -111,6 +161,16 @@ class ServerArgs:
             raise ValueError("--new-token-ratio must be in (0, 1]")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
+        if self.scheduler_stall_timeout <= 0:
+            raise ValueError("--scheduler-stall-timeout must be positive")
+
+    def public_dict(self) -> dict[str, Any]:
+        """Every field, keys redacted: what introspection endpoints may show."""
+        values = dataclasses.asdict(self)
+        for name in SECRET_FIELDS:
+            if values[name] is not None:
+                values[name] = "<redacted>"
+        return values
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -118,6 +178,9 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+SECRET_FIELDS = ("api_key", "admin_api_key")
 
 
 def static_choices() -> dict[str, tuple[str, ...]]:

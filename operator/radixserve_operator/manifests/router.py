@@ -24,6 +24,7 @@ from radixserve_operator.manifests.meta import (
     object_meta,
     selector_labels,
 )
+from radixserve_operator.manifests.workload import WORKER_UID
 from radixserve_operator.spec import DEFAULT_PORT, ServiceSpec
 
 ROUTER_APP_NAME = "radixserve-router"
@@ -226,12 +227,15 @@ def build_router_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
                 },
                 "spec": {
                     "serviceAccountName": router_name(owner),
+                    "automountServiceAccountToken": True,  # it lists EndpointSlices
                     "enableServiceLinks": False,
                     "terminationGracePeriodSeconds": PRE_STOP_SLEEP_SECONDS
                     + drain
                     + GRACE_MARGIN_SECONDS,
-                    "securityContext": {
+                    "securityContext": {  # the restricted Pod Security Standard, as workers
                         "runAsNonRoot": True,
+                        "runAsUser": WORKER_UID,
+                        "runAsGroup": WORKER_UID,
                         "seccompProfile": {"type": "RuntimeDefault"},
                     },
                     "containers": [container],

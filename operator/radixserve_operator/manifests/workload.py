@@ -1,4 +1,13 @@
-"""The worker Deployment: args from ``engine``, model volumes, probes, GPU-safe rollout."""
+"""The worker Deployment: args from ``engine``, model volumes, probes, GPU-safe rollout.
+
+Worker pods meet the ``restricted`` Pod Security Standard, so they run in namespaces that
+enforce it: a non-root user (the image's, uid 10001), no privilege escalation, no
+capabilities, the runtime's default seccomp profile, no service-account token (the worker
+never calls the API) and a read-only root filesystem. Everything the worker writes lives on a
+volume: scratch files (IPC sockets) on ``/tmp``, and the Hub download cache, the converted
+tokenizer and the compiled kernels (Triton, FlashInfer, the CUDA driver's) on the model-cache
+volume, so a later pod on the same claim starts with its kernels already built.
+"""
 
 from __future__ import annotations
 
@@ -12,10 +21,24 @@ from radixserve_operator.manifests.meta import (
     object_meta,
     selector_labels,
 )
-from radixserve_operator.spec import DEFAULT_PORT, Engine, ModelSource, ServiceSpec
+from radixserve_operator.spec import API_KEY_ENV, DEFAULT_PORT, Engine, ModelSource, ServiceSpec
 
 MODEL_SOURCE_MOUNT = "/models/source"
 MODEL_CACHE_MOUNT = "/models/cache"
+SCRATCH_MOUNT = "/tmp"
+# The worker image's unprivileged user (the Dockerfile's `useradd --uid 10001`).
+WORKER_UID = 10001
+# Where each writer's cache goes; a name the user sets in spec.env wins.
+CACHE_ENV = {
+    "HF_HOME": MODEL_CACHE_MOUNT,
+    "RADIXSERVE_CACHE_DIR": f"{MODEL_CACHE_MOUNT}/radixserve",
+    "TRITON_CACHE_DIR": f"{MODEL_CACHE_MOUNT}/triton",
+    # FlashInfer appends .cache/flashinfer/<version>/<arch> to this base.
+    "FLASHINFER_WORKSPACE_BASE": f"{MODEL_CACHE_MOUNT}/flashinfer",
+    "CUDA_CACHE_PATH": f"{MODEL_CACHE_MOUNT}/cuda",
+    # Anything else that writes under $HOME lands on the scratch volume.
+    "HOME": SCRATCH_MOUNT,
+}
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # Time the kubelet gives after preStop + drain before SIGKILL: process exit and log flush.
 GRACE_MARGIN_SECONDS = 10
@@ -44,23 +67,23 @@ def build_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
 
 
 def worker_args(spec: ServiceSpec) -> list[str]:
-    """The ``radixserve serve`` command line for this spec (the worker's CLI contract)."""
-    args = [
-        "serve",
-        "--model",
-        _model_argument(spec.model),
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(DEFAULT_PORT),
-        "--device",
-        "cuda" if spec.resources.gpu > 0 else "cpu",
-        "--served-model-name",
-        spec.model.served_name,
-        "--drain-timeout",
-        str(spec.lifecycle.drain_timeout_seconds),
+    """The ``radixserve serve`` command line for this spec (the worker's CLI contract).
+
+    Values are joined to their flags (``--flag=value``): a value that starts with a dash (a
+    served model name, say) must not read as a flag of its own."""
+    valued: list[tuple[str, object]] = [
+        ("--model", _model_argument(spec.model)),
+        ("--host", "0.0.0.0"),
+        ("--port", DEFAULT_PORT),
+        ("--device", "cuda" if spec.resources.gpu > 0 else "cpu"),
+        ("--served-model-name", spec.model.served_name),
+        ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
-    return args + _engine_args(spec.engine) + list(spec.engine.extra_args)
+    return ["serve", *_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
+
+
+def _flags(valued: list[tuple[str, object]]) -> list[str]:
+    return [f"{flag}={value}" for flag, value in valued if value is not None]
 
 
 def _engine_args(engine: Engine) -> list[str]:
@@ -75,13 +98,12 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--mem-fraction-static", engine.mem_fraction_static),
         ("--schedule-policy", engine.schedule_policy),
     ]
-    args = [part for flag, value in valued if value is not None for part in (flag, str(value))]
     switches = {
         "--disable-cuda-graph": not engine.cuda_graph,
         "--disable-radix-cache": not engine.radix_cache,
         "--disable-overlap": not engine.overlap_schedule,
     }
-    return args + [flag for flag, on in switches.items() if on]
+    return _flags(valued) + [flag for flag, on in switches.items() if on]
 
 
 def _model_argument(model: ModelSource) -> str:
@@ -93,6 +115,16 @@ def _model_argument(model: ModelSource) -> str:
 def _pod_template(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": WORKER_UID,
+            "runAsGroup": WORKER_UID,
+            "fsGroup": WORKER_UID,
+            # a large cache claim is not chowned file by file at every start
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
         "terminationGracePeriodSeconds": spec.lifecycle.pre_stop_sleep_seconds
         + spec.lifecycle.drain_timeout_seconds
         + GRACE_MARGIN_SECONDS,
@@ -112,8 +144,6 @@ def _pod_template(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
         pod_spec["affinity"] = dict(spec.affinity)
     if spec.runtime_class_name:
         pod_spec["runtimeClassName"] = spec.runtime_class_name
-    if not pod_spec["volumes"]:
-        del pod_spec["volumes"]
     return {
         "metadata": {
             "labels": common_labels(owner),
@@ -147,19 +177,36 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
             "preStop": {"exec": {"command": ["sleep", str(spec.lifecycle.pre_stop_sleep_seconds)]}}
         },
         "resources": _resources(spec),
+        # a crashed worker's last log lines become its termination message, which the
+        # operator shows in the service's Degraded condition
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "env": _env(spec),
+        "volumeMounts": _volume_mounts(spec),
     }
-    env = list(spec.env)
+    return container
+
+
+def _env(spec: ServiceSpec) -> list[dict[str, Any]]:
+    """The user's env, then the cache locations (and Hub access) the user did not set."""
+    wanted = dict(CACHE_ENV)
     if spec.model.scheme == "hf":
         # the worker fetches hf:// checkpoints into the cache volume; the image defaults to
         # offline (so builtin: models never touch the network), hf:// models must not be
-        env.append({"name": "HF_HOME", "value": MODEL_CACHE_MOUNT})
-        env.append({"name": "HF_HUB_OFFLINE", "value": "0"})
-    if env:
-        container["env"] = env
-    mounts = _volume_mounts(spec)
-    if mounts:
-        container["volumeMounts"] = mounts
-    return container
+        wanted["HF_HUB_OFFLINE"] = "0"
+    env = list(spec.env)
+    taken = {entry.get("name") for entry in env}
+    env += [{"name": name, "value": value} for name, value in wanted.items() if name not in taken]
+    if spec.api_key_secret is not None:
+        # From the Secret through the environment: never an argument anyone can read in the
+        # pod spec or the process list.
+        secret = {"name": spec.api_key_secret.name, "key": spec.api_key_secret.key}
+        env.append({"name": API_KEY_ENV, "valueFrom": {"secretKeyRef": secret}})
+    return env
 
 
 def _http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
@@ -181,17 +228,17 @@ def _resources(spec: ServiceSpec) -> dict[str, Any]:
 
 
 def _volumes(spec: ServiceSpec) -> list[dict[str, Any]]:
-    volumes: list[dict[str, Any]] = []
+    volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     if spec.model.scheme == "pvc":
         claim = {"claimName": spec.model.claim, "readOnly": True}
         volumes.append({"name": "model-source", "persistentVolumeClaim": claim})
-    if spec.model.scheme == "hf":
-        cache = (
-            {"persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
-            if spec.model_cache_claim
-            else {"emptyDir": {}}
-        )
-        volumes.append({"name": "model-cache", **cache})
+    # Without a claim the caches live as long as the pod: still writable, just not shared.
+    cache = (
+        {"persistentVolumeClaim": {"claimName": spec.model_cache_claim}}
+        if spec.model_cache_claim
+        else {"emptyDir": {}}
+    )
+    volumes.append({"name": "model-cache", **cache})
     if spec.resources.gpu > 1:
         # NCCL between tensor-parallel ranks needs more shared memory than the 64Mi default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -199,14 +246,17 @@ def _volumes(spec: ServiceSpec) -> list[dict[str, Any]]:
 
 
 def _volume_mounts(spec: ServiceSpec) -> list[dict[str, Any]]:
-    mount_paths = {"model-source": MODEL_SOURCE_MOUNT, "model-cache": MODEL_CACHE_MOUNT}
-    mounts = []
-    for volume in _volumes(spec):
-        name = volume["name"]
-        if name == "dshm":
-            mounts.append({"name": name, "mountPath": "/dev/shm"})
-        else:
-            mounts.append(
-                {"name": name, "mountPath": mount_paths[name], "readOnly": name == "model-source"}
-            )
-    return mounts
+    mount_paths = {
+        "tmp": SCRATCH_MOUNT,
+        "model-source": MODEL_SOURCE_MOUNT,
+        "model-cache": MODEL_CACHE_MOUNT,
+        "dshm": "/dev/shm",
+    }
+    return [
+        {
+            "name": volume["name"],
+            "mountPath": mount_paths[volume["name"]],
+            "readOnly": volume["name"] == "model-source",
+        }
+        for volume in _volumes(spec)
+    ]

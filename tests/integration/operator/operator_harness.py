@@ -2,8 +2,8 @@
 
 kmock's KubernetesEmulator stores objects and streams watch events but leaves API-server
 semantics to the test: this subclass adds the ones the operator relies on (uid, generation
-bumped on spec changes, generateName, server-side apply creating missing objects, and
-garbage collection of owner-referenced children).
+bumped on spec changes, generateName, server-side apply creating missing objects, equality
+label selectors on lists, and garbage collection of owner-referenced children).
 """
 
 from __future__ import annotations
@@ -48,6 +48,13 @@ RESOURCES = {
         verbs={"list", "watch", "get", "patch", "create", "delete"},
     ),
     "v1/services": ResourceInfo(kind="Service", namespaced=True, verbs={"get", "patch", "delete"}),
+    # Worker pods: the tests play the ReplicaSet controller and the kubelet.
+    "v1/pods": ResourceInfo(
+        kind="Pod",
+        namespaced=True,
+        verbs={"list", "watch", "get", "create", "patch", "delete"},
+        subresources={"status"},
+    ),
     "policy/v1/poddisruptionbudgets": ResourceInfo(
         kind="PodDisruptionBudget", namespaced=True, verbs={"get", "patch"}
     ),
@@ -124,6 +131,19 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 old = self.objects[key].raw
                 if _merge(old.get("spec"), data["spec"]) != old.get("spec"):
                     meta["generation"] = old["metadata"].get("generation", 1) + 1
+
+    async def _serve_list(self, request: kmock.Request) -> Any:
+        """Lists honour an equality ``labelSelector`` (``k=v,k2=v2``), as the API server does."""
+        listed = await super()._serve_list(request)
+        selector = request.params.get("labelSelector")
+        if selector:
+            wanted = dict(term.split("=", 1) for term in selector.split(","))
+            listed["items"] = [
+                item
+                for item in listed["items"]
+                if wanted.items() <= (item["metadata"].get("labels") or {}).items()
+            ]
+        return listed
 
     @staticmethod
     def _stamp_new(meta: dict[str, Any], namespace: str | None) -> None:

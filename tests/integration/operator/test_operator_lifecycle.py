@@ -73,7 +73,7 @@ def test_create_edit_ready_delete(operator, api_server, custom_api, apps_api) ->
     assert deployment["metadata"]["labels"]["radixserve.io/inferenceservice"] == name
     container = deployment["spec"]["template"]["spec"]["containers"][0]
     assert container["image"] == "radixserve:test"
-    assert container["args"][:3] == ["serve", "--model", "builtin:smollm2-135m"]
+    assert container["args"][:2] == ["serve", "--model=builtin:smollm2-135m"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
     assert deployment["spec"]["replicas"] == 1
     service = wait_for(
@@ -110,7 +110,7 @@ def test_create_edit_ready_delete(operator, api_server, custom_api, apps_api) ->
     )
     wait_for(lambda: read_deployment(apps_api, name)["spec"]["replicas"] == 2, "2 replicas")
     args = read_deployment(apps_api, name)["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert args[args.index("--max-running-requests") + 1] == "4"
+    assert "--max-running-requests=4" in args
     wait_for(
         lambda: get_service(custom_api, name)["status"]["observedGeneration"] == 2,
         "observedGeneration 2",

@@ -111,6 +111,9 @@ def test_replicas_may_join_autoscaling_after_create() -> None:
         {"model": {"uri": "builtin:smollm2-135m"}, "replicas": -1},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"memFractionStatic": 1.0}},
         {},
+        {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "keys"}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "Keys", "key": "k"}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "k", "key": "a/b"}},
     ],
 )
 def test_schema_rejects_what_parse_spec_rejects(spec: dict[str, Any]) -> None:

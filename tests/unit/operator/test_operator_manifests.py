@@ -15,11 +15,19 @@ from operator_crd_checks import cel_violations, defaulted, inference_pool_proble
 
 from radixserve_operator.manifests import Owner, build_children, worker_args
 from radixserve_operator.manifests.scaled_object import prometheus_query
-from radixserve_operator.spec import parse_spec
+from radixserve_operator.spec import API_KEY_ENV, InvalidSpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[3]
 OWNER = Owner(name="svc", namespace="models", uid="0b7c1f0e-5d4a-4c1e-9d3f-2a6b8c9d0e1f")
 K8S_VERSION = "1.30.0"
+
+
+def arg_value(args: list[str], flag: str) -> str:
+    """The value given to `flag` in a worker command line (`--flag=value`)."""
+    (value,) = [a.split("=", 1)[1] for a in args if a.startswith(flag + "=")]
+    return value
+
+
 EXAMPLES = {
     path.name: yaml.safe_load(path.read_text())
     for path in sorted((REPO / "examples").glob("*.yaml"))
@@ -107,7 +115,7 @@ def test_cpu_example_deployment() -> None:
     deployment = by_kind(children(EXAMPLES["service.yaml"]["spec"]))["Deployment"]
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
-    assert container["args"][container["args"].index("--device") + 1] == "cpu"
+    assert arg_value(container["args"], "--device") == "cpu"
     assert "nvidia.com/gpu" not in container["resources"].get("limits", {})
     assert deployment["spec"]["strategy"]["rollingUpdate"] == {
         "maxSurge": "25%",
@@ -161,7 +169,7 @@ def test_grace_period_covers_prestop_and_drain() -> None:
     container = pod["containers"][0]
     assert container["lifecycle"]["preStop"]["exec"]["command"] == ["sleep", "7"]
     assert pod["terminationGracePeriodSeconds"] > 7 + 90
-    assert container["args"][container["args"].index("--drain-timeout") + 1] == "90"
+    assert arg_value(container["args"], "--drain-timeout") == "90"
 
 
 def test_tensor_parallel_sets_the_gpu_count() -> None:
@@ -170,7 +178,7 @@ def test_tensor_parallel_sets_the_gpu_count() -> None:
     pod = deployment["spec"]["template"]["spec"]
     container = pod["containers"][0]
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
-    assert container["args"][container["args"].index("--tp-size") + 1] == "4"
+    assert arg_value(container["args"], "--tp-size") == "4"
     assert {"name": "dshm", "emptyDir": {"medium": "Memory"}} in pod["volumes"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod[
         "tolerations"
@@ -184,16 +192,55 @@ def test_tensor_parallel_sets_the_gpu_count() -> None:
         ("file:///weights/llama.gguf", "/weights/llama.gguf", None),
         ("pvc://weights/llama-8b", "/models/source/llama-8b", "model-source"),
         ("pvc://weights", "/models/source", "model-source"),
-        ("hf://org/repo", "org/repo", "model-cache"),
+        ("hf://org/repo", "org/repo", None),
     ],
 )
 def test_model_sources(uri: str, model_arg: str, volume: str | None) -> None:
+    """Every pod has scratch space and a model cache (kernels, tokenizer, Hub downloads)."""
     spec = parse_spec({"model": {"uri": uri}}, name="svc", default_image="img")
     args = worker_args(spec)
-    assert args[args.index("--model") + 1] == model_arg
+    assert arg_value(args, "--model") == model_arg
     pod = by_kind(children({"model": {"uri": uri}}))["Deployment"]["spec"]["template"]["spec"]
     names = [v["name"] for v in pod.get("volumes", [])]
-    assert names == ([volume] if volume else [])
+    assert names == ["tmp", *([volume] if volume else []), "model-cache"]
+
+
+def test_the_api_key_comes_from_the_secret_never_as_an_argument() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m"},
+        "apiKeySecretRef": {"name": "svc-api-key", "key": "token"},
+        "env": [{"name": "LOG_FORMAT", "value": "json"}],
+    }
+    manifests = children(spec)
+    for manifest in manifests:
+        assert_valid(manifest)
+    container = by_kind(manifests)["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert {
+        "name": "RADIXSERVE_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "svc-api-key", "key": "token"}},
+    } in container["env"]
+    assert {"name": "LOG_FORMAT", "value": "json"} in container["env"]
+    assert not any("key" in arg for arg in container["args"])
+    # probes stay on the open endpoints
+    assert container["readinessProbe"]["httpGet"]["path"] == "/ready"
+    without = by_kind(children({"model": {"uri": "builtin:smollm2-135m"}}))["Deployment"]
+    names = {e["name"] for e in without["spec"]["template"]["spec"]["containers"][0]["env"]}
+    assert "RADIXSERVE_API_KEY" not in names
+
+
+def test_the_api_key_variable_is_the_one_the_worker_reads() -> None:
+    from radixserve.server_args import API_KEY_ENV as WORKER_API_KEY_ENV
+
+    assert API_KEY_ENV == WORKER_API_KEY_ENV
+
+
+def test_a_literal_api_key_in_env_is_refused() -> None:
+    spec = {
+        "model": {"uri": "builtin:smollm2-135m"},
+        "env": [{"name": "RADIXSERVE_API_KEY", "value": "in-plain-sight"}],
+    }
+    with pytest.raises(InvalidSpecError, match="apiKeySecretRef"):
+        parse_spec(spec, name="svc", default_image="i")
 
 
 def test_engine_flags_map_to_worker_cli() -> None:
@@ -211,9 +258,9 @@ def test_engine_flags_map_to_worker_cli() -> None:
     args = worker_args(parse_spec(spec, name="svc", default_image="img"))
     for flag in ("--disable-cuda-graph", "--disable-radix-cache", "--disable-overlap"):
         assert flag in args
-    assert args[args.index("--schedule-policy") + 1] == "fcfs"
-    assert args[args.index("--max-queued-requests") + 1] == "64"
-    assert args[args.index("--served-model-name") + 1] == "small"
+    assert arg_value(args, "--schedule-policy") == "fcfs"
+    assert arg_value(args, "--max-queued-requests") == "64"
+    assert arg_value(args, "--served-model-name") == "small"
     assert args[-2:] == ["--foo", "bar"]
 
 
@@ -254,7 +301,7 @@ valid_specs = st.fixed_dictionaries(
                     ["auto", "torch_native", "triton", "flashinfer"]
                 ),
                 "maxRunningRequests": st.integers(1, 512),
-                "chunkedPrefillSize": st.integers(-1, 8192),
+                "chunkedPrefillSize": st.integers(1, 8192),
                 "memFractionStatic": st.floats(0.05, 0.95),
                 "cudaGraph": st.booleans(),
             },
@@ -264,6 +311,12 @@ valid_specs = st.fixed_dictionaries(
             st.sampled_from(["pool", "zone"]), st.sampled_from(["a", "b"])
         ),
         "runtimeClassName": st.just("nvidia"),
+        "apiKeySecretRef": st.fixed_dictionaries(
+            {
+                "name": st.sampled_from(["keys", "svc.api-key"]),
+                "key": st.sampled_from(["k", "api_key"]),
+            }
+        ),
         "lifecycle": st.fixed_dictionaries(
             {},
             optional={

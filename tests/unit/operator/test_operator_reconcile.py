@@ -12,6 +12,7 @@ from radixserve_operator.reconcile import (
     OperatorContext,
     reconcile,
     refresh_status,
+    refresh_worker_status,
     replicas_owned_by_other_manager,
 )
 
@@ -171,3 +172,40 @@ def test_refresh_status_follows_the_deployment_and_keeps_the_problem() -> None:
     ready = next(c for c in outcome.status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
     assert [e.reason for e in outcome.events] == ["Ready"]
+
+
+def test_worker_pods_turn_the_service_degraded_and_back() -> None:
+    api = MemoryApi()
+    first = reconcile(context(api), service(CPU), "T1")
+    api.objects["InferenceService", "ns", "svc"] = service(CPU, status=first.status)
+    looping = {
+        "metadata": {"name": "svc-1-a"},
+        "status": {
+            "containerStatuses": [
+                {
+                    "name": "worker",
+                    "restartCount": 3,
+                    "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                    "lastState": {"terminated": {"exitCode": 1, "message": "boom"}},
+                }
+            ]
+        },
+    }
+    parent, outcome = refresh_worker_status(context(api), "ns", "svc", [looping], "T2")
+    degraded = next(c for c in outcome.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("True", "CrashLoopBackOff")
+    assert degraded["message"].endswith("last exit code 1: boom")
+    assert [(e.type, e.reason) for e in outcome.events] == [("Warning", "CrashLoopBackOff")]
+    api.objects["InferenceService", "ns", "svc"] = service(CPU, status=outcome.status)
+    # Nothing new from the same pods; a reconcile (a spec edit) keeps the pods' problem.
+    assert refresh_worker_status(context(api), "ns", "svc", [looping], "T3") is None
+    kept = reconcile(context(api), api.objects["InferenceService", "ns", "svc"], "T3")
+    assert next(c for c in kept.status["conditions"] if c["type"] == "Degraded") == degraded
+    # The pod recovers: Degraded=False and a Recovered event.
+    running = {"metadata": {"name": "svc-1-a"}, "status": {"containerStatuses": []}}
+    _, recovered = refresh_worker_status(context(api), "ns", "svc", [running], "T4")
+    degraded = next(c for c in recovered.status["conditions"] if c["type"] == "Degraded")
+    assert (degraded["status"], degraded["reason"]) == ("False", "AsExpected")
+    assert [e.reason for e in recovered.events] == ["Recovered"]
+    # A service that is gone has no status to refresh.
+    assert refresh_worker_status(context(api), "ns", "other", [looping], "T5") is None

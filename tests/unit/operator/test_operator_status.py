@@ -1,11 +1,18 @@
-"""Status conditions from the Deployment and the last reconcile, and the Events they imply."""
+"""Status conditions from the Deployment, its pods and the last reconcile, and their Events."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from radixserve_operator.reconcile import EventNote, _transitions
-from radixserve_operator.status import DeploymentState, Problem, compute_status, problem_from_status
+from radixserve_operator.status import (
+    WORKER_PROBLEMS,
+    DeploymentState,
+    Problem,
+    compute_status,
+    problem_from_status,
+    worker_problem,
+)
 
 SELECTOR = "app.kubernetes.io/name=radixserve,radixserve.io/inferenceservice=svc"
 
@@ -25,7 +32,11 @@ def deployment(desired: int, ready: int, updated: int | None = None, **status: A
 
 
 def status_of(
-    dep: dict | None, problem: Problem | None = None, previous: dict | None = None, now: str = "T1"
+    dep: dict | None,
+    problem: Problem | None = None,
+    previous: dict | None = None,
+    now: str = "T1",
+    workers: Problem | None = None,
 ) -> dict:
     return compute_status(
         observed_generation=5,
@@ -35,6 +46,7 @@ def status_of(
         url="http://svc.ns.svc:8000",
         previous=previous,
         now=now,
+        workers=workers,
     )
 
 
@@ -112,3 +124,112 @@ def test_events_for_important_transitions_only() -> None:
         EventNote("Normal", "Recovered", "no longer degraded")
     ]
     assert [n.reason for n in _transitions(ready, pending)] == ["NotReady"]
+
+
+def worker_pod(
+    name: str = "svc-7d9-abcde",
+    *,
+    waiting: str | None = None,
+    terminated: dict | None = None,
+    last_terminated: dict | None = None,
+    restarts: int = 0,
+    unschedulable: str | None = None,
+    deleting: bool = False,
+) -> dict:
+    """A worker pod's status as the kubelet and the scheduler write it."""
+    container: dict[str, Any] = {"name": "worker", "restartCount": restarts, "state": {}}
+    if waiting:
+        container["state"]["waiting"] = {"reason": waiting, "message": f"{waiting} detail"}
+    if terminated:
+        container["state"]["terminated"] = terminated
+    if last_terminated:
+        container["lastState"] = {"terminated": last_terminated}
+    if not container["state"]:
+        container["state"]["running"] = {"startedAt": "T0"}
+    conditions = []
+    if unschedulable:
+        conditions.append(
+            {
+                "type": "PodScheduled",
+                "status": "False",
+                "reason": "Unschedulable",
+                "message": unschedulable,
+            }  # fmt: skip
+        )
+    meta: dict[str, Any] = {"name": name}
+    if deleting:
+        meta["deletionTimestamp"] = "T9"
+    status = {"conditions": conditions, "containerStatuses": [] if unschedulable else [container]}
+    return {"metadata": meta, "status": status}
+
+
+CRASH = {"reason": "Error", "exitCode": 1, "message": "ValueError: no such model\n"}
+OOM = {"reason": "OOMKilled", "exitCode": 137}
+
+
+def test_healthy_or_starting_pods_are_no_problem() -> None:
+    assert worker_problem([]) is None
+    assert worker_problem([worker_pod(), worker_pod(waiting="ContainerCreating")]) is None
+    # a crash that is not (yet) a loop: the kubelet restarts it at once
+    assert worker_problem([worker_pod(last_terminated=CRASH, restarts=1)]) is None
+
+
+def test_crash_loop_names_the_pod_and_the_last_termination_message() -> None:
+    pod = worker_pod(waiting="CrashLoopBackOff", last_terminated=CRASH, restarts=4)
+    problem = worker_problem([pod])
+    assert problem is not None and problem.reason == "CrashLoopBackOff"
+    assert "svc-7d9-abcde" in problem.message and "restarts: 4" in problem.message
+    assert problem.message.endswith("last exit code 1: ValueError: no such model")
+
+
+def test_long_termination_messages_keep_their_end() -> None:
+    log = "BEGIN\n" + "x" * 5000 + "\nRuntimeError: the real cause"
+    pod = worker_pod(waiting="CrashLoopBackOff", last_terminated={**CRASH, "message": log})
+    message = worker_problem([pod]).message
+    assert message.endswith("RuntimeError: the real cause") and "BEGIN" not in message
+    assert len(message) < 800
+
+
+def test_oom_kill_wins_over_the_crash_loop_it_causes() -> None:
+    looping = worker_pod(waiting="CrashLoopBackOff", last_terminated=OOM, restarts=2)
+    problem = worker_problem([looping])
+    assert problem.reason == "OOMKilled" and "memory limit" in problem.message
+    # the same while the container is still terminated, before the kubelet restarts it
+    assert worker_problem([worker_pod(terminated=OOM)]).reason == "OOMKilled"
+
+
+def test_unschedulable_carries_the_schedulers_message() -> None:
+    message = "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."
+    problem = worker_problem([worker_pod(unschedulable=message)])
+    assert problem == Problem("Unschedulable", f"pod svc-7d9-abcde cannot be scheduled: {message}")
+
+
+def test_image_pull_failures_are_reported() -> None:
+    problem = worker_problem([worker_pod(waiting="ImagePullBackOff")])
+    assert problem.reason == "ImagePullBackOff" and "ImagePullBackOff detail" in problem.message
+
+
+def test_most_telling_problem_of_all_pods_in_a_stable_order() -> None:
+    pods = [
+        worker_pod("b", unschedulable="no GPU"),
+        worker_pod("c", waiting="CrashLoopBackOff", last_terminated=CRASH),
+        worker_pod("a", waiting="CrashLoopBackOff", last_terminated=CRASH),
+        worker_pod(),
+    ]
+    assert worker_problem(pods).message.startswith("pod a:")
+    assert worker_problem(reversed(pods)) == worker_problem(pods)
+    # pods on their way out (a rollout replacing them) are not the service's problem
+    assert worker_problem([worker_pod(waiting="CrashLoopBackOff", deleting=True)]) is None
+
+
+def test_worker_problem_is_degraded_after_a_reconcile_problem() -> None:
+    crash = Problem("CrashLoopBackOff", "pod p is crash-looping")
+    both = status_of(deployment(1, 0), Problem("InvalidSpec", "bad"), workers=crash)
+    assert conditions(both)["Degraded"] == ("True", "InvalidSpec")
+    only_pods = status_of(deployment(1, 0), previous=both, now="T2", workers=crash)
+    assert conditions(only_pods)["Degraded"] == ("True", "CrashLoopBackOff")
+    assert problem_from_status(only_pods) is None  # not a reconcile problem
+    assert problem_from_status(only_pods, WORKER_PROBLEMS) == crash
+    assert _transitions(both, only_pods) == [
+        EventNote("Warning", "CrashLoopBackOff", "pod p is crash-looping")
+    ]

@@ -13,6 +13,8 @@ import dataclasses
 import types
 import typing
 
+from radixserve.entrypoints.openai.reasoning_parsers import REASONING_PARSER_CHOICES
+from radixserve.entrypoints.openai.tool_parsers import TOOL_PARSER_CHOICES
 from radixserve.layers.attention.registry import BACKEND_CHOICES
 from radixserve.managers.schedule_policy import SCHEDULE_POLICIES
 from radixserve.server_args import ServerArgs, flag_of, static_choices
@@ -23,6 +25,8 @@ def registered_choices() -> dict[str, tuple[str, ...]]:
     return {
         "attention_backend": BACKEND_CHOICES,
         "schedule_policy": tuple(SCHEDULE_POLICIES),
+        "tool_call_parser": TOOL_PARSER_CHOICES,
+        "reasoning_parser": REASONING_PARSER_CHOICES,
     }
 
 
@@ -65,10 +69,10 @@ def add_server_args(parser: argparse.ArgumentParser) -> None:
 
 
 def check_server_args(args: ServerArgs) -> None:
-    """The checks ServerArgs cannot make itself: registry-backed choices."""
+    """The checks ServerArgs cannot make itself: registry-backed choices (None: the default)."""
     for name, allowed in registered_choices().items():
         value = getattr(args, name)
-        if value not in allowed:
+        if value is not None and value not in allowed:
             raise ValueError(f"{flag_of(name)} must be one of {allowed}, got {value!r}")
 
 

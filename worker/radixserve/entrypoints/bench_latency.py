@@ -111,7 +111,7 @@ def run_batch(
         batch.prepare_for_decode()
         pending = worker.launch(batch.get_model_worker_batch())
         for i, req in enumerate(reqs):
-            req.future_slot = pending.future_slot_start + i
+            req.future_id = pending.future.placeholder(i)
         done, in_flight = (in_flight, pending) if overlap else (pending, None)
         if done is not None:
             _append_tokens(reqs, done, device_ms)
@@ -141,8 +141,8 @@ def _append_tokens(reqs: list, pending: Any, device_ms: list[float]) -> None:
         device_ms.append(pending.started.elapsed_time(pending.done))
     for i, (req, token) in enumerate(zip(reqs, result.next_token_ids, strict=True)):
         req.output_ids.append(token)
-        if req.future_slot == pending.future_slot_start + i:
-            req.future_slot = None
+        if req.future_id == pending.future.placeholder(i):
+            req.future_id = None
 
 
 def transformers_decode_step(source: Any, input_len: int, output_len: int) -> float:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 
 from radixserve.entrypoints.arguments import add_server_args, server_args_from
+from radixserve.logging_config import configure_logging
 
 BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
@@ -21,13 +21,6 @@ BENCHMARKS: dict[str, str] = {
     "latency": "radixserve.entrypoints.bench_latency",
     "router": "radixserve.entrypoints.bench_router",
 }
-
-
-def configure_logging(level: str) -> None:
-    logging.basicConfig(
-        level=level.upper(),
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-    )
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
@@ -68,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             server_args = server_args_from(args)
         except ValueError as exc:
             parser.error(str(exc))
-        configure_logging(server_args.log_level)
+        configure_logging(server_args.log_level, server_args.log_format)
         from radixserve.entrypoints.http_server import run_server
 
         run_server(server_args)
@@ -81,9 +74,9 @@ def main(argv: list[str] | None = None) -> int:
             router_args = router_args_from(args)
         except ValueError as exc:
             parser.exit(2, f"radixserve router: error: {exc}\n")
-        configure_logging(router_args.log_level)
+        configure_logging(router_args.log_level, router_args.log_format, process="router")
         return run_router(router_args)
-    configure_logging(getattr(args, "log_level", "info"))
+    configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "plain"))
     return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)
 
 

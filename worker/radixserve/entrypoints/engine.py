@@ -21,14 +21,17 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.arguments import check_server_args
 from radixserve.managers.io_struct import TokenLogprob
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
+    GenerateRequest,
     TokenizerManager,
 )
 from radixserve.metrics.collectors import ServerMetrics
+from radixserve.metrics.startup import StartupPhases
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -53,13 +56,15 @@ class ModelInfo:
     model_description: str
     device: str
     attention_backend: str
+    # seconds per start-up phase in the scheduler process (metrics/startup.py)
+    startup_phases: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def launch_scheduler(
     server_args: ServerArgs,
 ) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
     """Spawn the scheduler process and wait until it has loaded the model."""
-    from radixserve.managers.scheduler import PortArgs, run_scheduler_process
+    from radixserve.managers.scheduler_process import PortArgs, run_scheduler_process
 
     port_args = PortArgs.new()
     context = multiprocessing.get_context("spawn")
@@ -67,6 +72,7 @@ def launch_scheduler(
     process = context.Process(
         target=run_scheduler_process,
         args=(server_args, port_args, child_conn),
+        kwargs={"spawned_at": time.time()},
         name="radixserve-scheduler",
     )
     process.start()
@@ -148,6 +154,10 @@ class Engine:
             except Exception:
                 stop_process(self._process)
                 raise
+        self.startup = StartupPhases()
+        self.startup.update(self.model_info.startup_phases)
+        # when the scheduler was up: what the front end adds after this is the "ready" phase
+        self.scheduler_ready_at = time.perf_counter()
         logger.info(
             "loaded %s in %.1fs: %s on %s, attention %s, KV capacity %d tokens, "
             "context %d, up to %d running requests",
@@ -169,6 +179,8 @@ class Engine:
             scheduler_process=self._process,
             metrics=self.metrics,
             max_queued_requests=server_args.max_queued_requests,
+            vocab_size=self.model_info.vocab_size,
+            max_request_tokens=min(self.model_info.context_len, self.model_info.max_total_tokens),
         )
         if event_loop_thread:
             self._start_loop_thread()
@@ -248,89 +260,16 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> tuple[list[GenerateInput], bool]:
-        """Tokenize and validate; returns one input per (prompt, sample) and whether the caller
-        passed a batch. Raises ValueError with a message fit for a 400."""
-        if (prompt is None) == (input_ids is None):
-            raise ValueError("give exactly one of text (prompt) and input_ids")
-        tm = self.tokenizer_manager
-        if prompt is not None:
-            batched = isinstance(prompt, list)
-            prompts = prompt if batched else [prompt]
-            if not all(isinstance(p, str) for p in prompts):
-                raise ValueError("text must be a string or a list of strings")
-            token_lists = [tm.encode(p) for p in prompts]
-        else:
-            batched = (
-                isinstance(input_ids, list) and bool(input_ids) and isinstance(input_ids[0], list)
-            )
-            token_lists = input_ids if batched else [input_ids]
-            vocab_size = self.model_info.vocab_size
-            if not all(
-                isinstance(ids, list) and all(_is_token_id(t, vocab_size) for t in ids)
-                for ids in token_lists
-            ):
-                raise ValueError(
-                    f"input_ids must be a list of token ids in [0, {vocab_size}) "
-                    "or a list of such lists"
-                )
-        if not token_lists:
-            raise ValueError("the batch of prompts is empty")
-        if isinstance(sampling_params, list):
-            if len(sampling_params) != len(token_lists):
-                raise ValueError("sampling_params must be one object or one per prompt")
-            params_list = [self._sampling_params(p) for p in sampling_params]
-        else:
-            params_list = [self._sampling_params(sampling_params) for _ in token_lists]
-        if not isinstance(top_logprobs_num, int) or not 0 <= top_logprobs_num <= 20:
-            raise ValueError("top_logprobs_num must be an integer in [0, 20]")
-        inputs = []
-        for ids, params in zip(token_lists, params_list, strict=True):
-            self.check_prompt_length(len(ids), params.max_new_tokens)
-            for sample in range(params.n):
-                copy = dataclasses.replace(params, n=1)
-                if params.seed is not None and params.n > 1:
-                    copy.seed = (params.seed + sample) % 2**64
-                inputs.append(
-                    GenerateInput(
-                        input_ids=list(ids),
-                        sampling_params=copy,
-                        return_logprob=return_logprob,
-                        top_logprobs_num=top_logprobs_num,
-                    )
-                )
+        """Tokenize and validate through the TokenizerManager's front door; returns one input
+        per (prompt, sample) and whether the caller passed a batch. Raises ValueError
+        (InvalidParameterError, naming the parameter) on bad input."""
+        request, batched = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
+        )
+        inputs = self.tokenizer_manager.build_inputs(request)
         return inputs, batched or len(inputs) > 1
-
-    def _sampling_params(self, params: dict | SamplingParams | None) -> SamplingParams:
-        if params is None:
-            params = SamplingParams()
-        elif isinstance(params, dict):
-            params = SamplingParams.from_dict(params)
-        elif not isinstance(params, SamplingParams):
-            raise ValueError("sampling_params must be an object")
-        params.verify(self.model_info.vocab_size)
-        return params
-
-    @property
-    def max_request_tokens(self) -> int:
-        """A request's prompt plus its new tokens must fit the context and the KV cache."""
-        return min(self.model_info.context_len, self.model_info.max_total_tokens)
-
-    def check_prompt_length(self, prompt_tokens: int, max_new_tokens: int) -> None:
-        limit = self.max_request_tokens
-        if prompt_tokens == 0:
-            raise ValueError("the prompt is empty")
-        if prompt_tokens >= limit:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens, but the prompt has "
-                f"{prompt_tokens} tokens. Please shorten the prompt."
-            )
-        if prompt_tokens + max_new_tokens > limit:
-            raise PromptTooLongError(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the prompt, "
-                f"{max_new_tokens} for the completion). Please reduce the prompt or max tokens."
-            )
 
     async def _generate_results(self, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
         results = [_ResultBuilder(i) for i in inputs]
@@ -347,9 +286,10 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> dict | list[dict]:
         inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
         )
         results = await self._on_engine_loop(self._generate_results(inputs))
         return results if batched else results[0]
@@ -365,7 +305,7 @@ class Engine:
         """Generate for one prompt (a dict back) or a batch (a list back), with `n` samples per
         prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
         "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-        "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
+        "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
         inputs, batched = self.build_inputs(
             prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
         )
@@ -379,14 +319,15 @@ class Engine:
         input_ids: list[int] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        request_id: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: each dict carries the *new* text and output ids and the
         meta_info so far; the last one has a finish_reason."""
         inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
         )
         if batched:
-            raise ValueError("streaming takes one prompt with n = 1")
+            raise InvalidParameterError("streaming takes one prompt with n = 1", "stream")
         builder = _ResultBuilder(inputs[0])
         stream = self.tokenizer_manager.generate_many(inputs, self.enforce_queue_limit)
         async for _, chunk in self._stream_on_engine_loop(stream):
@@ -430,7 +371,7 @@ class Engine:
     async def async_get_server_info(self) -> dict[str, Any]:
         scheduler_info = await self._on_engine_loop(self.tokenizer_manager.get_scheduler_info())
         return {
-            **dataclasses.asdict(self.server_args),
+            **self.server_args.public_dict(),
             **dataclasses.asdict(self.model_info),
             "num_in_flight_requests": self.tokenizer_manager.num_in_flight,
             "scheduler": scheduler_info,
@@ -490,14 +431,6 @@ class Engine:
         self.shutdown()
 
 
-class PromptTooLongError(ValueError):
-    """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
-
-
-def _is_token_id(value: object, vocab_size: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
-
-
 class _ResultBuilder:
     """Accumulates one request's chunks into the native result dict."""
 
@@ -508,8 +441,14 @@ class _ResultBuilder:
         self.output_ids: list[int] = []
         self.logprobs: list[TokenLogprob] = []
         self.last: GenerateChunk | None = None
+        self.first_token_latency: float | None = None
+
+    def _note_first_token(self, chunk: GenerateChunk) -> None:
+        if chunk.token_ids and self.first_token_latency is None:
+            self.first_token_latency = time.perf_counter() - self.started
 
     def add(self, chunk: GenerateChunk) -> None:
+        self._note_first_token(chunk)
         self.text_parts.append(chunk.text)
         self.output_ids.extend(chunk.token_ids)
         self.logprobs.extend(chunk.logprobs)
@@ -525,6 +464,7 @@ class _ResultBuilder:
             "cached_tokens": chunk.cached_tokens,
             "finish_reason": chunk.finish_reason,
             "e2e_latency": time.perf_counter() - self.started,
+            "time_to_first_token": self.first_token_latency,
         }
         if self.request.return_logprob:
             meta["output_token_logprobs"] = [
@@ -540,6 +480,7 @@ class _ResultBuilder:
         }
 
     def stream_item(self, chunk: GenerateChunk) -> dict[str, Any]:
+        self._note_first_token(chunk)
         self.last = chunk
         return {
             "text": chunk.text,

@@ -15,7 +15,7 @@ from radixserve.distributed.parallel_state import all_gather_last_dim
 from radixserve.layers.gemv import linear
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.forward_batch_info import ForwardBatch
+    from radixserve.forward.forward_batch import ForwardBatch
 
 
 class LogitsProcessor(nn.Module):

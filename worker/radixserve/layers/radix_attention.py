@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.forward_batch_info import ForwardBatch
+    from radixserve.forward.forward_batch import ForwardBatch
 
 
 class RadixAttention(nn.Module):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.metrics.stats import SchedulerStats
 from radixserve.sampling.sampling_params import SamplingParams
 
 
@@ -76,22 +77,6 @@ class ReqOutput:
     logprobs: list[TokenLogprob] | None = None
     # seconds between arrival at the scheduler and first scheduling, sent once
     queue_time: float | None = None
-
-
-@dataclass
-class SchedulerStats:
-    """Scheduler-side metrics since the last report, applied to Prometheus in the front end."""
-
-    num_running_requests: int
-    num_queued_requests: int
-    kv_cache_usage_ratio: float
-    prefix_cache_hit_rate: float
-    max_total_tokens: int
-    prefix_cache_queries_tokens: int = 0  # deltas
-    prefix_cache_hits_tokens: int = 0
-    retractions: int = 0
-    # (mode label, batch size, batch tokens, seconds) for each forward step since last report
-    steps: list[tuple[str, int, int, float]] = field(default_factory=list)
 
 
 @dataclass

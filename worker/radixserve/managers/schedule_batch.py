@@ -1,22 +1,23 @@
-"""`Req`, `ScheduleBatch` and `ModelWorkerBatch`: the first two of the three batch layers.
+"""`Req` and `ScheduleBatch`: the scheduler's side of the three batch layers.
 
 `Req` is one request's CPU state for its whole life in the scheduler. `ScheduleBatch` is the
 scheduler-owned batch: it allocates request rows and KV slots, evicts from the prefix cache when
 slots run short, and retracts requests when a decode step cannot get memory. It hands the model
-side a `ModelWorkerBatch`: plain CPU tensors and the sampling info, nothing that mutates, so it
-can cross to another thread (overlap scheduling) or process.
+side a `ModelWorkerBatch` (forward/worker_batch.py): CPU tensors built fresh for each pass.
+It writes the host mirror of req_to_token only; the device table is the model runner's to
+write (see ReqToTokenPool).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.forward.mode import ForwardMode
+from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.managers.io_struct import TokenLogprob
-from radixserve.model_executor.forward_batch_info import ForwardMode
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
 
@@ -67,8 +68,9 @@ class Req:
         self.sent_len = 0  # output_ids already sent to the front end
         self.pending_logprobs: list[TokenLogprob] = []
         self.num_retractions = 0
-        # set while a launched batch's token for this request is unresolved (overlap)
-        self.future_slot: int | None = None
+        # while a launched batch's token for this request is unresolved (overlap): the input
+        # id that stands for it (model_executor/future_tokens.py)
+        self.future_id: int | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -119,24 +121,6 @@ class Req:
                     return
         if self.seqlen >= context_len:
             self.finished_reason = {"type": "length"}
-
-
-@dataclass
-class ModelWorkerBatch:
-    """The minimum a model worker needs for one pass; immutable by convention."""
-
-    forward_mode: ForwardMode
-    input_ids: torch.Tensor  # CPU int64 [num_tokens]
-    req_pool_indices: torch.Tensor  # CPU int64 [bs]
-    seq_lens: torch.Tensor  # CPU int64 [bs]
-    seq_lens_sum: int
-    out_cache_loc: torch.Tensor  # CPU int64 [num_tokens]
-    sampling_info: SamplingBatchInfo
-    extend_seq_lens: list[int] | None = None
-    extend_prefix_lens: list[int] | None = None
-    return_logprob: bool = False
-    top_logprobs_nums: list[int] | None = None
-    has_future_ids: bool = False  # some input ids are -slot references to unresolved tokens
 
 
 class OutOfSlots(RuntimeError):
@@ -234,7 +218,7 @@ class ScheduleBatch:
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Fold a decode step of `running` into this extend pass (MIXED): each decode request
         becomes a length-1 extend over its cached tokens."""
-        running.prepare_for_decode(write_device=True)
+        running.prepare_for_decode(in_extend_pass=True)
         self.forward_mode = ForwardMode.MIXED
         self.input_ids = torch.cat([self.input_ids, running.input_ids])
         self.out_cache_loc = torch.cat([self.out_cache_loc, running.out_cache_loc])
@@ -265,29 +249,22 @@ class ScheduleBatch:
             if remaining <= have or remaining <= 1:
                 break
             req = self.reqs[idx]
-            self.release_req_kv(req)
+            self.tree_cache.release_req(req)
             req.reset_for_retract()
             gone.add(idx)
         retracted = [self.reqs[i] for i in sorted(gone)]
         self.filter_batch([i for i in range(len(self.reqs)) if i not in gone])
         return retracted
 
-    def release_req_kv(self, req: Req) -> None:
-        """Give back a live request's row and the slots it does not share with the cache."""
-        own = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)[len(req.prefix_indices) :]
-        self.allocator.free(own)
-        self.req_to_token_pool.free(req.req_pool_idx)
-        if req.last_node is not None:
-            self.tree_cache.dec_lock_ref(req.last_node)
-
-    def prepare_for_decode(self, write_device: bool = False) -> None:
+    def prepare_for_decode(self, in_extend_pass: bool = False) -> None:
         """One new token per request: its slot allocated and recorded in req_to_token. A decode
-        pass stores the slots on the device itself, from its packed inputs
-        (ForwardBatch.init_decode), so only the host mirror is written here, unless
-        `write_device`: the step rides in an extend-shaped pass instead (mix_with_running)."""
+        pass stores these cells on the device from its own packed inputs
+        (forward_inputs.build_decode_batch), so they are not queued for the device, unless
+        `in_extend_pass`: the step rides in an extend-shaped pass (mix_with_running), which
+        applies queued writes like any other."""
         self.forward_mode = ForwardMode.DECODE
         self.input_ids = torch.tensor(
-            [r.output_ids[-1] if r.future_slot is None else -r.future_slot for r in self.reqs],
+            [r.output_ids[-1] if r.future_id is None else r.future_id for r in self.reqs],
             dtype=torch.int64,
         )
         slots = self.alloc_token_slots(len(self.reqs))
@@ -295,7 +272,7 @@ class ScheduleBatch:
             [r.req_pool_idx for r in self.reqs],
             [r.kv_len for r in self.reqs],
             slots,
-            mirror_only=not write_device,
+            stored_by_pass=not in_extend_pass,
         )
         for req in self.reqs:
             req.kv_len += 1
@@ -333,5 +310,5 @@ class ScheduleBatch:
             extend_prefix_lens=list(self.prefix_lens) if extend else None,
             return_logprob=self.return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
-            has_future_ids=any(r.future_slot is not None for r in self.reqs),
+            has_future_ids=any(r.future_id is not None for r in self.reqs),
         )

@@ -99,9 +99,16 @@ class PrefillAdder:
 
     def add_chunked_req(self, req: Req) -> None:
         """Continue a request whose prompt is prefilled chunk by chunk. Its prefix (everything
-        computed so far) is already locked by `cache_unfinished_req`."""
+        computed so far) is already locked by `cache_unfinished_req`. Its admission reserved
+        the whole prompt; the chunk still never takes more than is left (decode rows of mixed
+        passes may have used more than their reservation), and what it will need later stays
+        reserved, so no request admitted beside it can take it."""
         req.extend_input_len = len(req.fill_ids) - len(req.prefix_indices)
-        self._take(req, self._chunk_of(req), locked_tokens=0)
+        remaining = req.extend_input_len
+        chunk = min(self._chunk_of(req), max(self.rem_total_tokens, 0))
+        if chunk > 0:
+            self._take(req, chunk, locked_tokens=0)
+        self.rem_total_tokens -= remaining - chunk + self._future_tokens(req)
 
     def add_one_req(self, req: Req) -> AddResult:
         if self.rem_total_tokens <= 0:
@@ -115,16 +122,20 @@ class PrefillAdder:
         if req.last_node is not None:
             self.tree_cache.inc_lock_ref(req.last_node)
         locked = before - self.tree_cache.evictable_size()
-        chunk = self._chunk_of(req)
-        future = self._future_tokens(req) if chunk == req.extend_input_len else 0
+        # the whole prompt must fit, also when it is prefilled in chunks: a chunked prompt
+        # cannot give back what it holds, and with nothing evictable its next chunk would
+        # find no slots
+        remaining = req.extend_input_len
+        future = self._future_tokens(req)
         alone = self.nothing_running and not self.can_run_list
-        fits = chunk + locked + future <= self.rem_total_tokens
-        if not fits and not (alone and chunk + locked <= self.rem_total_tokens):
+        fits = remaining + locked + future <= self.rem_total_tokens
+        if not fits and not (alone and remaining + locked <= self.rem_total_tokens):
             if req.last_node is not None:
                 self.tree_cache.dec_lock_ref(req.last_node)
             return AddResult.NO_TOKEN
+        chunk = self._chunk_of(req)
         self._take(req, chunk, locked)
-        self.rem_total_tokens -= future
+        self.rem_total_tokens -= remaining - chunk + future
         if self.new_chunked_req is not None or self.rem_input_tokens <= 0:
             return AddResult.OTHER
         return AddResult.CONTINUE

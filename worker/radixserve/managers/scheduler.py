@@ -1,61 +1,86 @@
-"""The scheduler: continuous batching over a radix prefix cache, in its own process.
+"""The scheduling policy: continuous batching over a radix prefix cache.
 
-Each step it (1) takes new requests and aborts off the socket, (2) admits waiting requests into a
-prefill batch (policy order, PrefillAdder budgets, chunked prefill) or, when none can start,
-advances the running batch by one decode step (retracting requests if KV runs out), (3) runs the
-batch on the model worker and (4) appends sampled tokens, checks stops, caches finished requests'
-KV in the radix tree and emits output deltas. The same object runs in-process for tests: `step()`
-is one iteration of the loop without the sockets.
+Each `step()` it (1) admits waiting requests into a prefill batch (policy order, PrefillAdder
+budgets, chunked prefill) or, when none can start, advances the running batch by one decode step
+(retracting requests if KV runs out), (2) launches the batch on the model worker it was given
+and (3) resolves the batch launched before: appends sampled tokens, checks stops, caches
+finished requests' KV in the radix tree and queues output deltas. Requests and aborts arrive by
+method calls (`dispatch`). The process, its sockets and tensor parallelism are
+scheduler_process.py's; statistics are scheduler_stats.py's. The worker is anything with the
+`BatchWorker` shape, so the policy runs in tests with a fake worker and no model.
 """
 
 from __future__ import annotations
 
 import logging
-import multiprocessing
-import multiprocessing.process
-import os
-import signal
-import socket
-import tempfile
-import threading
 import time
-import uuid
-from collections import deque
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import torch
-
-from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.forward.mode import ForwardMode
 from radixserve.managers.io_struct import (
     AbortReq,
-    BatchReqOutput,
     FlushCacheReq,
     FlushCacheReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
     ReqOutput,
     SchedulerStats,
-    StopRanksReq,
     TokenizedGenerateReqInput,
     TokenLogprob,
 )
 from radixserve.managers.schedule_batch import Req, ScheduleBatch
 from radixserve.managers.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
-from radixserve.managers.tp_worker import GenerationBatchResult, ModelWorker, PendingBatchResult
+from radixserve.managers.scheduler_stats import SchedulerCounters
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.radix_cache import RadixCache
-from radixserve.model_executor.forward_batch_info import ForwardMode
-from radixserve.model_loader.loader import ModelSource, load_model_source_for
-from radixserve.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixserve.forward.worker_batch import ModelWorkerBatch
+    from radixserve.managers.tp_worker import GenerationBatchResult, GpuTimeline, PendingBatchResult
+    from radixserve.mem_cache.allocator import TokenSlotAllocator
+    from radixserve.mem_cache.memory_pool import ReqToTokenPool
+    from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
 
 # new_token_ratio: raised after a retraction (admit less optimistically), then decays back.
 RETRACT_RATIO_STEP = 0.15
 RATIO_DECAY_PER_STEP = 0.002
-# prefix cache hit rate gauge: over the prompts of the last this many admitted requests
-HIT_RATE_WINDOW = 256
+
+
+class BatchWorker(Protocol):
+    """What the policy needs of a model worker (managers/tp_worker.py's ModelWorker): the
+    memory it allocates from, and `launch`, which returns at once with a pending result."""
+
+    req_to_token_pool: ReqToTokenPool
+    allocator: TokenSlotAllocator
+    max_total_tokens: int
+    max_running_requests: int
+    device: torch.device
+    # launch returns before the device has run the batch: the next batch can form meanwhile
+    asynchronous: bool
+    timeline: GpuTimeline
+
+    def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult: ...
+
+    def describe(self) -> dict[str, Any]:
+        """Device, dtype and backend, for server info."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the policy needs of the model: limits to validate and stop requests by."""
+
+    context_len: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    tokenizer: Any = None  # decodes output tails for stop strings
+    description: str = ""
+    matmul_parameters: int = 0
 
 
 @dataclass
@@ -70,38 +95,17 @@ class LaunchedBatch:
     start: float
 
 
-@dataclass
-class PortArgs:
-    scheduler_input_ipc_name: str  # front end PUSH (connect) -> scheduler PULL (bind)
-    tokenizer_ipc_name: str  # scheduler PUSH (connect) -> front end PULL (bind)
-
-    @staticmethod
-    def new() -> PortArgs:
-        base = os.path.join(tempfile.gettempdir(), f"radixserve-{uuid.uuid4().hex[:12]}")
-        return PortArgs(f"ipc://{base}-scheduler", f"ipc://{base}-tokenizer")
-
-    def rank_ipc_name(self, rank: int) -> str:
-        """Rank 0 PUSH (bind) -> rank `rank` PULL (connect): what rank 0 received, each step."""
-        return f"{self.scheduler_input_ipc_name}-rank{rank}"
-
-
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, source: ModelSource | None = None) -> None:
+    def __init__(self, server_args: ServerArgs, worker: BatchWorker, model: ServedModel) -> None:
         self.server_args = server_args
-        if source is None:
-            source = load_model_source_for(server_args)
-        self.source_description = source.description
-        self.model_config = source.config
-        self.tokenizer = source.tokenizer
-        self.eos_token_ids = frozenset(source.config.eos_token_ids)
-        self.worker = ModelWorker(server_args, source)
-        runner = self.worker.model_runner
-        self.runner = runner
-        self.max_total_tokens = runner.max_total_tokens
-        self.max_running_requests = runner.max_running_requests
-        self.context_len = self.model_config.context_len
+        self.model = model
+        self.eos_token_ids = model.eos_token_ids
+        self.worker = worker
+        self.max_total_tokens = worker.max_total_tokens
+        self.max_running_requests = worker.max_running_requests
+        self.context_len = model.context_len
         cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
-        self.tree_cache = cache_cls(runner.req_to_token_pool, runner.allocator)
+        self.tree_cache = cache_cls(worker.req_to_token_pool, worker.allocator)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
 
         self.waiting_queue: list[Req] = []
@@ -109,20 +113,12 @@ class Scheduler:
         self.chunked_req: Req | None = None
         self.last_batch: ScheduleBatch | None = None  # the batch launched last
         self.in_flight: LaunchedBatch | None = None  # launched, not yet resolved (overlap)
-        self.overlap = not server_args.disable_overlap and self.runner.device.type == "cuda"
+        # with an asynchronous worker the next batch forms while this one runs
+        self.overlap = worker.asynchronous and not server_args.disable_overlap
         self.reqs_by_rid: dict[str, Req] = {}
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = server_args.new_token_ratio
-
-        # counters (monotonic) and metrics since the last stats report
-        self.num_retractions = 0
-        self.prefix_cache_query_tokens = 0
-        self.prefix_cache_hit_tokens = 0
-        self.computed_prefill_tokens = 0
-        self.forward_steps_by_mode: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
-        self.hit_window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
-        self._stats_steps: list[tuple[str, int, int, float]] = []
-        self._stats_deltas = [0, 0, 0]  # queries, hits, retractions
+        self.counters = SchedulerCounters()
 
     # -- requests ----------------------------------------------------------------------------
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -152,8 +148,8 @@ class Scheduler:
             return f"the prompt has {n} tokens; the model's context length is {self.context_len}"
         if n + 1 > self.max_total_tokens:
             return f"the prompt has {n} tokens; the KV cache holds {self.max_total_tokens}"
-        if any(t < 0 or t >= self.model_config.vocab_size for t in req.origin_input_ids):
-            return f"input ids must be in [0, {self.model_config.vocab_size})"
+        if any(t < 0 or t >= self.model.vocab_size for t in req.origin_input_ids):
+            return f"input ids must be in [0, {self.model.vocab_size})"
         return None
 
     def abort_request(self, rid: str) -> None:
@@ -180,33 +176,28 @@ class Scheduler:
         if self.has_work():
             return False
         self.tree_cache.reset()
-        self.runner.allocator.clear()
-        self.runner.req_to_token_pool.clear()
+        self.worker.allocator.clear()
+        self.worker.req_to_token_pool.clear()
         return True
 
     def get_server_info(self) -> dict[str, Any]:
         return {
             "model": self.server_args.model,
-            "model_description": self.source_description,
-            "device": self.runner.device.type,
-            "dtype": str(self.runner.dtype).removeprefix("torch."),
-            "attention_backend": self.runner.attention_backend_name,
+            "model_description": self.model.description,
+            **self.worker.describe(),
             "max_total_tokens": self.max_total_tokens,
             "max_running_requests": self.max_running_requests,
             "context_len": self.context_len,
-            "vocab_size": self.model_config.vocab_size,
+            "vocab_size": self.model.vocab_size,
             "chunked_prefill_size": self.server_args.chunked_prefill_size,
             "schedule_policy": self.server_args.schedule_policy,
             "radix_cache": not self.server_args.disable_radix_cache,
             "num_running_requests": len(self.running_batch),
             "num_queued_requests": len(self.waiting_queue),
-            "num_retractions": self.num_retractions,
-            "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
-            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
-            "computed_prefill_tokens": self.computed_prefill_tokens,
-            "forward_steps_by_mode": dict(self.forward_steps_by_mode),
+            **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
-            "free_slots": self.runner.allocator.available_size(),
+            "kv_cache_evictable_ratio": self.kv_evictable(),
+            "free_slots": self.worker.allocator.available_size(),
             "evictable_size": self.tree_cache.evictable_size(),
             "protected_size": self.tree_cache.protected_size(),
             "new_token_ratio": self.new_token_ratio,
@@ -215,11 +206,23 @@ class Scheduler:
             "gpu_gap_ms": self.worker.timeline.gap_ms,
             "gpu_decode_busy_ms": self.worker.timeline.decode_busy_ms,
             "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
-            "matmul_parameters": self.model_config.matmul_parameters,
+            "matmul_parameters": self.model.matmul_parameters,
         }
 
     def kv_usage(self) -> float:
-        return 1.0 - self.runner.allocator.available_size() / self.max_total_tokens
+        """KV held by running or queued requests: neither free nor evictable prefix cache
+        (an idle, warm pod reads 0, however much it has cached)."""
+        free = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
+        return 1.0 - free / self.max_total_tokens
+
+    def kv_evictable(self) -> float:
+        """The cached prefixes no request pins: reclaimable at once when needed."""
+        return self.tree_cache.evictable_size() / self.max_total_tokens
+
+    def reset_statistics(self) -> None:
+        """Forget counters and device timings so far (after the start-up warm-up)."""
+        self.counters = SchedulerCounters()
+        self.worker.timeline.reset()
 
     def has_work(self) -> bool:
         return bool(
@@ -257,7 +260,7 @@ class Scheduler:
         pending = self.worker.launch(batch.get_model_worker_batch())
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_decode() or req is not self.chunked_req:
-                req.future_slot = pending.future_slot_start + i
+                req.future_id = pending.future.placeholder(i)
         self.last_batch = batch
         return LaunchedBatch(
             reqs=list(batch.reqs),
@@ -271,15 +274,15 @@ class Scheduler:
     def _resolve(self, launched: LaunchedBatch) -> None:
         result = launched.pending.resolve()
         self.worker.timeline.add(launched.pending, launched.mode.is_decode())
-        mode = launched.mode.metric_label
-        self.forward_steps_by_mode[mode] += 1
         elapsed = time.perf_counter() - launched.start
-        self._stats_steps.append((mode, len(launched.reqs), launched.num_tokens, elapsed))
+        self.counters.count_step(
+            launched.mode.metric_label, len(launched.reqs), launched.num_tokens, elapsed
+        )
         for i, req in enumerate(launched.reqs):
             if req is launched.chunked_req:
                 continue  # an intermediate chunk samples nothing
-            if req.future_slot == launched.pending.future_slot_start + i:
-                req.future_slot = None
+            if req.future_id == launched.pending.future.placeholder(i):
+                req.future_id = None
             if req.finished():
                 # finished earlier (an overlap step past the end) or aborted meanwhile
                 if req.req_pool_idx is not None:
@@ -287,7 +290,7 @@ class Scheduler:
                 continue
             if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
                 self._append_token(req, result, i)
-            req.check_finished(self.context_len, self.tokenizer)
+            req.check_finished(self.context_len, self.model.tokenizer)
             if not req.finished():
                 self._emit(req)
             elif req.req_pool_idx is not None:
@@ -352,7 +355,7 @@ class Scheduler:
             return None
         adder = PrefillAdder(
             self.tree_cache,
-            self.runner.allocator,
+            self.worker.allocator,
             self.running_batch.reqs,
             self.new_token_ratio,
             self.server_args.max_prefill_tokens,
@@ -378,29 +381,20 @@ class Scheduler:
                 and req.num_retractions == 0
                 and req.first_scheduled_time is None
             ):
-                self._count_prefix_hit(req)
+                req.cached_tokens = len(req.prefix_indices)
+                self.counters.count_prefix_lookup(len(req.origin_input_ids), req.cached_tokens)
         self.chunked_req = adder.new_chunked_req
         batch = self._new_batch(adder.can_run_list)
         batch.prepare_for_extend()
-        self.computed_prefill_tokens += sum(batch.extend_lens)
+        self.counters.count_prefill(sum(batch.extend_lens))
         return batch
-
-    def _count_prefix_hit(self, req: Req) -> None:
-        query, hit = len(req.origin_input_ids), len(req.prefix_indices)
-        req.cached_tokens = hit
-        self.prefix_cache_query_tokens += query
-        self.prefix_cache_hit_tokens += hit
-        self._stats_deltas[0] += query
-        self._stats_deltas[1] += hit
-        self.hit_window.append((query, hit))
 
     def update_running_batch(self) -> ScheduleBatch | None:
         batch = self.running_batch
         if batch.decode_slots_short() > 0:
             retracted = batch.retract_decode()
             if retracted:
-                self.num_retractions += len(retracted)
-                self._stats_deltas[2] += len(retracted)
+                self.counters.count_retractions(len(retracted))
                 self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
                 logger.info("KV cache full: retracted %d requests", len(retracted))
                 self.waiting_queue = retracted + self.waiting_queue
@@ -430,8 +424,8 @@ class Scheduler:
         if req.kv_len > req.seqlen:
             # an overlap step past the end took a slot for a token that was then dropped
             # (e.g. max_new_tokens=0): it holds nothing worth caching
-            row = self.runner.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
-            self.runner.allocator.free(row[req.seqlen :])
+            row = self.worker.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
+            self.worker.allocator.free(row[req.seqlen :])
             req.kv_len = req.seqlen
         self.tree_cache.cache_finished_req(req)
         req.req_pool_idx = None
@@ -468,36 +462,26 @@ class Scheduler:
         return outputs
 
     def pop_stats(self) -> SchedulerStats:
-        queries = sum(q for q, _ in self.hit_window)
-        hits = sum(h for _, h in self.hit_window)
-        stats = SchedulerStats(
-            num_running_requests=len(self.running_batch) + (1 if self.chunked_req else 0),
-            num_queued_requests=len(self.waiting_queue),
-            kv_cache_usage_ratio=self.kv_usage(),
-            prefix_cache_hit_rate=hits / queries if queries else 0.0,
+        return self.counters.pop(
+            running=len(self.running_batch) + (1 if self.chunked_req else 0),
+            queued=len(self.waiting_queue),
+            kv_usage=self.kv_usage(),
+            kv_evictable=self.kv_evictable(),
             max_total_tokens=self.max_total_tokens,
-            prefix_cache_queries_tokens=self._stats_deltas[0],
-            prefix_cache_hits_tokens=self._stats_deltas[1],
-            retractions=self._stats_deltas[2],
-            steps=self._stats_steps,
         )
-        self._stats_steps = []
-        self._stats_deltas = [0, 0, 0]
-        return stats
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
-        runner = self.worker.model_runner
         return ScheduleBatch(
             reqs,
-            runner.req_to_token_pool,
-            runner.allocator,
+            self.worker.req_to_token_pool,
+            self.worker.allocator,
             self.tree_cache,
-            self.model_config.vocab_size,
-            runner.device,
+            self.model.vocab_size,
+            self.worker.device,
             set(self.eos_token_ids),
         )
 
-    # -- the process -------------------------------------------------------------------------
+    # -- messages ----------------------------------------------------------------------------
     def dispatch(self, msg: Any) -> Any:
         """Apply one message from the front end; returns a reply to send, if any."""
         if isinstance(msg, TokenizedGenerateReqInput):
@@ -512,185 +496,3 @@ class Scheduler:
         else:
             logger.warning("ignoring unknown message %r", type(msg).__name__)
         return None
-
-
-def run_scheduler_process(
-    server_args: ServerArgs,
-    port_args: PortArgs,
-    ready_conn: Any,
-    tp_rank: int = 0,
-    dist_init_method: str | None = None,
-) -> None:
-    """Entry point of a scheduler process (multiprocessing 'spawn' target).
-
-    With `--tp-size N`, the process the front end starts is rank 0: it starts ranks 1..N-1 as
-    its own children, talks to the front end, and passes on what it receives each step, so that
-    every rank makes the same scheduling decisions and runs its shard of every batch.
-    """
-    import zmq
-
-    logging.basicConfig(
-        level=server_args.log_level.upper(),
-        format=f"%(asctime)s scheduler{tp_rank or ''} %(levelname)s %(message)s",
-    )
-    parent = os.getppid()
-    peers: list[multiprocessing.process.BaseProcess] = []
-    try:
-        if server_args.tp_size > 1:
-            if tp_rank == 0:
-                dist_init_method = f"tcp://127.0.0.1:{_free_port()}"
-                peers = _start_peer_ranks(server_args, port_args, dist_init_method)
-            device = server_args.resolved_device()
-            init_tensor_parallel(
-                tp_rank,
-                server_args.tp_size,
-                dist_init_method,
-                torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
-            )
-        scheduler = Scheduler(server_args)
-    except Exception as exc:  # report any load failure to the parent, then exit
-        logger.exception("scheduler failed to start")
-        if ready_conn is not None:
-            ready_conn.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
-        for peer in peers:
-            peer.terminate()
-        return
-    ctx = zmq.Context(1)
-    if tp_rank != 0:
-        from_first = ctx.socket(zmq.PULL)
-        from_first.connect(port_args.rank_ipc_name(tp_rank))
-        _follow_first_rank(scheduler, from_first, parent)
-        from_first.close(linger=0)
-        ctx.term()
-        return
-    recv_sock = ctx.socket(zmq.PULL)
-    recv_sock.bind(port_args.scheduler_input_ipc_name)
-    send_sock = ctx.socket(zmq.PUSH)
-    send_sock.connect(port_args.tokenizer_ipc_name)
-    to_ranks = []
-    for rank in range(1, server_args.tp_size):
-        to_ranks.append(ctx.socket(zmq.PUSH))
-        to_ranks[-1].bind(port_args.rank_ipc_name(rank))
-    ready_conn.send(
-        {
-            "status": "ready",
-            "max_total_tokens": scheduler.max_total_tokens,
-            "max_running_requests": scheduler.max_running_requests,
-            "context_len": scheduler.context_len,
-            "vocab_size": scheduler.model_config.vocab_size,
-            "model_description": scheduler.source_description,
-            "device": scheduler.runner.device.type,
-            "attention_backend": scheduler.runner.attention_backend_name,
-        }
-    )
-    _serve(scheduler, recv_sock, send_sock, to_ranks, parent)
-    if peers:
-        _stop_peer_ranks(peers, to_ranks)
-    # outputs for a front end that is gone must not hold the exit
-    for sock in (recv_sock, send_sock, *to_ranks):
-        sock.close(linger=0)
-    ctx.term()
-    destroy_tensor_parallel()
-
-
-def _serve(
-    scheduler: Scheduler,
-    recv_sock: Any,
-    send_sock: Any,
-    to_ranks: list[Any],
-    parent: int,
-) -> None:
-    """Rank 0's loop, until SIGTERM (the front end stopping it) or the front end's death.
-
-    Each iteration's messages go to ranks 1..N-1 (`to_ranks`) before rank 0 applies them: a
-    send, never a wait, so the host's critical path between two steps has no round trip
-    between ranks (a gloo object broadcast took ~0.9 ms on a 2-core CPU); the devices stay in
-    step through their own collectives.
-
-    SIGTERM only sets a flag: the step in progress finishes, so that with --tp-size > 1 every
-    rank is between collectives when the others are told to stop."""
-    import zmq
-
-    stopping = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
-    idle_reported = True
-    while not stopping.is_set():
-        busy = scheduler.has_work()
-        # block (bounded, to notice a dead parent) only when there is nothing to run
-        if not busy and not recv_sock.poll(timeout=200) and os.getppid() != parent:
-            logger.info("front end is gone; exiting")
-            return
-        messages = []
-        while True:
-            try:
-                messages.append(recv_sock.recv_pyobj(zmq.NOBLOCK))
-            except zmq.Again:
-                break
-        for sock in to_ranks:
-            sock.send_pyobj(messages)
-        for msg in messages:
-            reply = scheduler.dispatch(msg)
-            if reply is not None:
-                send_sock.send_pyobj(reply)
-        ran = scheduler.step()
-        outputs = scheduler.pop_outputs()
-        if ran or outputs or not idle_reported:
-            send_sock.send_pyobj(BatchReqOutput(outputs, scheduler.pop_stats()))
-            idle_reported = not ran and not scheduler.has_work()
-        elif busy and os.getppid() != parent:
-            return
-
-
-def _follow_first_rank(scheduler: Scheduler, from_first: Any, parent: int) -> None:
-    """Ranks 1..N-1: apply rank 0's messages and step in lockstep with it (one message list
-    per rank-0 iteration, at least five a second); outputs are rank 0's job. Rank 0 ends this
-    with a StopRanksReq; a rank 0 that died instead is noticed as a changed parent."""
-    while True:
-        if not from_first.poll(timeout=1000):
-            if os.getppid() != parent:
-                logger.info("rank 0 is gone; exiting")
-                return
-            continue
-        messages = from_first.recv_pyobj()
-        if any(isinstance(msg, StopRanksReq) for msg in messages):
-            destroy_tensor_parallel()
-            return
-        for msg in messages:
-            scheduler.dispatch(msg)
-        scheduler.step()
-        scheduler.pop_outputs()
-
-
-def _stop_peer_ranks(peers: list[multiprocessing.process.BaseProcess], to_ranks: list[Any]) -> None:
-    """Tell ranks 1..N-1 to stop and wait for them, so that they take their NCCL
-    communicators down while rank 0's store still answers (otherwise each logs a stack of
-    'TCPStore ... Connection was likely closed' warnings)."""
-    for sock in to_ranks:
-        sock.send_pyobj([StopRanksReq()])
-    for peer in peers:
-        peer.join(timeout=5)
-        if peer.is_alive():
-            peer.terminate()
-
-
-def _start_peer_ranks(
-    server_args: ServerArgs, port_args: PortArgs, dist_init_method: str
-) -> list[multiprocessing.process.BaseProcess]:
-    context = multiprocessing.get_context("spawn")
-    peers = []
-    for rank in range(1, server_args.tp_size):
-        peer = context.Process(
-            target=run_scheduler_process,
-            args=(server_args, port_args, None, rank, dist_init_method),
-            name=f"radixserve-scheduler-tp{rank}",
-            daemon=True,  # ends with rank 0
-        )
-        peer.start()
-        peers.append(peer)
-    return peers
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]

@@ -1,12 +1,16 @@
-"""The front end's side of the scheduler: tokenize, send, track, detokenize, measure.
+"""The front end's side of the scheduler: normalise, tokenize, send, track, detokenize, measure.
 
-One `TokenizerManager` lives in the front-end process, on one asyncio loop. It pushes
-`TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives `BatchReqOutput`
-deltas on a background task and routes them to per-request queues, which `generate` turns into
-text chunks. A request whose consumer goes away (client disconnect, cancelled task, closed
-generator) is aborted in the scheduler so that its KV slots are freed. The scheduler process is
-watched through its sentinel: when it dies every waiting request fails at once instead of
-hanging, and `scheduler_alive` turns false for `/health`.
+One `TokenizerManager` lives in the front-end process, on one asyncio loop. It is the one front
+door every API shares: `/generate`, `/v1/completions` and `/v1/chat/completions` (after its
+chat template) all reduce to a `GenerateRequest`, which `build_inputs` validates, tokenizes and
+fans out into one `GenerateInput` per (prompt, sample); errors name the offending parameter.
+
+It pushes `TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives
+`BatchReqOutput` deltas on a background task and routes them to per-request queues, which
+`generate` turns into text chunks. A request whose consumer goes away (client disconnect,
+cancelled task, closed generator) is aborted in the scheduler so that its KV slots are freed.
+The scheduler process is watched through its sentinel: when it dies every waiting request
+fails at once instead of hanging, and `scheduler_alive` turns false for `/health`.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import logging
 import multiprocessing.process
 import time
@@ -27,6 +32,7 @@ import transformers
 import zmq
 import zmq.asyncio
 
+from radixserve.api_errors import APIError, InvalidParameterError
 from radixserve.managers.detokenizer import IncrementalDetokenizer, StopStringTrimmer
 from radixserve.managers.io_struct import (
     AbortReq,
@@ -47,6 +53,7 @@ logger = logging.getLogger(__name__)
 Tokenizer = transformers.PreTrainedTokenizerBase
 
 FLUSH_RETRY_S = 2.0
+MAX_TOP_LOGPROBS = 20
 
 
 class SchedulerUnavailableError(RuntimeError):
@@ -63,6 +70,88 @@ class RequestAbortedError(RuntimeError):
 
 class GenerationError(RuntimeError):
     """The scheduler finished the request with an error."""
+
+
+class DuplicateRequestIdError(APIError):
+    """A request id (X-Request-Id) that a request still in flight already uses."""
+
+    def __init__(self, rid: str) -> None:
+        super().__init__(
+            f"request id {rid!r} is already in flight", status=409, code="duplicate_request_id"
+        )
+
+
+class PromptTooLongError(InvalidParameterError):
+    """The prompt (plus the tokens asked for) does not fit the context or the KV cache."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message, param, code="context_length_exceeded")
+
+
+@dataclass
+class GenerateRequest:
+    """One API request reduced to what every endpoint shares: a batch of prompts (text or token
+    ids) with their sampling parameters. `build_inputs` turns it into `GenerateInput`s."""
+
+    prompts: list[str | list[int]]
+    # One entry per prompt: a SamplingParams, or a JSON-style dict for SamplingParams.from_dict.
+    sampling_params: list[dict[str, Any] | SamplingParams]
+    request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    return_logprob: bool = False
+    top_logprobs_num: int = 0
+    # An unset max_new_tokens means "up to the context" (OpenAI's rule) instead of the
+    # SamplingParams default (the native API's).
+    fill_context: bool = False
+    # The request field that holds the prompts, for errors about them.
+    prompt_param: str = "prompt"
+    # How the request spells SamplingParams fields, for errors about them
+    # (OpenAI: max_new_tokens is max_tokens; native: temperature is sampling_params.temperature).
+    sampling_param_names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def native(
+        cls,
+        text: str | list[str] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: dict | SamplingParams | list | None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        request_id: str | None = None,
+    ) -> tuple[GenerateRequest, bool]:
+        """The native API's shapes (`/generate`, `Engine.generate`): one prompt or a batch, as
+        text or token ids, with one sampling-params object or one per prompt. Returns the
+        request and whether the caller sent a batch."""
+        if (text is None) == (input_ids is None):
+            raise InvalidParameterError("give exactly one of text (prompt) and input_ids", "text")
+        prompts: list[Any]
+        if text is not None:
+            batched = isinstance(text, list)
+            prompts = text if batched else [text]
+            if not all(isinstance(p, str) for p in prompts):
+                raise InvalidParameterError("text must be a string or a list of strings", "text")
+            param = "text"
+        else:
+            batched = isinstance(input_ids, list) and bool(input_ids)
+            batched = batched and isinstance(input_ids[0], list)
+            prompts = input_ids if batched else [input_ids]
+            param = "input_ids"
+        if isinstance(sampling_params, list):
+            params_list = list(sampling_params)
+        else:
+            params_list = [sampling_params] * len(prompts)
+        request = cls(
+            prompts=prompts,
+            sampling_params=params_list,
+            return_logprob=return_logprob,
+            top_logprobs_num=top_logprobs_num,
+            prompt_param=param,
+            sampling_param_names={
+                f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)
+            },
+        )
+        if request_id is not None:
+            request.request_id = request_id
+        return request, batched
 
 
 @dataclass
@@ -120,8 +209,13 @@ class TokenizerManager:
         scheduler_process: multiprocessing.process.BaseProcess,
         metrics: ServerMetrics,
         max_queued_requests: int,
+        vocab_size: int,
+        max_request_tokens: int,
     ) -> None:
         self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        # A request's prompt plus its new tokens must fit this (the context and the KV cache).
+        self.max_request_tokens = max_request_tokens
         self.metrics = metrics
         self.max_queued_requests = max_queued_requests
         self._scheduler_input_ipc_name = scheduler_input_ipc_name
@@ -132,7 +226,8 @@ class TokenizerManager:
         self._info_replies: deque[asyncio.Future] = deque()
         self._scheduler_error: str | None = None
         self._recv_task: asyncio.Task | None = None
-        self.last_output_time = 0.0
+        # when the scheduler loop last reported (a step's outputs, or an idle heartbeat)
+        self.last_scheduler_report = time.monotonic()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -218,13 +313,11 @@ class TokenizerManager:
 
     def _dispatch(self, message: object) -> None:
         if isinstance(message, BatchReqOutput):
-            now = time.perf_counter()
+            self.last_scheduler_report = time.monotonic()
             for output in message.outputs:
                 state = self._states.get(output.rid)
                 if state is not None:
                     state.outputs.put_nowait(output)
-                    if output.new_token_ids:
-                        self.last_output_time = now
             if message.stats is not None:
                 self.metrics.apply_scheduler_stats(message.stats)
         elif isinstance(message, FlushCacheReqOutput):
@@ -235,6 +328,96 @@ class TokenizerManager:
             logger.warning("ignoring unexpected message from the scheduler: %r", type(message))
 
     # ---------------------------------------------------------------- requests
+
+    def build_inputs(self, request: GenerateRequest) -> list[GenerateInput]:
+        """Validate and tokenize a request; one input per (prompt, sample), `n` fanned out.
+
+        Request ids: the request's own for a single input, `{id}-{k}` for the k-th of several.
+        Raises InvalidParameterError (a 400 naming the parameter) on anything malformed."""
+        if not request.prompts:
+            raise InvalidParameterError("the batch of prompts is empty", request.prompt_param)
+        if len(request.sampling_params) != len(request.prompts):
+            raise InvalidParameterError(
+                "sampling_params must be one object or one per prompt", "sampling_params"
+            )
+        if not isinstance(request.return_logprob, bool):
+            raise InvalidParameterError("return_logprob must be a boolean", "return_logprob")
+        top = request.top_logprobs_num
+        if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise InvalidParameterError(
+                f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]",
+                "top_logprobs_num",
+            )
+        inputs = []
+        for prompt, raw_params in zip(request.prompts, request.sampling_params, strict=True):
+            ids = self._prompt_ids(prompt, request.prompt_param)
+            try:
+                params = self._sampling_params(raw_params, len(ids), request.fill_context)
+            except InvalidParameterError as exc:
+                raise exc.renamed(request.sampling_param_names) from None
+            self.check_prompt_length(len(ids), params.max_new_tokens, request.prompt_param)
+            for sample in range(params.n):
+                copy = dataclasses.replace(params, n=1)
+                if params.seed is not None and params.n > 1:
+                    copy.seed = (params.seed + sample) % 2**64
+                inputs.append(
+                    GenerateInput(
+                        input_ids=list(ids),
+                        sampling_params=copy,
+                        return_logprob=request.return_logprob,
+                        top_logprobs_num=top,
+                    )
+                )
+        if len(inputs) == 1:
+            inputs[0].rid = request.request_id
+        else:
+            for k, item in enumerate(inputs):
+                item.rid = f"{request.request_id}-{k}"
+        return inputs
+
+    def _prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+        if isinstance(prompt, str):
+            return self.encode(prompt, param=param)
+        if not isinstance(prompt, list) or not all(
+            _is_token_id(t, self.vocab_size) for t in prompt
+        ):
+            raise InvalidParameterError(
+                f"{param} must be text or a list of token ids in [0, {self.vocab_size})", param
+            )
+        return prompt
+
+    def _sampling_params(
+        self, params: dict[str, Any] | SamplingParams | None, prompt_len: int, fill_context: bool
+    ) -> SamplingParams:
+        if params is None:
+            params = {}
+        if isinstance(params, dict):
+            if fill_context and params.get("max_new_tokens") is None:
+                params = {**params, "max_new_tokens": max(self.max_request_tokens - prompt_len, 0)}
+            params = SamplingParams.from_dict(params)
+        elif not isinstance(params, SamplingParams):
+            raise InvalidParameterError("sampling_params must be an object", "sampling_params")
+        params.verify(self.vocab_size)
+        return params
+
+    def check_prompt_length(self, prompt_tokens: int, max_new_tokens: int, param: str) -> None:
+        """A request's prompt plus its new tokens must fit the context and the KV cache."""
+        limit = self.max_request_tokens
+        if prompt_tokens == 0:
+            raise InvalidParameterError("the prompt is empty", param)
+        if prompt_tokens >= limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens, but the prompt has "
+                f"{prompt_tokens} tokens. Please shorten the prompt.",
+                param,
+            )
+        if prompt_tokens + max_new_tokens > limit:
+            raise PromptTooLongError(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_tokens + max_new_tokens} tokens ({prompt_tokens} in the prompt, "
+                f"{max_new_tokens} for the completion). Please reduce the prompt or max tokens.",
+                param,
+            )
 
     def check_capacity(self, num_requests: int) -> None:
         """Refuse work up front instead of letting the scheduler's queue grow without bound."""
@@ -256,7 +439,7 @@ class TokenizerManager:
     def _register(self, request: GenerateInput) -> _RequestState:
         """Track the request; from here on it counts as queued for admission control."""
         if request.rid in self._states:
-            raise ValueError(f"request id {request.rid!r} is already in flight")
+            raise DuplicateRequestIdError(request.rid)
         params = request.sampling_params
         detokenizer = None
         if self.tokenizer is not None:
@@ -332,15 +515,22 @@ class TokenizerManager:
     def _detokenize(self, state: _RequestState, output: ReqOutput, final: bool) -> str:
         if state.detokenizer is None:
             return ""
+        # The stop token (EOS or one of stop_token_ids) ends the text without being part of
+        # it, as OpenAI never returns the stop sequence; unskipped, EOS would show as text.
+        num_text_ids = len(output.new_token_ids)
+        matched = (output.finished_reason or {}).get("matched")
+        if num_text_ids and isinstance(matched, int) and output.new_token_ids[-1] == matched:
+            num_text_ids -= 1
         if not state.input.return_logprob:
-            delta = state.detokenizer.feed(output.new_token_ids, final=final)
+            delta = state.detokenizer.feed(output.new_token_ids[:num_text_ids], final=final)
             return state.trimmer.push(delta, final=final)
         # Token by token, to know where each token's text starts (logprobs are cut with it).
         released = []
         last = len(output.new_token_ids) - 1
         for i, token_id in enumerate(output.new_token_ids):
             state.token_offsets.append(len(state.trimmer.text))
-            delta = state.detokenizer.feed([token_id], final=final and i == last)
+            ids = [token_id] if i < num_text_ids else []
+            delta = state.detokenizer.feed(ids, final=final and i == last)
             released.append(state.trimmer.push(delta, final=final and i == last))
         if not output.new_token_ids and final:
             released.append(state.trimmer.push("", final=True))
@@ -407,6 +597,10 @@ class TokenizerManager:
             self.check_capacity(len(requests))
         elif self._scheduler_error is not None:
             raise SchedulerUnavailableError(self._scheduler_error)
+        rids = [r.rid for r in requests]
+        for rid in rids:
+            if rid in self._states or rids.count(rid) > 1:
+                raise DuplicateRequestIdError(rid)
         states = [self._register(r) for r in requests]
         prompts = [tuple(r.input_ids) for r in requests]
         queue: asyncio.Queue = asyncio.Queue()
@@ -496,20 +690,14 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- text
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def encode(
+        self, text: str, add_special_tokens: bool = True, param: str | None = None
+    ) -> list[int]:
         if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer: send token ids instead of text")
+            raise InvalidParameterError(
+                "this model has no tokenizer: send token ids instead of text", param
+            )
         return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        if self.tokenizer is None:
-            raise ValueError("this model has no tokenizer, so chat requests cannot be served")
-        if not self.tokenizer.chat_template:
-            raise ValueError("this model has no chat template; use /v1/completions")
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return self.encode(text, add_special_tokens=False)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
@@ -521,6 +709,10 @@ class TokenizerManager:
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def _is_token_id(value: object, vocab_size: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < vocab_size
 
 
 def _resolve_next(futures: deque[asyncio.Future], message: object) -> None:

@@ -2,9 +2,9 @@
 
 `launch` only enqueues work (forward, sampling, a non-blocking copy of the tokens to the host)
 and returns at once, so the scheduler can prepare the next batch while the device runs this one
-(overlap scheduling). Tokens a later batch needs before the host has them are "future" tokens:
-each launched row writes its token into `future_token_ids` on the device, and the next batch
-names it by a negative id that `ModelRunner` resolves on the device.
+(overlap scheduling). Tokens a later batch needs before the host has them are future tokens
+(model_executor/future_tokens.py): the pending result tells the scheduler, per row, the
+placeholder input id that stands for the row's token until it is resolved.
 """
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 
 from radixserve.distributed.parallel_state import broadcast_from_first
-from radixserve.managers.schedule_batch import ModelWorkerBatch
+from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.metrics.startup import StartupPhases
+from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import ModelSource
 from radixserve.server_args import ServerArgs
@@ -35,10 +37,10 @@ class PendingBatchResult:
         next_token_ids: torch.Tensor,
         logprobs: torch.Tensor | None,
         top_logprobs: list[list[tuple[int, float]]] | None,
-        future_slot_start: int,
+        future: FutureSlots,
         started: torch.cuda.Event | None = None,
     ) -> None:
-        self.future_slot_start = future_slot_start
+        self.future = future  # row i's token is named by future.placeholder(i) until resolved
         self.started = started
         self._top_logprobs = top_logprobs
         pinned = next_token_ids.device.type == "cuda"
@@ -65,6 +67,10 @@ class GpuTimeline:
     where overlap must hide all host work (a prefill's admission may not)."""
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything recorded so far."""
         self.busy_ms = 0.0
         self.gap_ms = 0.0
         self.decode_busy_ms = 0.0
@@ -93,9 +99,30 @@ class GpuTimeline:
 
 
 class ModelWorker:
-    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
-        self.model_runner = ModelRunner(server_args, source)
+    """The scheduler's model worker (the `BatchWorker` it programs against): the model runner's
+    memory to allocate from, and `launch`."""
+
+    def __init__(
+        self, server_args: ServerArgs, source: ModelSource, startup: StartupPhases | None = None
+    ) -> None:
+        runner = ModelRunner(server_args, source, startup)
+        self.model_runner = runner
+        self.req_to_token_pool = runner.req_to_token_pool
+        self.allocator = runner.allocator
+        self.max_total_tokens = runner.max_total_tokens
+        self.max_running_requests = runner.max_running_requests
+        self.device = runner.device
+        # a CUDA device runs launched work while the host goes on; the CPU runs it in launch
+        self.asynchronous = runner.device.type == "cuda"
         self.timeline = GpuTimeline()
+
+    def describe(self) -> dict[str, str]:
+        runner = self.model_runner
+        return {
+            "device": runner.device.type,
+            "dtype": str(runner.dtype).removeprefix("torch."),
+            "attention_backend": runner.attention_backend_name,
+        }
 
     @torch.inference_mode()
     def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
@@ -104,8 +131,8 @@ class ModelWorker:
         if runner.device.type == "cuda":
             started = torch.cuda.Event(enable_timing=True)
             started.record()
-        start = runner.reserve_future_slots(len(batch.seq_lens))
-        out = runner.forward(batch, start)
+        future = runner.future_tokens.reserve(len(batch.seq_lens))
+        out = runner.forward(batch, future)
         info = batch.sampling_info
         if out.greedy_ids is not None and info.is_plain_greedy and not batch.return_logprob:
             # the graph picked these and put them in the ring; identical on every rank (the
@@ -118,9 +145,9 @@ class ModelWorker:
             # ranks sample from identical logits, but unseeded requests draw different noise
             # on each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift
             broadcast_from_first(next_token_ids)
-            runner.store_future_ids(next_token_ids, start)
+            runner.future_tokens.store(future, next_token_ids)
         info.update_with_new_tokens(next_token_ids)
-        return PendingBatchResult(next_token_ids, logprobs, top_logprobs, start, started)
+        return PendingBatchResult(next_token_ids, logprobs, top_logprobs, future, started)
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
         """Launch and wait: the synchronous path."""

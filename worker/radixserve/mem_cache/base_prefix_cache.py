@@ -9,12 +9,15 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 import torch
 
-if TYPE_CHECKING:
-    from radixserve.mem_cache.radix_cache import TreeNode
+
+class PrefixNode(Protocol):
+    """The cache's handle on the node that ends a matched prefix: opaque to the scheduler,
+    which only passes it back (to lock, unlock, or as a request's `last_node`). RadixCache's
+    TreeNode is one; ChunkCache has none."""
 
 
 class CacheableReq(Protocol):
@@ -33,7 +36,7 @@ class MatchResult:
     """The cached prefix of a key: its KV slots and the tree node that ends it."""
 
     indices: torch.Tensor  # CPU int64 KV slots of the matched prefix (len = matched tokens)
-    last_node: TreeNode | None
+    last_node: PrefixNode | None
 
 
 def empty_slots() -> torch.Tensor:
@@ -67,11 +70,16 @@ class BasePrefixCache(ABC):
         """Cache a running request's KV so far (after a prefill chunk); it keeps its row."""
 
     @abstractmethod
-    def inc_lock_ref(self, node: TreeNode | None) -> None:
+    def release_req(self, req: CacheableReq) -> None:
+        """A live request gives up its KV uncached (retraction): free its row and every slot
+        the cache does not own, and drop its lock on what the cache does own."""
+
+    @abstractmethod
+    def inc_lock_ref(self, node: PrefixNode | None) -> None:
         """Pin `node` and its ancestors so eviction cannot take them."""
 
     @abstractmethod
-    def dec_lock_ref(self, node: TreeNode | None) -> None:
+    def dec_lock_ref(self, node: PrefixNode | None) -> None:
         """Undo one inc_lock_ref(node)."""
 
     @abstractmethod

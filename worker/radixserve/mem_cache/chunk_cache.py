@@ -14,10 +14,10 @@ from radixserve.mem_cache.base_prefix_cache import (
     BasePrefixCache,
     CacheableReq,
     MatchResult,
+    PrefixNode,
     empty_slots,
 )
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
-from radixserve.mem_cache.radix_cache import TreeNode
 
 
 class ChunkCache(BasePrefixCache):
@@ -46,10 +46,14 @@ class ChunkCache(BasePrefixCache):
     def cache_unfinished_req(self, req: CacheableReq) -> None:
         req.prefix_indices = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
 
-    def inc_lock_ref(self, node: TreeNode | None) -> None:
+    def release_req(self, req: CacheableReq) -> None:
+        """Nothing here is the cache's: a chunked request's `prefix_indices` are its own."""
+        self.cache_finished_req(req)
+
+    def inc_lock_ref(self, node: PrefixNode | None) -> None:
         pass
 
-    def dec_lock_ref(self, node: TreeNode | None) -> None:
+    def dec_lock_ref(self, node: PrefixNode | None) -> None:
         pass
 
     def evict(self, num_tokens: int) -> int:

@@ -8,29 +8,43 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.layers import fused_ops
-from radixserve.utils import device_tensor
-
 
 class ReqToTokenPool:
     """[size, max_context_len] int32 on the device: row = running request, entry = KV slot of
     that token.
 
-    A CPU mirror is kept so the scheduler reads rows without a device sync; writes go to both.
-    On a CPU device the mirror *is* the device tensor and each write happens once.
+    Two copies with two owners. The host mirror is the scheduler's: `ScheduleBatch` and the
+    prefix cache write it through `write_batch`/`write_columns` and read it without a device
+    sync. The device table is written only when the model runner prepares a pass
+    (model_executor/forward_inputs.py): it takes the writes queued here since the last pass
+    (`take_device_writes`), and a decode pass stores its one new cell per row from its own
+    packed inputs, which is why a decode step's writes are not queued. On a CPU device the
+    mirror *is* the table and nothing is queued.
     """
 
-    def __init__(self, size: int, max_context_len: int, device: str | torch.device) -> None:
+    def __init__(
+        self,
+        size: int,
+        max_context_len: int,
+        device: str | torch.device,
+        separate_mirror: bool | None = None,
+    ) -> None:
+        """`separate_mirror` (default: off the CPU) keeps a host mirror apart from the table;
+        tests turn it on for a CPU pool to stand in for a device one."""
         self.size = size
         self.max_context_len = max_context_len
         self.device = torch.device(device)
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
-        self._mirror_is_device = self.device.type == "cpu"
+        if separate_mirror is None:
+            separate_mirror = self.device.type != "cpu"
+        self.mirror_is_table = not separate_mirror
         self._cpu_mirror = (
             self.req_to_token
-            if self._mirror_is_device
+            if self.mirror_is_table
             else torch.zeros((size, max_context_len), dtype=torch.int32)
         )
+        # [3, n] int32 (rows, columns, values) per write, in write order, for the device table
+        self._device_writes: list[torch.Tensor] = []
         self._free_rows: list[int] = []
         self.clear()
 
@@ -60,10 +74,10 @@ class ReqToTokenPool:
     def write_batch(
         self, req_indices: list[int], starts: list[int], indices: list[torch.Tensor]
     ) -> None:
-        """Write several rows' runs of slots with a single device index_put.
+        """Write several rows' runs of slots; the device gets them as one queued write.
 
-        The flat (row, column) index is built on the CPU, so a batch of N requests costs one
-        host-to-device copy and one kernel instead of N of each.
+        The flat (row, column) index is built on the CPU, so a batch of N requests costs the
+        next pass one host-to-device copy and one kernel instead of N of each.
         """
         if not req_indices:
             return
@@ -76,50 +90,39 @@ class ReqToTokenPool:
             shift, lengths
         )
         values = torch.cat([t.to(device="cpu", dtype=torch.int32) for t in indices])
-        self._put(rows, cols, values)
+        self._write(rows, cols, values, queue=True)
 
     def write_columns(
         self,
         req_indices: list[int],
         cols: list[int],
         values: torch.Tensor,
-        mirror_only: bool = False,
+        stored_by_pass: bool = False,
     ) -> None:
         """One slot per row (a decode step): row req_indices[i] gets values[i] at cols[i].
 
-        `mirror_only` leaves the device table to the decode pass, which stores the same cells
-        from the inputs it copies to the device anyway (`store_decode_slots`): a step then
-        pays no host-to-device copy and no index_put for them."""
+        `stored_by_pass`: a decode pass stores these cells on the device itself, from the
+        inputs it copies there anyway, so they are not queued (no copy, no index_put)."""
         if not req_indices:
             return
         rows = torch.tensor(req_indices, dtype=torch.int64)
         col_ids = torch.tensor(cols, dtype=torch.int64)
-        values = values.to(device="cpu", dtype=torch.int32)
-        if mirror_only:
-            self._cpu_mirror[rows, col_ids] = values
-        else:
-            self._put(rows, col_ids, values)
+        self._write(rows, col_ids, values.to(device="cpu", dtype=torch.int32), not stored_by_pass)
 
-    def store_decode_slots(
-        self, req_indices: torch.Tensor, cols: torch.Tensor, values: torch.Tensor
+    def _write(
+        self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, queue: bool
     ) -> None:
-        """The device half of `write_columns(..., mirror_only=True)`, from device tensors
-        (a decode pass's request rows, positions and KV slots). On a CPU device the mirror
-        is the table: the host write already made it."""
-        if not self._mirror_is_device:
-            fused_ops.store_cells(self.req_to_token, req_indices, cols, values)
-
-    def _put(self, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> None:
-        """Write the mirror now and queue the device write behind the work in flight: one
-        host-to-device copy (rows, columns and values packed) and one index_put, no host sync."""
         self._cpu_mirror[rows, cols] = values
-        if not self._mirror_is_device:
-            packed = device_tensor(
-                torch.stack([rows.to(torch.int32), cols.to(torch.int32), values]),
-                torch.int32,
-                self.device,
+        if queue and not self.mirror_is_table:
+            self._device_writes.append(
+                torch.stack([rows.to(torch.int32), cols.to(torch.int32), values])
             )
-            self.req_to_token.index_put_((packed[0], packed[1]), packed[2])
+
+    def take_device_writes(self) -> list[torch.Tensor]:
+        """The queued writes ([3, n] int32 each, oldest first) the device table still lacks;
+        the caller applies them in order (a later write to a cell wins)."""
+        writes, self._device_writes = self._device_writes, []
+        return writes
 
     def read(self, req_idx: int, end: int) -> torch.Tensor:
         """row[req_idx][:end] as a fresh CPU int64 tensor, read from the mirror (no device sync)."""

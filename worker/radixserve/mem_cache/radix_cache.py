@@ -242,6 +242,14 @@ class RadixCache(BasePrefixCache):
         self.req_to_token_pool.free(req.req_pool_idx)
         self.dec_lock_ref(req.last_node)
 
+    def release_req(self, req: CacheableReq) -> None:
+        """The matched (or chunk-cached) prefix is the tree's, locked by `last_node`; the rest
+        of the row is the request's own."""
+        own = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)[len(req.prefix_indices) :]
+        self.token_to_kv_pool_allocator.free(own)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.dec_lock_ref(req.last_node)
+
     def cache_unfinished_req(self, req: CacheableReq) -> None:
         key, _ = self._insert_req_kv(req)
         match = self.match_prefix(key)

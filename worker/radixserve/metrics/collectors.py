@@ -19,7 +19,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from radixserve.managers.io_struct import SchedulerStats
+from radixserve.metrics.stats import SchedulerStats
 
 # `_created` series double the exposition size and no dashboard reads them.
 disable_created_metrics()
@@ -60,11 +60,24 @@ class ServerMetrics:
 
         self.num_running_requests = gauge("num_running_requests", "Requests in the running batch")
         self.num_queued_requests = gauge("num_queued_requests", "Requests waiting for admission")
-        self.kv_cache_usage_ratio = gauge("kv_cache_usage_ratio", "Used KV slots / total slots")
+        self.kv_cache_usage_ratio = gauge(
+            "kv_cache_usage_ratio",
+            "KV slots held by running or queued requests / total slots (not the evictable cache)",
+        )
+        self.kv_cache_evictable_ratio = gauge(
+            "kv_cache_evictable_ratio",
+            "KV slots holding prefix cache that no request pins (reclaimable) / total slots",
+        )
         self.prefix_cache_hit_rate = gauge(
             "prefix_cache_hit_rate", "Cached prompt tokens / prompt tokens over a recent window"
         )
         self.max_total_tokens = gauge("max_total_tokens", "KV cache capacity in tokens")
+        self._startup_seconds = Gauge(
+            PREFIX + "startup_seconds",
+            "Seconds this worker's start-up spent in each phase (and in total)",
+            ["model_name", "phase"],
+            registry=reg,
+        )
         self.prefix_cache_queries_tokens = counter(
             "prefix_cache_queries_tokens", "Prompt tokens looked up in the radix cache"
         )
@@ -119,10 +132,16 @@ class ServerMetrics:
             self._batch_tokens.labels(model_name, mode)
             self._forward_step_seconds.labels(model_name, mode)
 
+    def set_startup(self, phases: dict[str, float]) -> None:
+        for phase, seconds in phases.items():
+            self._startup_seconds.labels(self._model_name, phase).set(seconds)
+        self._startup_seconds.labels(self._model_name, "total").set(sum(phases.values()))
+
     def apply_scheduler_stats(self, stats: SchedulerStats) -> None:
         self.num_running_requests.set(stats.num_running_requests)
         self.num_queued_requests.set(stats.num_queued_requests)
         self.kv_cache_usage_ratio.set(stats.kv_cache_usage_ratio)
+        self.kv_cache_evictable_ratio.set(stats.kv_cache_evictable_ratio)
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
         self.max_total_tokens.set(stats.max_total_tokens)
         self.prefix_cache_queries_tokens.inc(stats.prefix_cache_queries_tokens)

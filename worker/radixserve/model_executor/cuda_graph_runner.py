@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.layers.argmax import argmax
-from radixserve.managers.schedule_batch import ModelWorkerBatch
-from radixserve.model_executor.forward_batch_info import (
-    DECODE_INPUT_ROWS,
-    ForwardBatch,
-    ForwardMode,
-)
+from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.forward.mode import ForwardMode
+from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.model_executor.forward_inputs import DECODE_INPUT_ROWS, build_decode_batch
+from radixserve.model_executor.future_tokens import NO_SLOTS, FutureSlots
 
 if TYPE_CHECKING:
-    from radixserve.model_executor.model_runner import ModelRunner
+    from radixserve.layers.attention.base import AttentionBackend
+    from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixserve.model_executor.future_tokens import FutureTokens
 
 logger = logging.getLogger(__name__)
 
@@ -42,18 +42,28 @@ def capture_batch_sizes(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner: ModelRunner) -> None:
-        self.runner = model_runner
-        self.backend = model_runner.attn_backend
-        self.capture_bs = capture_batch_sizes(
-            min(model_runner.server_args.cuda_graph_max_bs, model_runner.max_running_requests)
-        )
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        backend: AttentionBackend,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: TokenToKVPool,
+        future_tokens: FutureTokens,
+        max_bs: int,
+    ) -> None:
+        self.model = model
+        self.backend = backend
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+        self.future_tokens = future_tokens
+        self.device = req_to_token_pool.device
+        self.capture_bs = capture_batch_sizes(max_bs)
         self.max_bs = self.capture_bs[-1]
         self.fill = self.backend.get_cuda_graph_seq_len_fill_value()
         # one static buffer for every graph's inputs: a pass of size bs uses its first
-        # DECODE_INPUT_ROWS * bs entries (see ForwardBatch.init_decode)
+        # DECODE_INPUT_ROWS * bs entries (see forward_inputs.build_decode_batch)
         self.staging = torch.zeros(
-            DECODE_INPUT_ROWS * self.max_bs, dtype=torch.int64, device=model_runner.device
+            DECODE_INPUT_ROWS * self.max_bs, dtype=torch.int64, device=self.device
         )
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # logits, greedy ids
@@ -63,37 +73,34 @@ class CudaGraphRunner:
     def padded_size(self, bs: int) -> int:
         return self.capture_bs[bisect.bisect_left(self.capture_bs, bs)]
 
-    def load_inputs(self, batch: ModelWorkerBatch, future_start: int) -> ForwardBatch:
+    def load_inputs(self, batch: ModelWorkerBatch, future: FutureSlots) -> ForwardBatch:
         """Copy a decode batch's inputs into the graphs' static buffer, padded to the next
         captured size."""
-        return self._staged(batch, self.padded_size(len(batch.seq_lens)), future_start)
+        return self._staged(batch, self.padded_size(len(batch.seq_lens)), future)
 
     def _capture_batch(self, bs: int) -> ForwardBatch:
         """A pass of `bs` padded rows only: what a capture runs, laid out as replays are."""
         empty = torch.empty(0, dtype=torch.int64)
-        return self._staged(
-            ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None), bs, 0
-        )
+        nothing = ModelWorkerBatch(ForwardMode.DECODE, empty, empty, empty, 0, empty, None)
+        return self._staged(nothing, bs, NO_SLOTS)
 
-    def _staged(self, batch: ModelWorkerBatch, size: int, future_start: int) -> ForwardBatch:
-        runner = self.runner
-        return ForwardBatch.init_decode(
+    def _staged(self, batch: ModelWorkerBatch, size: int, future: FutureSlots) -> ForwardBatch:
+        return build_decode_batch(
             batch,
-            runner.req_to_token_pool,
-            runner.token_to_kv_pool,
+            self.req_to_token_pool,
+            self.token_to_kv_pool,
             self.backend,
-            runner.device,
-            future_start,
+            self.device,
+            future,
             staging=self.staging,
             padded_size=size,
             seq_len_fill=self.fill,
         )
 
     def _run_model(self, fb: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        runner = self.runner
-        logits = runner.model(runner.resolve_future_ids(fb.input_ids), fb.positions, fb)
+        logits = self.model(self.future_tokens.resolve(fb.input_ids), fb.positions, fb)
         assert fb.future_slots is not None
-        return logits, argmax(logits, scatter_to=(runner.future_token_ids, fb.future_slots))
+        return logits, self.future_tokens.store_greedy(logits, fb.future_slots)
 
     @torch.inference_mode()
     def capture(self) -> None:

@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 
-from radixserve.distributed.parallel_state import min_across_ranks
+from radixserve.distributed.parallel_state import head_shard, min_across_ranks, tp_rank, tp_size
+from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
 from radixserve.layers.sampler import Sampler, SamplerOutput
-from radixserve.managers.schedule_batch import ModelWorkerBatch
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.cuda_graph_runner import CudaGraphRunner
-from radixserve.model_executor.forward_batch_info import ForwardBatch
+from radixserve.model_executor.forward_inputs import build_forward_batch
+from radixserve.model_executor.future_tokens import FutureSlots, FutureTokens
 from radixserve.model_loader.loader import ModelSource
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -28,9 +34,30 @@ from radixserve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 GiB = 1 << 30
-# On the CPU there is no device to measure; cap the KV pool at a size that serves the
-# bundled model well without claiming a large share of host memory.
-CPU_DEFAULT_MAX_TOTAL_TOKENS = 65536
+MiB = 1 << 20
+# On the CPU the default KV pool takes a share of the available memory, at most this much: the
+# bundled model's server (both processes, weights and torch included) then stays under 2 GiB
+# of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
+CPU_DEFAULT_KV_BYTES = 256 * MiB
+
+
+class TimedIterator:
+    """Counts the time spent producing items (reading weights), apart from the time the
+    consumer spends on them (copying them into parameters)."""
+
+    def __init__(self, items: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self._items = iter(items)
+        self.seconds = 0.0
+
+    def __iter__(self) -> TimedIterator:
+        return self
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        start = time.perf_counter()
+        try:
+            return next(self._items)
+        finally:
+            self.seconds += time.perf_counter() - start
 
 
 def weight_bytes(model: torch.nn.Module) -> int:
@@ -63,53 +90,77 @@ class ForwardOutput:
 
 
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs, source: ModelSource) -> None:
+    def __init__(
+        self, server_args: ServerArgs, source: ModelSource, startup: StartupPhases | None = None
+    ) -> None:
+        """`startup` collects the time of each start-up phase (a fresh one if not given)."""
         self.server_args = server_args
         self.model_config = source.config
         self.device = torch.device(server_args.resolved_device())
         self.dtype = source.config.dtype
         torch.manual_seed(server_args.random_seed)
+        self.startup = startup or StartupPhases()
 
         self.model = self._load_model(source)
-        # every rank must schedule identically: agree on the smallest capacity
-        self.max_total_tokens = min_across_ranks(self._kv_capacity())
-        self.max_running_requests = server_args.max_running_requests or (
-            256 if self.device.type == "cuda" else 64
-        )
-        cfg = self.model_config
-        self.req_to_token_pool = ReqToTokenPool(
-            self.max_running_requests + 2, cfg.context_len + 8, self.device
-        )
-        self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_tokens,
-            cfg.num_hidden_layers,
-            self.local_kv_heads,
-            cfg.head_dim,
-            self.dtype,
-            self.device,
-        )
-        self.allocator = TokenSlotAllocator(self.max_total_tokens)
+        with self.startup.timed("kv_allocation"):
+            # every rank must schedule identically: agree on the smallest capacity
+            self.max_total_tokens = min_across_ranks(self._kv_capacity())
+            self.max_running_requests = server_args.max_running_requests or (
+                256 if self.device.type == "cuda" else 64
+            )
+            cfg = self.model_config
+            self.req_to_token_pool = ReqToTokenPool(
+                self.max_running_requests + 2, cfg.context_len + 8, self.device
+            )
+            self.token_to_kv_pool = TokenToKVPool(
+                self.max_total_tokens,
+                cfg.num_hidden_layers,
+                self.local_kv_heads,
+                cfg.head_dim,
+                self.dtype,
+                self.device,
+            )
+            self.allocator = TokenSlotAllocator(self.max_total_tokens)
         self.attention_backend_name = resolve_backend_name(
             server_args.attention_backend, self.device.type
         )
-        self.attn_backend = create_attention_backend(self.attention_backend_name, self)
-        self.sampler = Sampler()
-        # Where each launched batch's sampled tokens land, for later batches that name them
-        # before the host has them. At most two batches are unresolved at once: a ring of four
-        # batch-widths never reuses a slot a pending row still names. Slot 0 is never used.
-        self.future_token_ids = torch.zeros(
-            4 * (self.max_running_requests + 2) + 1, dtype=torch.int64, device=self.device
+        self.attn_backend = create_attention_backend(
+            self.attention_backend_name, self.attention_context()
         )
-        self._future_next = 1
+        self.sampler = Sampler()
+        self.future_tokens = FutureTokens(self.max_running_requests + 2, self.device)
         self.cuda_graph_runner: CudaGraphRunner | None = None
         if (
             self.device.type == "cuda"
             and not server_args.disable_cuda_graph
             and self.attn_backend.supports_cuda_graph
         ):
-            self.cuda_graph_runner = CudaGraphRunner(self)
+            with self.startup.timed("cuda_graph_capture"):
+                self.cuda_graph_runner = CudaGraphRunner(
+                    self.model,
+                    self.attn_backend,
+                    self.req_to_token_pool,
+                    self.token_to_kv_pool,
+                    self.future_tokens,
+                    max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
+                )
 
     def _load_model(self, source: ModelSource) -> torch.nn.Module:
+        with self.startup.timed("model_setup"):
+            model = self._build_model()
+        start = time.perf_counter()
+        weights = TimedIterator(source.weights())
+        model.load_weights(weights)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            # the reader's transient buffers must not count as used when the KV pool is sized
+            torch.cuda.empty_cache()
+        self.startup.add("weight_read", weights.seconds)
+        self.startup.add("host_to_device", time.perf_counter() - start - weights.seconds)
+        return model.eval()
+
+    def _build_model(self) -> torch.nn.Module:
+        """The network on the device, its parameters not yet loaded."""
         model_cls = get_model_class(self.model_config.architecture)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -124,11 +175,22 @@ class ModelRunner:
                 if problem is not None:
                     raise RuntimeError(problem)
             with torch.device(self.device):
-                model = model_cls(self.model_config.hf_config)
+                return model_cls(self.model_config.hf_config)
         finally:
             torch.set_default_dtype(default_dtype)
-        model.load_weights(source.weights())
-        return model.eval()
+
+    def attention_context(self) -> AttentionContext:
+        cfg = self.model_config
+        shard = head_shard(cfg.num_attention_heads, cfg.num_key_value_heads, tp_rank(), tp_size())
+        return AttentionContext(
+            device=self.device,
+            dtype=self.dtype,
+            kv_dtype=self.token_to_kv_pool.dtype,
+            num_heads=shard.q_count,
+            num_kv_heads=shard.kv_count,
+            head_dim=cfg.head_dim,
+            req_to_token=self.req_to_token_pool.req_to_token,
+        )
 
     @property
     def local_kv_heads(self) -> int:
@@ -150,7 +212,7 @@ class ModelRunner:
         requested = self.server_args.max_total_tokens
         if requested is None:
             requested = (
-                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_MAX_TOTAL_TOKENS)
+                fits if self.device.type == "cuda" else min(fits, CPU_DEFAULT_KV_BYTES // per_token)
             )
         if fits < requested or requested < 1:
             raise RuntimeError(
@@ -161,43 +223,23 @@ class ModelRunner:
             )
         return requested
 
-    def reserve_future_slots(self, n: int) -> int:
-        """The first of `n` consecutive ring slots for a batch about to launch: row i's
-        sampled token is stored at start + i, and later batches name it -(start + i)."""
-        if self._future_next + n > self.future_token_ids.numel():
-            self._future_next = 1
-        start = self._future_next
-        self._future_next += n
-        return start
-
-    def store_future_ids(self, token_ids: torch.Tensor, start: int) -> None:
-        """Put a launched batch's samples (still on the device) into its reserved slots."""
-        self.future_token_ids[start : start + token_ids.numel()] = token_ids
-
-    def resolve_future_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Negative input ids name tokens that an earlier, still unresolved batch sampled
-        (overlap scheduling): -i is slot i of `future_token_ids`. Looked up on the device."""
-        return torch.where(
-            input_ids < 0, self.future_token_ids[(-input_ids).clamp(min=0)], input_ids
-        )
-
-    def forward(self, batch: ModelWorkerBatch, future_start: int) -> ForwardOutput:
-        """One pass; `future_start` is the batch's first reserved future slot."""
+    def forward(self, batch: ModelWorkerBatch, future: FutureSlots) -> ForwardOutput:
+        """One pass; `future` holds the slots reserved for the batch's sampled tokens."""
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(batch):
-            forward_batch = graphs.load_inputs(batch, future_start)
+            forward_batch = graphs.load_inputs(batch, future)
             logits, greedy_ids = graphs.replay(forward_batch, len(batch.seq_lens))
             return ForwardOutput(logits, forward_batch, greedy_ids)
-        forward_batch = ForwardBatch.init_new(
+        forward_batch = build_forward_batch(
             batch,
             self.req_to_token_pool,
             self.token_to_kv_pool,
             self.attn_backend,
             self.device,
-            future_start,
+            future,
         )
         if batch.has_future_ids:
-            forward_batch.input_ids = self.resolve_future_ids(forward_batch.input_ids)
+            forward_batch.input_ids = self.future_tokens.resolve(forward_batch.input_ids)
         self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return ForwardOutput(logits, forward_batch)

@@ -19,9 +19,11 @@ import gguf
 import numpy as np
 import torch
 import transformers
+from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING
 
 from radixserve.model_loader.config import as_id_set
+from radixserve.model_loader.conversion_cache import cache_key, cache_root, converted_once
 
 logger = logging.getLogger(__name__)
 
@@ -205,3 +207,32 @@ def llama3_frequency_divisors(
         1.0,
         np.where(wavelen > original / low, factor, 1.0 / ((1 - smooth) / factor + smooth)),
     )
+
+
+# Dequantizing costs seconds at every start (the bundled model's parse and dequantization: about
+# 8 s on a 2-core machine), so small GGUF files are dequantized once, into an HF checkpoint in
+# the cache; a bigger one would cost too much disk (float32 is about 7 times a Q4 file).
+DEQUANTIZED_CACHE_MAX_FILE_BYTES = 512 << 20
+DEQUANTIZED_FORMAT = "1"  # bump when the conversion changes
+
+
+def dequantized_checkpoint(path: Path) -> Path | None:
+    """The GGUF file as a float32 Hugging Face checkpoint directory (config.json,
+    generation_config.json with its stop ids, model.safetensors) in the cache, converted on
+    first use; None when the file is too big to keep dequantized or the cache is read-only."""
+    if path.stat().st_size > DEQUANTIZED_CACHE_MAX_FILE_BYTES:
+        return None
+    return converted_once(
+        cache_root() / "dequantized" / cache_key(path, DEQUANTIZED_FORMAT),
+        write=lambda staging: _write_checkpoint(GGUFFile(path), staging),
+        complete=lambda d: (d / "model.safetensors").is_file(),
+        what=f"the weights of {path.name}",
+    )
+
+
+def _write_checkpoint(gguf_file: GGUFFile, directory: Path) -> None:
+    gguf_file.hf_config.save_pretrained(directory)
+    eos = sorted(gguf_file.eos_token_ids)
+    if eos:
+        transformers.GenerationConfig(eos_token_id=eos).save_pretrained(directory)
+    save_file(dict(gguf_file.weights(torch.float32)), str(directory / "model.safetensors"))

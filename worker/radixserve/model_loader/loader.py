@@ -23,7 +23,7 @@ from transformers.initialization import no_init_weights
 
 from radixserve.model_loader import hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
-from radixserve.model_loader.gguf_file import GGUFFile
+from radixserve.model_loader.gguf_file import GGUFFile, dequantized_checkpoint
 from radixserve.model_loader.hub import resolve_hub_model
 from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
@@ -131,6 +131,15 @@ def _from_gguf(
     context_length: int | None,
     label: str,
 ) -> ModelSource:
+    """A small GGUF file loads from its dequantized copy in the cache (converted on first use;
+    parsing and dequantizing it again costs seconds at every start), a big one from the file."""
+    checkpoint = dequantized_checkpoint(path)
+    if checkpoint is not None:
+        source = _from_hf_directory(checkpoint, dtype, device, context_length, tokenizer)
+        source.description = (
+            f"{source.config.architecture} from GGUF {label} ({source.config.dtype})"
+        )
+        return source
     gguf_file = GGUFFile(path)
     config = build_model_config(
         gguf_file.hf_config,
@@ -148,11 +157,16 @@ def _from_gguf(
 
 
 def _from_hf_directory(
-    directory: Path, dtype: str, device: str, context_length: int | None
+    directory: Path,
+    dtype: str,
+    device: str,
+    context_length: int | None,
+    tokenizer: transformers.PreTrainedTokenizerBase | None = None,
 ) -> ModelSource:
+    """`tokenizer`: the one to use instead of the directory's own."""
     hf_config = hf_dir.load_hf_config(directory)
     files = hf_dir.safetensors_files(directory)
-    tokenizer = load_directory_tokenizer(directory)
+    tokenizer = tokenizer or load_directory_tokenizer(directory)
     config = build_model_config(
         hf_config,
         dtype=dtype,
@@ -167,7 +181,7 @@ def _from_hf_directory(
             f"{config.architecture} from {directory} ({len(files)} safetensors file(s), "
             f"{config.dtype})"
         ),
-        weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype),
+        weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype, device),
     )
 
 

@@ -6,18 +6,16 @@ does not have, so the file is located through the import system without importin
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib.util
 import logging
-import os
-import shutil
 from functools import cache
 from pathlib import Path
 
 import gguf
 import transformers
 from transformers import AutoTokenizer
+
+from radixserve.model_loader.conversion_cache import cache_key, cache_root, converted_once
 
 logger = logging.getLogger(__name__)
 
@@ -60,37 +58,23 @@ def convert_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerB
     return tokenizer
 
 
-def tokenizer_cache_dir() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
-    return Path(root) / "tokenizers"
-
-
 def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
-    """Keyed by the file's path, size and mtime and the transformers version that converted it."""
-    stat = gguf_path.stat()
-    key = f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{transformers.__version__}"
-    return tokenizer_cache_dir() / hashlib.sha256(key.encode()).hexdigest()[:16]
+    """Keyed by the file and the transformers version that converts it."""
+    return cache_root() / "tokenizers" / cache_key(gguf_path, transformers.__version__)
 
 
 def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
-    """The GGUF's tokenizer, converted once and then reloaded from `tokenizer_cache_dir()`:
-    conversion takes seconds and both the front end and the scheduler process need it."""
-    cache_dir = gguf_tokenizer_cache_path(gguf_path)
-    if (cache_dir / "tokenizer_config.json").is_file():
-        with contextlib.suppress(Exception):
-            return AutoTokenizer.from_pretrained(str(cache_dir))
-        logger.warning("the cached tokenizer in %s is unreadable; converting again", cache_dir)
-    logger.info("converting the tokenizer of %s (cached after the first time)", gguf_path.name)
-    tokenizer = convert_gguf_tokenizer(gguf_path)
-    staging = cache_dir.with_name(f"{cache_dir.name}.{os.getpid()}.tmp")
-    try:
-        tokenizer.save_pretrained(str(staging))
-        staging.rename(cache_dir)  # atomic: a concurrent reader never sees half a tokenizer
-    except OSError as exc:  # a read-only home or a concurrent writer: just skip the cache
-        logger.info("not caching the tokenizer in %s: %s", cache_dir, exc)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return tokenizer
+    """The GGUF's tokenizer, converted once and then reloaded from the cache: conversion takes
+    seconds and both the front end and the scheduler process need it."""
+    directory = converted_once(
+        gguf_tokenizer_cache_path(gguf_path),
+        write=lambda staging: convert_gguf_tokenizer(gguf_path).save_pretrained(str(staging)),
+        complete=lambda d: (d / "tokenizer_config.json").is_file(),
+        what=f"the tokenizer of {gguf_path.name}",
+    )
+    if directory is None:
+        return convert_gguf_tokenizer(gguf_path)
+    return AutoTokenizer.from_pretrained(str(directory))
 
 
 @cache

@@ -21,13 +21,13 @@ from radixserve.distributed.parallel_state import (
     tp_rank,
     tp_size,
 )
+from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.layers import fused_ops
 from radixserve.layers.gemv import Linear, linear_silu_and_mul
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.radix_attention import RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
-from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
 def head_dim_of(config: PretrainedConfig) -> int:

@@ -11,6 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixserve.logging_config import LOG_FORMATS
 from radixserve.router.discovery import parse_selector
 from radixserve.router.policies import DEFAULT_POLICY, POLICIES, PolicyConfig
 
@@ -69,6 +70,7 @@ class RouterArgs:
     drain_timeout: float = _option(30.0, "after SIGTERM, seconds in-flight requests get to finish")
     seed: int = _option(0, "seed of power_of_two's random draws")
     log_level: str = _option("info", "logging level")
+    log_format: str = _option("plain", "log lines for people or JSON objects", choices=LOG_FORMATS)
 
     def __post_init__(self) -> None:
         if bool(self.worker_url) == bool(self.discover_selector):

@@ -7,6 +7,8 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /generate` an
 a service scaled to zero). `GET /metrics` is the router's series. `GET /get_server_info` is the
 first ready worker's server info with a `router` section (policy, workers, pending requests)
 added; `POST /flush_cache` flushes every ready worker, and the router's prefix tree with them.
+The router checks no API key itself: the workers do, on the headers it passes through (the
+client's `Authorization` reaches them, for these two admin calls too).
 
 SIGTERM (or SIGINT): the listening socket closes and requests in flight get `--drain-timeout`
 seconds to finish.
@@ -29,7 +31,7 @@ from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, 
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
-from radixserve.router.proxy import Proxy, json_error
+from radixserve.router.proxy import Proxy, forwarded_headers, json_error
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +116,11 @@ class Router:
     async def server_info(self, request: web.Request) -> web.Response:
         assert self.session is not None
         info: dict[str, object] = {}
+        headers = forwarded_headers(request.headers)  # the client's (admin) API key, if any
         for upstream in self.pool.ready():
             with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
-                async with self.session.get(upstream.url + "/get_server_info") as reply:
+                url = upstream.url + "/get_server_info"
+                async with self.session.get(url, headers=headers) as reply:
                     if reply.status == 200:
                         info = await reply.json()
                         break
@@ -125,10 +129,11 @@ class Router:
     async def flush_cache(self, request: web.Request) -> web.Response:
         assert self.session is not None
         session = self.session
+        headers = forwarded_headers(request.headers)  # the client's (admin) API key, if any
 
         async def flush(url: str) -> str:
             try:
-                async with session.post(url + "/flush_cache") as reply:
+                async with session.post(url + "/flush_cache", headers=headers) as reply:
                     return "ok" if reply.status == 200 else f"HTTP {reply.status}"
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 return repr(exc)

@@ -1,8 +1,12 @@
-"""Per-request SamplingParams batched into device tensors.
+"""Per-request SamplingParams batched into device tensors: the running batch's sampling state.
 
-Built once when a batch forms and kept in step with it: `filter_batch` when requests leave,
-`merge_batch` when they join, `update_with_new_tokens` after every sampling step. Everything
-the Sampler does per step is a whole-batch tensor op over these fields.
+It is mutable, and shared rather than copied: the `ModelWorkerBatch` of every pass points at
+the running batch's one instance. Two parties change it, both on the scheduler's thread and in
+launch order, never concurrently: the scheduler changes its membership between launches
+(`filter_batch` when requests leave, `merge_batch` when they join), and the model worker
+advances its per-token state when it launches a pass (`update_with_new_tokens`, queued on the
+device behind that pass's sampling). Everything the Sampler does per step is a whole-batch
+tensor op over these fields.
 
 Random sampling is reproducible per request: the noise of row i at a step is a counter-based
 hash of (the row's seed, tokens it has generated so far, vocab index), computed with integer

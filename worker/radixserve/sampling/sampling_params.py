@@ -1,13 +1,17 @@
 """Per-request sampling parameters: what a client may ask for, checked before it reaches a batch.
 
 Types are checked when a `SamplingParams` is built (so a malformed request never crosses the
-IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size.
+IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size. Every
+problem is an `InvalidParameterError` naming the field, which each API renames into its own
+spelling (OpenAI's max_tokens, the native sampling_params.max_new_tokens).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
+
+from radixserve.api_errors import InvalidParameterError
 
 MAX_STOP_STRINGS = 16
 MAX_N = 128
@@ -57,75 +61,99 @@ class SamplingParams:
             if _is_int(value):
                 setattr(self, name, float(value))
             elif not isinstance(value, float):
-                raise ValueError(f"{name} must be a number, got {value!r}")
+                raise InvalidParameterError(f"{name} must be a number, got {value!r}", name)
         for name in _INT_FIELDS:
             if not _is_int(getattr(self, name)):
-                raise ValueError(f"{name} must be an integer, got {getattr(self, name)!r}")
+                raise InvalidParameterError(
+                    f"{name} must be an integer, got {getattr(self, name)!r}", name
+                )
         for name in _BOOL_FIELDS:
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a boolean, got {getattr(self, name)!r}")
+                raise InvalidParameterError(
+                    f"{name} must be a boolean, got {getattr(self, name)!r}", name
+                )
         if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise InvalidParameterError(
+                f"stop must be a string or a list of strings, got {self.stop!r}", "stop"
+            )
         if not isinstance(self.stop_token_ids, list) or not all(
             _is_int(t) for t in self.stop_token_ids
         ):
-            raise ValueError(
-                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}"
+            raise InvalidParameterError(
+                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}",
+                "stop_token_ids",
             )
         if self.seed is not None and not _is_int(self.seed):
-            raise ValueError(f"seed must be an integer or null, got {self.seed!r}")
+            raise InvalidParameterError(
+                f"seed must be an integer or null, got {self.seed!r}", "seed"
+            )
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SamplingParams:
         """Build from a request's JSON object. A null value means "use the default", as OpenAI
         clients send explicit nulls for parameters they leave unset."""
         if not isinstance(d, dict):
-            raise ValueError(f"sampling_params must be an object, got {type(d).__name__}")
+            raise InvalidParameterError(
+                f"sampling_params must be an object, got {type(d).__name__}", "sampling_params"
+            )
         known = {f.name for f in fields(cls)}
         for key in d:
             if key not in known:
-                raise ValueError(f"unknown sampling parameter {key!r}")
+                raise InvalidParameterError(f"unknown sampling parameter {key!r}", key)
         return cls(**{k: v for k, v in d.items() if v is not None})
 
     def verify(self, vocab_size: int) -> None:
         """Check every range; the message names the parameter and what it may be."""
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(
-                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}"
+            raise InvalidParameterError(
+                f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
+                "temperature",
             )
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         if self.top_k < -1:
-            raise ValueError(f"top_k must be -1 or 0 (off) or >= 1, got {self.top_k}")
+            raise InvalidParameterError(
+                f"top_k must be -1 or 0 (off) or >= 1, got {self.top_k}", "top_k"
+            )
         if not 0.0 <= self.min_p <= 1.0:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+            raise InvalidParameterError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
         for name in ("frequency_penalty", "presence_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
-                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+                raise InvalidParameterError(
+                    f"{name} must be in [-2, 2], got {getattr(self, name)}", name
+                )
         if not 0.0 < self.repetition_penalty <= 2.0:
-            raise ValueError(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+            raise InvalidParameterError(
+                f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
+                "repetition_penalty",
+            )
         if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            raise InvalidParameterError(
+                f"max_new_tokens must be >= 0, got {self.max_new_tokens}", "max_new_tokens"
+            )
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
-            raise ValueError(
+            raise InvalidParameterError(
                 f"min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                f"got {self.min_new_tokens}"
+                f"got {self.min_new_tokens}",
+                "min_new_tokens",
             )
         if not 1 <= self.n <= MAX_N:
-            raise ValueError(f"n must be in [1, {MAX_N}], got {self.n}")
+            raise InvalidParameterError(f"n must be in [1, {MAX_N}], got {self.n}", "n")
         for token_id in self.stop_token_ids:
             if not 0 <= token_id < vocab_size:
-                raise ValueError(
-                    f"stop_token_ids entries must be in [0, {vocab_size}), got {token_id}"
+                raise InvalidParameterError(
+                    f"stop_token_ids entries must be in [0, {vocab_size}), got {token_id}",
+                    "stop_token_ids",
                 )
         if len(self.stop) > MAX_STOP_STRINGS:
-            raise ValueError(
-                f"stop must hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}"
+            raise InvalidParameterError(
+                f"stop must hold at most {MAX_STOP_STRINGS} strings, got {len(self.stop)}",
+                "stop",
             )
         if any(s == "" for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
+            raise InvalidParameterError("stop strings must be non-empty", "stop")
         if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(f"seed must be in [0, 2**64), got {self.seed}")
+            raise InvalidParameterError(f"seed must be in [0, 2**64), got {self.seed}", "seed")
 
     @property
     def is_greedy(self) -> bool:

@@ -10,13 +10,31 @@ the CUDA-graph methods do the same into static buffers so a captured graph can b
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
 
+from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.forward.mode import ForwardMode
+
 if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
-    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+
+@dataclass(frozen=True)
+class AttentionContext:
+    """What a backend is built from: this rank's attention shape, the dtypes, and the
+    req_to_token table it reads KV slots through. The model runner makes one; backends never
+    see the runner itself."""
+
+    device: torch.device
+    dtype: torch.dtype  # of q, k, v
+    kv_dtype: torch.dtype  # of the KV pool
+    num_heads: int  # query heads on this rank
+    num_kv_heads: int  # KV heads on this rank
+    head_dim: int
+    req_to_token: torch.Tensor  # [rows, max_context_len] int32 on `device`
 
 
 class AttentionBackend(ABC):

@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.layers.attention.base import AttentionBackend
-from radixserve.layers.attention.triton_backend import attention_shape, split_heads
+from radixserve.layers.attention.base import AttentionBackend, AttentionContext
+from radixserve.layers.attention.triton_backend import split_heads
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices
 
 if TYPE_CHECKING:
+    from radixserve.forward.forward_batch import ForwardBatch
+    from radixserve.forward.mode import ForwardMode
     from radixserve.layers.radix_attention import RadixAttention
-    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
 # From this many query heads per kv head on, FlashInfer's tensor-core (prefill-style) decode
@@ -58,14 +59,15 @@ def host_indptr(lengths: list[int] | torch.Tensor) -> torch.Tensor:
 
 
 class FlashInferAttnBackend(AttentionBackend):
-    def __init__(self, model_runner) -> None:
+    def __init__(self, context: AttentionContext) -> None:
         self._flashinfer = _import_flashinfer()
-        self.device = torch.device(model_runner.device)
-        self.dtype = model_runner.dtype
-        self.kv_dtype = model_runner.token_to_kv_pool.dtype
-        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model_runner)
+        self.device = context.device
+        self.dtype = context.dtype
+        self.kv_dtype = context.kv_dtype
+        self.num_heads, self.num_kv_heads = context.num_heads, context.num_kv_heads
+        self.head_dim = context.head_dim
         self.sm_scale = self.head_dim**-0.5
-        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.req_to_token = context.req_to_token
         self.use_tensor_core_decode = (
             self.num_heads // self.num_kv_heads >= _TENSOR_CORE_DECODE_MIN_GROUP
         )

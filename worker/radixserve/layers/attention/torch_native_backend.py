@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers.attention.base import AttentionBackend
+from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 
 if TYPE_CHECKING:
+    from radixserve.forward.forward_batch import ForwardBatch
     from radixserve.layers.radix_attention import RadixAttention
-    from radixserve.model_executor.forward_batch_info import ForwardBatch
 
 
 class TorchNativeAttnBackend(AttentionBackend):
     # pads decode to the longest sequence of the pass: shapes change every step
     supports_cuda_graph = False
 
-    def __init__(self, model_runner) -> None:
-        self.device = model_runner.device
+    def __init__(self, context: AttentionContext) -> None:
+        self.device = context.device
         self._decode_index: torch.Tensor | None = None
         self._decode_mask: torch.Tensor | None = None
 

@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.distributed.parallel_state import head_shard, tp_rank, tp_size
-from radixserve.layers.attention.base import AttentionBackend
+from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 from radixserve.layers.attention.triton_ops.decode_attention import (
     choose_num_kv_splits,
     decode_attention_fwd,
@@ -24,8 +23,9 @@ from radixserve.layers.attention.triton_ops.decode_attention import (
 from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
 if TYPE_CHECKING:
+    from radixserve.forward.forward_batch import ForwardBatch
+    from radixserve.forward.mode import ForwardMode
     from radixserve.layers.radix_attention import RadixAttention
-    from radixserve.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 # Stands in for the SM count where there is no CUDA device (the Triton interpreter on a CPU).
 _SMS_WITHOUT_CUDA = 8
@@ -45,13 +45,6 @@ class ExtendMetadata:
     max_extend_len: int  # sizes the kernel grid; known on the host from the scheduler
 
 
-def attention_shape(model_runner) -> tuple[int, int, int]:
-    """(q heads, kv heads, head_dim) of one tensor-parallel rank."""
-    config = model_runner.model_config
-    shard = head_shard(config.num_attention_heads, config.num_key_value_heads, tp_rank(), tp_size())
-    return shard.q_count, shard.kv_count, config.head_dim
-
-
 def split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
     """[tokens, heads * head_dim] -> [tokens, heads, head_dim], unit stride on the last axis."""
     if x.stride(-1) != 1:
@@ -60,9 +53,10 @@ def split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
 
 
 class TritonAttnBackend(AttentionBackend):
-    def __init__(self, model_runner) -> None:
-        self.device = torch.device(model_runner.device)
-        self.num_heads, self.num_kv_heads, self.head_dim = attention_shape(model_runner)
+    def __init__(self, context: AttentionContext) -> None:
+        self.device = context.device
+        self.num_heads, self.num_kv_heads = context.num_heads, context.num_kv_heads
+        self.head_dim = context.head_dim
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             self.num_sms = props.multi_processor_count

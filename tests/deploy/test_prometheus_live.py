@@ -10,7 +10,6 @@ value) and of each recording rule must return data with at least one finite samp
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -24,7 +23,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 
 import openai
 import pytest
@@ -52,16 +50,7 @@ QUESTIONS = [
 pytestmark = pytest.mark.slow
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-contract = _load("radixserve_promql_contract", REPO_ROOT / "prometheus" / "promql_contract.py")
+import radixserve_promql_contract as contract  # noqa: E402  (loaded by conftest)
 
 
 @dataclass(frozen=True)
@@ -145,7 +134,7 @@ def prometheus(
     worker: Worker, router: Worker, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[str]:
     binary = shutil.which("prometheus")
-    assert binary, "Debian's prometheus package is required: apt-get install -y prometheus"
+    assert binary, "prometheus is not on PATH: `make test` puts Debian's package into .venv"
     home = tmp_path_factory.mktemp("prometheus")
     config = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},

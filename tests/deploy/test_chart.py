@@ -35,13 +35,15 @@ EVERYTHING_ON = {
 }
 # (apiGroup, resource) -> verbs: every permission the operator holds, and no other. Derived
 # from operator/radixserve_operator (kube.py: server-side apply, get, delete, status patch;
-# handlers.py: the kopf watches) and kopf's own needs (events, peering, CRD observation).
+# handlers.py: the kopf watches, the worker pods listed per service) and kopf's own needs
+# (events, peering, CRD observation).
 APPLIED = {"get", "create", "patch", "delete"}
 WORKLOAD_PERMISSIONS = {
     ("radixserve.io", "inferenceservices"): {"get", "list", "watch", "patch"},
     ("radixserve.io", "inferenceservices/status"): {"patch"},
     ("apps", "deployments"): APPLIED | {"list", "watch"},
     ("", "services"): APPLIED,
+    ("", "pods"): {"list", "watch"},
     ("policy", "poddisruptionbudgets"): APPLIED,
     ("keda.sh", "scaledobjects"): APPLIED,
     ("monitoring.coreos.com", "servicemonitors"): APPLIED,
@@ -263,6 +265,26 @@ def test_notes_tell_the_user_what_to_do_next() -> None:
     }
     assert '"model": "l3"' in notes(custom)
     assert "Grafana's sidecar loads" in notes(EVERYTHING_ON)
+
+
+def test_an_api_key_secret_reaches_the_service_and_the_notes() -> None:
+    keyed = {
+        "inferenceService": {
+            "enabled": True,
+            "spec": {
+                "model": {"uri": "builtin:smollm2-135m"},
+                "apiKeySecretRef": {"name": "smollm2-api-key", "key": "key"},
+            },
+        }
+    }
+    (service,) = by_kind(render(keyed), "InferenceService")
+    assert service["spec"]["apiKeySecretRef"] == {"name": "smollm2-api-key", "key": "key"}
+    parsed = parse_spec(service["spec"], name="smollm2", default_image="radixserve:test")
+    assert parsed.api_key_secret is not None and parsed.api_key_secret.name == "smollm2-api-key"
+    text = notes(keyed)
+    assert "get secret smollm2-api-key -o jsonpath='{.data.key}'" in text
+    assert "Authorization: Bearer $KEY" in text
+    assert "spec.apiKeySecretRef" in notes()
 
 
 def test_rbac_covers_every_kind_the_operator_applies() -> None:

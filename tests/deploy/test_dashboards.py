@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import yaml
@@ -15,17 +12,9 @@ import yaml
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
+import radixserve_dashboards_generate as generate  # noqa: E402  (loaded by conftest)
+import radixserve_promql_contract as contract  # noqa: E402  (loaded by conftest)
 
-
-generate = _load("radixserve_dashboards_generate", REPO_ROOT / "dashboards" / "generate.py")
-contract = _load("radixserve_promql_contract", REPO_ROOT / "prometheus" / "promql_contract.py")
 DOCUMENTS = {path.name: json.loads(path.read_text()) for path in contract.DASHBOARD_FILES}
 # What Grafana would put in each variable for a fleet-wide view.
 GRAFANA_VALUES = {

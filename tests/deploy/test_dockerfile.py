@@ -30,6 +30,8 @@ import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from radixserve_operator.manifests.workload import WORKER_UID
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 IMAGE_VENV = "/opt/radixserve"
 CPU_WORKER_ARGS = {"WORKER_EXTRAS": ""}
@@ -141,6 +143,8 @@ def test_two_stages_with_non_root_users_and_the_documented_entrypoints() -> None
     assert worker.args["WORKER_EXTRAS"] == "[gpu]"
     assert worker.entrypoint == ["radixserve"] and worker.cmd[0] == "serve"
     assert operator.entrypoint == ["radixserve-operator"]
+    # the operator's worker pods run as this user (runAsUser, fsGroup): the same numbers
+    assert worker.user == f"{WORKER_UID}:{WORKER_UID}"
     for stage in (worker, operator):
         assert stage.user.split(":")[0] not in {"root", "0"}
         assert "useradd --uid 10001" in stage.os_layer

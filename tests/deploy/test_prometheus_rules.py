@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
-import sys
 from pathlib import Path
-from types import ModuleType
 
 import yaml
 
@@ -21,16 +18,7 @@ REQUIRED_ALERTS = {
 }
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-contract = _load("radixserve_promql_contract", REPO_ROOT / "prometheus" / "promql_contract.py")
+import radixserve_promql_contract as contract  # noqa: E402  (loaded by conftest)
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,197 @@
+"""Cold start of a GPU worker, as a new pod pays it: process start to /ready 200.
+
+Writes a Llama-3-8B-shaped safetensors directory (random bf16 weights, 4 shards, no tokenizer:
+served through input_ids) to local disk, then for each attention backend starts
+`radixserve serve` twice with the page cache dropped before each start: first with empty kernel
+caches (a first-ever start), then with the caches the first start filled (a pod on a node that
+served the model before). Each start records the time to /ready, the worker's own phase
+breakdown (`radixserve_startup_seconds`) and the TTFT of ten same-shape requests sent one after
+another (the first must be as fast as the tenth). It also times the two shard readers on one
+cold shard: fastsafetensors (what the worker uses) and a memory-mapped `safe_open`.
+
+Usage on the device: python3 scripts/gpu/cold_start.py OUT_DIR [backends...]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from radixserve.model_loader import hf_dir, random_init
+from radixserve.model_loader.config import build_model_config
+
+PRESET = os.environ.get("COLD_START_PRESET", "llama-3-8b")  # a small one for a CPU dry run
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+CHECKPOINT = Path(f"/tmp/cold-start/{PRESET}")
+KERNEL_CACHES = Path("/tmp/cold-start/kernel-caches")
+SHARD_BYTES = 4 << 30
+PORT = 8123
+
+
+def write_checkpoint() -> None:
+    if (CHECKPOINT / "config.json").exists():
+        return
+    CHECKPOINT.mkdir(parents=True)
+    hf_config = random_init.random_hf_config(PRESET)
+    hf_config.torch_dtype = "bfloat16"
+    hf_config.save_pretrained(CHECKPOINT)
+    shard: dict[str, torch.Tensor] = {}
+    weight_map: dict[str, str] = {}
+    size = index = 0
+    for name, shape in random_init.parameter_shapes(hf_config):
+        tensor = (torch.randn(shape, dtype=torch.bfloat16, device=DEVICE) * 0.02).cpu()
+        shard[name] = tensor
+        size += tensor.numel() * 2
+        if size >= SHARD_BYTES:
+            index = _flush(shard, index, weight_map)
+            shard, size = {}, 0
+    _flush(shard, index, weight_map)
+    (CHECKPOINT / hf_dir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    subprocess.run(["sync"], check=True)
+
+
+def _flush(shard: dict[str, torch.Tensor], index: int, weight_map: dict[str, str]) -> int:
+    if not shard:
+        return index
+    name = f"model-{index:05d}.safetensors"
+    save_file(shard, str(CHECKPOINT / name), metadata={"format": "pt"})
+    weight_map.update(dict.fromkeys(shard, name))
+    return index + 1
+
+
+def drop_page_cache() -> bool:
+    """Whether the page cache could be dropped (needs root, as on the device)."""
+    subprocess.run(["sync"], check=True)
+    try:
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+def get(path: str, timeout: float = 2.0) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=timeout) as reply:
+            return reply.status, reply.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def ttft_s(input_ids: list[int]) -> float:
+    body = json.dumps(
+        {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
+    ).encode()
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{PORT}/generate", body, {"Content-Type": "application/json"}
+    )
+    start = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=120) as reply:
+        reply.read()
+    return time.perf_counter() - start
+
+
+def start_once(backend: str, caches: Path, log: Path) -> dict:
+    dropped = drop_page_cache()
+    env = dict(os.environ)
+    env.update(
+        TRITON_CACHE_DIR=str(caches / "triton"),
+        FLASHINFER_WORKSPACE_BASE=str(caches / "flashinfer"),
+    )
+    command = [sys.executable, "-m", "radixserve.entrypoints.cli", "serve"]
+    command += ["--model", str(CHECKPOINT), "--port", str(PORT), "--host", "127.0.0.1"]
+    command += ["--attention-backend", backend, "--context-length", "4096", "--device", DEVICE]
+    start = time.perf_counter()
+    with open(log, "wb") as out:
+        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        while True:
+            if server.poll() is not None:
+                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
+            try:
+                if get("/ready")[0] == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.1)
+        ready_s = time.perf_counter() - start
+        metrics = get("/metrics")[1].decode()
+        phases = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(r'radixserve_startup_seconds\{[^}]*phase="(\w+)"\} (\S+)', metrics)
+        }
+        vocab = random_init.random_hf_config(PRESET).vocab_size
+        prompt = [(7 * i) % (vocab - 1) + 1 for i in range(512)]
+        ttfts = [ttft_s(prompt[:-1] + [i + 1]) for i in range(10)]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(timeout=60)
+    return {"ready_s": ready_s, "phases": phases, "ttft_s": ttfts, "page_cache_dropped": dropped}
+
+
+def compare_readers() -> dict:
+    """Seconds to read one cold shard into GPU memory, each way."""
+    shard = sorted(CHECKPOINT.glob("*.safetensors"))[0]
+    gigabytes = shard.stat().st_size / 1e9
+    drop_page_cache()
+    start = time.perf_counter()
+    for _ in hf_dir.iter_safetensors([shard], torch.bfloat16, DEVICE):
+        pass
+    _sync()
+    fast = time.perf_counter() - start
+    drop_page_cache()
+    start = time.perf_counter()
+    with safe_open(str(shard), framework="pt", device="cpu") as mapped:
+        for name in mapped.keys():  # noqa: SIM118
+            mapped.get_tensor(name).to(DEVICE)
+    _sync()
+    mmap = time.perf_counter() - start
+    return {"shard_gb": gigabytes, "fastsafetensors_s": fast, "safe_open_mmap_s": mmap}
+
+
+def _sync() -> None:
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    out = Path(sys.argv[1])
+    backends = sys.argv[2:] or ["triton", "auto"]
+    write_started = time.perf_counter()
+    write_checkpoint()
+    results: dict = {"checkpoint_write_s": time.perf_counter() - write_started}
+    config = build_model_config(
+        hf_dir.load_hf_config(CHECKPOINT),
+        dtype="auto",
+        device=DEVICE,
+        context_length=4096,
+        eos_token_ids=set(),
+    )
+    results["checkpoint_gb"] = sum(f.stat().st_size for f in CHECKPOINT.iterdir()) / 1e9
+    results["architecture"] = config.architecture
+    results["readers"] = compare_readers()
+    print(json.dumps(results["readers"]), flush=True)
+    for backend in backends:
+        caches = KERNEL_CACHES / backend
+        shutil.rmtree(caches, ignore_errors=True)
+        for kind in ("first_ever", "warm_caches"):
+            run = start_once(backend, caches, out / f"cold-start-{backend}-{kind}.log")
+            results[f"{backend}/{kind}"] = run
+            print(backend, kind, f"ready {run['ready_s']:.1f}s", run["phases"], flush=True)
+            print("  ttft ms", [round(t * 1e3, 1) for t in run["ttft_s"]], flush=True)
+    (out / "cold-start.json").write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()

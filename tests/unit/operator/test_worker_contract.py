@@ -1,0 +1,62 @@
+"""Contracts shared by the operator and the worker, checked against each other.
+
+The operator turns an InferenceService into a `radixserve serve` command line; the worker's
+own parser (flags, choices, ServerArgs' checks) must accept every command line the operator
+can generate from a spec the API server accepts. A spec that would crash-loop its pods must be
+refused by the CRD (or by the operator, which reports it as Degraded) instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+from crd_strategies import accepted, specs
+from hypothesis import HealthCheck, given, settings
+from operator_crd_checks import EXAMPLES, SCHEMA
+
+from radixserve.entrypoints.arguments import parse_server_args, registered_choices
+from radixserve.server_args import static_choices
+from radixserve_operator.manifests import worker_args
+from radixserve_operator.spec import InvalidSpecError, parse_spec
+
+ENGINE = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
+
+
+def worker_accepts(spec: dict) -> None:
+    """The worker's real parser and checks on the arguments the operator generates for
+    `spec` (extraArgs are the user's own flags and are left out)."""
+    try:
+        service = parse_spec(spec, name="svc", default_image="radixserve:test")
+    except InvalidSpecError:
+        return  # refused by the operator (Degraded), so no pod ever runs these arguments
+    args = worker_args(service)
+    extra = list(service.engine.extra_args)
+    args = args[: len(args) - len(extra)] if extra else args
+    assert args[0] == "serve"
+    try:
+        parse_server_args(args[1:])
+    except SystemExit as exc:  # argparse refused a flag or a value
+        raise AssertionError(f"the worker refuses {args!r}") from exc
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda doc: doc["metadata"]["name"])
+def test_every_example_yields_arguments_the_worker_accepts(example):
+    worker_accepts(example["spec"])
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@given(specs.filter(accepted))
+def test_any_accepted_spec_yields_arguments_the_worker_accepts(spec):
+    worker_accepts(spec)
+
+
+@pytest.mark.parametrize(
+    ("crd_field", "server_arg"),
+    [
+        ("attentionBackend", "attention_backend"),
+        ("dtype", "dtype"),
+        ("schedulePolicy", "schedule_policy"),
+    ],
+)
+def test_crd_enums_are_the_workers_choices(crd_field, server_arg):
+    choices = {**static_choices(), **registered_choices()}[server_arg]
+    assert ENGINE[crd_field]["enum"] == list(choices)

@@ -1,0 +1,321 @@
+"""The scheduler process: its sockets, its loop, and tensor-parallel ranks.
+
+`run_scheduler_process` is the entry point the front end spawns. It loads the model, builds the
+model worker and hands it to the scheduling policy (scheduler.py), then loops: messages in from
+the front end's socket, one `Scheduler.step()`, outputs and stats out. With `--tp-size N` the
+process the front end starts is rank 0: it starts ranks 1..N-1, and passes on what it receives
+each step, so every rank makes the same scheduling decisions and runs its shard of every batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.process
+import os
+import signal
+import socket
+import tempfile
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.logging_config import configure_logging
+from radixserve.managers.io_struct import (
+    BatchReqOutput,
+    StopRanksReq,
+    TokenizedGenerateReqInput,
+)
+from radixserve.managers.scheduler import Scheduler, ServedModel
+from radixserve.managers.tp_worker import ModelWorker
+from radixserve.metrics.startup import StartupPhases
+from radixserve.model_loader.loader import ModelSource, load_model_source_for
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# the longest warm-up prompt: enough to exercise multi-block prefill kernels, cheap on a CPU
+WARMUP_PROMPT_TOKENS = 160
+
+# an idle scheduler loop reports at least this often (what /ready's liveness check reads)
+HEARTBEAT_S = 1.0
+
+
+@dataclass
+class PortArgs:
+    scheduler_input_ipc_name: str  # front end PUSH (connect) -> scheduler PULL (bind)
+    tokenizer_ipc_name: str  # scheduler PUSH (connect) -> front end PULL (bind)
+
+    @staticmethod
+    def new() -> PortArgs:
+        base = os.path.join(tempfile.gettempdir(), f"radixserve-{uuid.uuid4().hex[:12]}")
+        return PortArgs(f"ipc://{base}-scheduler", f"ipc://{base}-tokenizer")
+
+    def rank_ipc_name(self, rank: int) -> str:
+        """Rank 0 PUSH (bind) -> rank `rank` PULL (connect): what rank 0 received, each step."""
+        return f"{self.scheduler_input_ipc_name}-rank{rank}"
+
+
+def warm_up(scheduler: Scheduler) -> None:
+    """Serve a few requests of every kind of pass before the worker reports ready, so that
+    kernels are compiled and planned now (Triton's on first sight of a shape, FlashInfer's
+    JIT), not at a user's first request: prefills of several lengths, a prefix-cache hit,
+    batched decode, greedy and sampled rows with penalties and logprobs. Every rank of a
+    tensor-parallel group runs the same requests in step. The cache, the counters and the
+    device timeline are reset afterwards: nothing of it shows in metrics."""
+    vocab, context = scheduler.model.vocab_size, scheduler.context_len
+    length = max(2, min(WARMUP_PROMPT_TOKENS, scheduler.max_total_tokens // 8, context // 2))
+    prompt = [1 + i % (vocab - 1) for i in range(length)]
+    greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
+    sampled = SamplingParams(
+        max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=20, min_p=0.05,
+        frequency_penalty=0.5, repetition_penalty=1.1, ignore_eos=True, seed=0,
+    )  # fmt: skip
+    waves = [
+        [
+            (prompt, greedy, False),
+            (prompt[:1], greedy, False),
+            (prompt[: length // 3], greedy, True),
+        ],
+        [(prompt[: length // 2] + [2, 3], sampled, True), (prompt[1:], greedy, False)],
+    ]
+    for number, wave in enumerate(waves):
+        for index, (ids, params, logprob) in enumerate(wave):
+            request = TokenizedGenerateReqInput(
+                f"warmup-{number}-{index}", ids, params, return_logprob=logprob, top_logprobs_num=2
+            )
+            scheduler.handle_generate_request(request)
+        while scheduler.has_work():
+            scheduler.step()
+        errors = [o.finished_reason for o in scheduler.pop_outputs() if _failed(o.finished_reason)]
+        if errors:
+            raise RuntimeError(f"warm-up request failed: {errors[0]}")
+    scheduler.flush_cache()
+    scheduler.reset_statistics()
+
+
+def _failed(reason: dict | None) -> bool:
+    return reason is not None and reason.get("type") == "error"
+
+
+def build_scheduler(
+    server_args: ServerArgs,
+    source: ModelSource | None = None,
+    startup: StartupPhases | None = None,
+) -> Scheduler:
+    """Load the model (unless `source` is given), put it on a model worker, and give that
+    worker to the scheduling policy: what a scheduler process (or an in-process test) runs.
+    `startup` collects the phases' times."""
+    startup = startup or StartupPhases()
+    if source is None:
+        with startup.timed("model_setup"):
+            source = load_model_source_for(server_args)
+    worker = ModelWorker(server_args, source, startup)
+    model = ServedModel(
+        context_len=source.config.context_len,
+        vocab_size=source.config.vocab_size,
+        eos_token_ids=frozenset(source.config.eos_token_ids),
+        tokenizer=source.tokenizer,
+        description=source.description,
+        matmul_parameters=source.config.matmul_parameters,
+    )
+    return Scheduler(server_args, worker, model)
+
+
+def run_scheduler_process(
+    server_args: ServerArgs,
+    port_args: PortArgs,
+    ready_conn: Any,
+    tp_rank: int = 0,
+    dist_init_method: str | None = None,
+    spawned_at: float | None = None,
+) -> None:
+    """Entry point of a scheduler process (multiprocessing 'spawn' target).
+
+    With `--tp-size N`, the process the front end starts is rank 0: it starts ranks 1..N-1 as
+    its own children, talks to the front end, and passes on what it receives each step, so that
+    every rank makes the same scheduling decisions and runs its shard of every batch.
+    `spawned_at` (the parent's time.time() at spawn) times the imports that ran before this.
+    """
+    import zmq
+
+    startup = StartupPhases()
+    if spawned_at is not None:
+        startup.add("imports", time.time() - spawned_at)
+    configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
+    parent = os.getppid()
+    peers: list[multiprocessing.process.BaseProcess] = []
+    try:
+        if server_args.tp_size > 1:
+            if tp_rank == 0:
+                dist_init_method = f"tcp://127.0.0.1:{_free_port()}"
+                peers = _start_peer_ranks(server_args, port_args, dist_init_method)
+            device = server_args.resolved_device()
+            init_tensor_parallel(
+                tp_rank,
+                server_args.tp_size,
+                dist_init_method,
+                torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
+            )
+        scheduler = build_scheduler(server_args, startup=startup)
+        if scheduler.worker.device.type == "cuda":  # the CPU's torch code compiles nothing
+            with startup.timed("kernel_warmup"):
+                warm_up(scheduler)
+        logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
+    except Exception as exc:  # report any load failure to the parent, then exit
+        logger.exception("scheduler failed to start")
+        if ready_conn is not None:
+            ready_conn.send({"status": "error", "message": f"{type(exc).__name__}: {exc}"})
+        for peer in peers:
+            peer.terminate()
+        return
+    ctx = zmq.Context(1)
+    if tp_rank != 0:
+        from_first = ctx.socket(zmq.PULL)
+        from_first.connect(port_args.rank_ipc_name(tp_rank))
+        _follow_first_rank(scheduler, from_first, parent)
+        from_first.close(linger=0)
+        ctx.term()
+        return
+    recv_sock = ctx.socket(zmq.PULL)
+    recv_sock.bind(port_args.scheduler_input_ipc_name)
+    send_sock = ctx.socket(zmq.PUSH)
+    send_sock.connect(port_args.tokenizer_ipc_name)
+    to_ranks = []
+    for rank in range(1, server_args.tp_size):
+        to_ranks.append(ctx.socket(zmq.PUSH))
+        to_ranks[-1].bind(port_args.rank_ipc_name(rank))
+    ready_conn.send(
+        {
+            "status": "ready",
+            "max_total_tokens": scheduler.max_total_tokens,
+            "max_running_requests": scheduler.max_running_requests,
+            "context_len": scheduler.context_len,
+            "vocab_size": scheduler.model.vocab_size,
+            "model_description": scheduler.model.description,
+            **scheduler.worker.describe(),
+            "startup_phases": startup.seconds,
+        }
+    )
+    _serve(scheduler, recv_sock, send_sock, to_ranks, parent)
+    if peers:
+        _stop_peer_ranks(peers, to_ranks)
+    # outputs for a front end that is gone must not hold the exit
+    for sock in (recv_sock, send_sock, *to_ranks):
+        sock.close(linger=0)
+    ctx.term()
+    destroy_tensor_parallel()
+
+
+def _serve(
+    scheduler: Scheduler,
+    recv_sock: Any,
+    send_sock: Any,
+    to_ranks: list[Any],
+    parent: int,
+) -> None:
+    """Rank 0's loop, until SIGTERM (the front end stopping it) or the front end's death.
+
+    Each iteration's messages go to ranks 1..N-1 (`to_ranks`) before rank 0 applies them: a
+    send, never a wait, so the host's critical path between two steps has no round trip
+    between ranks (a gloo object broadcast took ~0.9 ms on a 2-core CPU); the devices stay in
+    step through their own collectives.
+
+    SIGTERM only sets a flag: the step in progress finishes, so that with --tp-size > 1 every
+    rank is between collectives when the others are told to stop."""
+    import zmq
+
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    idle_reported = True
+    last_report = time.monotonic()
+    while not stopping.is_set():
+        busy = scheduler.has_work()
+        # block (bounded, to notice a dead parent) only when there is nothing to run
+        if not busy and not recv_sock.poll(timeout=200) and os.getppid() != parent:
+            logger.info("front end is gone; exiting")
+            return
+        messages = []
+        while True:
+            try:
+                messages.append(recv_sock.recv_pyobj(zmq.NOBLOCK))
+            except zmq.Again:
+                break
+        for sock in to_ranks:
+            sock.send_pyobj(messages)
+        for msg in messages:
+            reply = scheduler.dispatch(msg)
+            if reply is not None:
+                send_sock.send_pyobj(reply)
+        ran = scheduler.step()
+        outputs = scheduler.pop_outputs()
+        # an idle loop still reports now and then: the front end's readiness reads it as the
+        # loop being alive (a wedged loop goes silent)
+        heartbeat = time.monotonic() - last_report >= HEARTBEAT_S
+        if ran or outputs or not idle_reported or heartbeat:
+            send_sock.send_pyobj(BatchReqOutput(outputs, scheduler.pop_stats()))
+            idle_reported = not ran and not scheduler.has_work()
+            last_report = time.monotonic()
+        elif busy and os.getppid() != parent:
+            return
+
+
+def _follow_first_rank(scheduler: Scheduler, from_first: Any, parent: int) -> None:
+    """Ranks 1..N-1: apply rank 0's messages and step in lockstep with it (one message list
+    per rank-0 iteration, at least five a second); outputs are rank 0's job. Rank 0 ends this
+    with a StopRanksReq; a rank 0 that died instead is noticed as a changed parent."""
+    while True:
+        if not from_first.poll(timeout=1000):
+            if os.getppid() != parent:
+                logger.info("rank 0 is gone; exiting")
+                return
+            continue
+        messages = from_first.recv_pyobj()
+        if any(isinstance(msg, StopRanksReq) for msg in messages):
+            destroy_tensor_parallel()
+            return
+        for msg in messages:
+            scheduler.dispatch(msg)
+        scheduler.step()
+        scheduler.pop_outputs()
+
+
+def _stop_peer_ranks(peers: list[multiprocessing.process.BaseProcess], to_ranks: list[Any]) -> None:
+    """Tell ranks 1..N-1 to stop and wait for them, so that they take their NCCL
+    communicators down while rank 0's store still answers (otherwise each logs a stack of
+    'TCPStore ... Connection was likely closed' warnings)."""
+    for sock in to_ranks:
+        sock.send_pyobj([StopRanksReq()])
+    for peer in peers:
+        peer.join(timeout=5)
+        if peer.is_alive():
+            peer.terminate()
+
+
+def _start_peer_ranks(
+    server_args: ServerArgs, port_args: PortArgs, dist_init_method: str
+) -> list[multiprocessing.process.BaseProcess]:
+    context = multiprocessing.get_context("spawn")
+    peers = []
+    for rank in range(1, server_args.tp_size):
+        peer = context.Process(
+            target=run_scheduler_process,
+            args=(server_args, port_args, None, rank, dist_init_method),
+            name=f"radixserve-scheduler-tp{rank}",
+            daemon=True,  # ends with rank 0
+        )
+        peer.start()
+        peers.append(peer)
+    return peers
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

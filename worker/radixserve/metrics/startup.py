@@ -1,0 +1,50 @@
+"""Where a worker's start-up time goes, phase by phase.
+
+One `StartupPhases` per process collects durations as the start-up runs; the scheduler process
+sends its phases with its ready message, and the front end adds its own, logs them on one line
+and exports them as `radixserve_startup_seconds{phase}`. A cold start is what autoscaling waits
+for, so each phase is measured where it happens, not estimated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+# in start-up order; a phase that did not run (no CUDA graphs on the CPU) is absent
+PHASES = (
+    "imports",  # spawning the scheduler process and importing torch and the engine
+    "model_setup",  # config and tokenizer of the checkpoint, the network built on the device
+    "weight_read",  # reading the checkpoint (disk to host or device buffers)
+    "host_to_device",  # copying the weights into the model's parameters
+    "kv_allocation",  # the KV pool and request table
+    "cuda_graph_capture",
+    "kernel_warmup",  # compiling and planning kernels for serving's shapes
+    "ready",  # the scheduler is up until /ready answers 200
+)
+
+
+class StartupPhases:
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def add(self, phase: str, seconds: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add(phase, time.perf_counter() - start)
+
+    def update(self, other: dict[str, float]) -> None:
+        for phase, seconds in other.items():
+            self.add(phase, seconds)
+
+    def summary(self) -> str:
+        """One log line: each phase in start-up order, then the total."""
+        parts = [f"{p} {self.seconds[p]:.1f}s" for p in PHASES if p in self.seconds]
+        return ", ".join(parts) + f"; total {sum(self.seconds.values()):.1f}s"

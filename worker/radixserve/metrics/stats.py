@@ -1,0 +1,26 @@
+"""`SchedulerStats`: what the scheduler process reports for Prometheus with its outputs.
+
+Defined here, beside the collectors that apply it, so the metrics package imports nothing of
+the scheduler; the scheduler fills it and sends it over IPC (managers/io_struct.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerStats:
+    """Scheduler-side metrics since the last report, applied to Prometheus in the front end."""
+
+    num_running_requests: int
+    num_queued_requests: int
+    kv_cache_usage_ratio: float  # KV held by running or queued requests / capacity
+    kv_cache_evictable_ratio: float  # prefix cache no request pins (reclaimable) / capacity
+    prefix_cache_hit_rate: float
+    max_total_tokens: int
+    prefix_cache_queries_tokens: int = 0  # deltas
+    prefix_cache_hits_tokens: int = 0
+    retractions: int = 0
+    # (mode label, batch size, batch tokens, seconds) for each forward step since last report
+    steps: list[tuple[str, int, int, float]] = field(default_factory=list)
