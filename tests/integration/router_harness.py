@@ -33,7 +33,8 @@ def free_port() -> int:
 
 @dataclass
 class ScriptedWorker:
-    """What the next completions answer: `mode` is ok | status | stream | break | hang."""
+    """What the next completions answer: `mode` is ok | status | stream | break | truncate |
+    hang (a stream that waits for the client to go away)."""
 
     name: str
     mode: str = "ok"
@@ -116,7 +117,8 @@ class ScriptedWorker:
                 return out
             if self.mode == "hang":
                 await asyncio.sleep(3600)
-            await out.write(b"data: [DONE]\n\n")
+            if self.mode != "truncate":  # truncate: a clean end, but without the last event
+                await out.write(b"data: [DONE]\n\n")
         except asyncio.CancelledError:
             self.aborted += 1  # the router closed our connection: the client went away
             raise

@@ -142,6 +142,24 @@ def test_a_stream_that_breaks_midway_ends_with_an_error_event() -> None:
     asyncio.run(scenario())
 
 
+def test_a_stream_that_ends_without_done_is_not_passed_off_as_complete() -> None:
+    async def scenario() -> None:
+        (worker,) = await start(ScriptedWorker("w", mode="truncate", events=2))
+        async with running_router(worker_url=(worker.url,)) as (router, url):
+            await wait_until(lambda: router.pool.ready())
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(url + "/v1/completions", json=completion(True)) as reply,
+            ):
+                events = await read_events(reply)
+            assert [e["i"] for e in events[:2]] == [0, 1]
+            assert events[2]["error"]["code"] == "upstream_disconnected"
+            assert events[3:] == ["[DONE]"]
+        await stop(worker)
+
+    asyncio.run(scenario())
+
+
 def test_a_client_that_goes_away_aborts_its_upstream_request() -> None:
     async def scenario() -> None:
         (worker,) = await start(ScriptedWorker("w", mode="hang", events=1))

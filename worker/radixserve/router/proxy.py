@@ -222,9 +222,10 @@ class Proxy:
                 pending += chunk
                 complete, sep, pending = pending.rpartition(_SSE_END)
                 if sep:
-                    events = complete + sep
-                    finished = finished or _DONE in events
-                    await out.write(events)
+                    finished = finished or any(
+                        event.strip() == _DONE for event in complete.split(_SSE_END)
+                    )
+                    await out.write(complete + sep)
             if not finished:
                 raise aiohttp.ClientPayloadError("the stream ended without data: [DONE]")
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
