@@ -220,6 +220,7 @@ def panels(by: str) -> list[Panel]:
                 Query(_quantile(0.99, "radixserve_forward_step_seconds", "mode"), "p99 {{mode}}"),
             ),
         ),
+        *router_panels(),
         Panel(
             "Batch size distribution: $mode",
             "How many requests each forward step carried (radixserve_batch_size), one panel "
@@ -233,6 +234,86 @@ def panels(by: str) -> list[Panel]:
             ),
             kind="heatmap",
             repeat="mode",
+        ),
+    ]
+
+
+def router_panels() -> list[Panel]:
+    """What the router (`radixserve router`) sees; its series carry the same `model_name`.
+
+    Grouped by service (`namespace, model_name`) in both dashboards: one router fleet per
+    service, whose worker label names the worker pods it spreads requests over.
+    """
+    service = "namespace, model_name"
+    requests = "radixserve_router_requests_total"
+
+    def zero_when_absent(expr: str) -> str:
+        """0 rather than no data while no request has failed yet (the series do not exist)."""
+        return f"({expr}) or on() vector(0)"
+
+    return [
+        Panel(
+            "Router: share of requests per worker",
+            "Each worker's share of the requests the routers sent: cache-aware routing keeps "
+            "conversations on the worker that caches them, so shares follow the conversations, "
+            "not a strict 1/N.",
+            "percentunit",
+            (
+                Query(
+                    f"{_rate(requests, service + ', worker')}"
+                    f" / on ({service}) group_left {_rate(requests, service)}",
+                    "{{worker}}",
+                ),
+            ),
+            extra={"min": 0, "max": 1},
+        ),
+        Panel(
+            "Router: routing decisions",
+            "Requests per second by what decided their worker: prefix (the longest cached "
+            "prefix), least_loaded (no long enough prefix), balance (the load was skewed), "
+            "round_robin, power_of_two.",
+            "reqps",
+            (Query(_rate(requests, "decision"), "{{decision}}"),),
+        ),
+        Panel(
+            "Router: retries and upstream errors",
+            "Attempts repeated on another worker, and failed attempts by kind: connect (worker "
+            "unreachable), status_429 / status_503 (queue full, draining), stream_broken (a "
+            "stream cut midway; the client got an error event).",
+            "reqps",
+            (
+                Query(_rate("radixserve_router_retries_total", service), "retries {{model_name}}"),
+                Query(
+                    zero_when_absent(_rate("radixserve_router_upstream_errors_total", "kind")),
+                    "{{kind}}",
+                ),
+            ),
+        ),
+        Panel(
+            "Router: pending requests",
+            "Requests the routers hold because no worker is ready: nonzero while a service "
+            "scaled to zero starts a worker (KEDA's router-pending trigger reads it).",
+            "short",
+            (
+                Query(
+                    f"sum by ({service}) (radixserve_router_pending_requests{{{SELECTOR}}})",
+                    "{{model_name}}",
+                ),
+            ),
+        ),
+        Panel(
+            "Router: workers by state",
+            "Workers the routers know: ready (taking requests), not_ready (loading or "
+            "draining), down (unreachable).",
+            "short",
+            (Query(f"sum by (state) (radixserve_router_workers{{{SELECTOR}}})", "{{state}}"),),
+        ),
+        _latency_panel(
+            "Router: request latency",
+            "radixserve_router_request_latency_seconds",
+            service,
+            "From a request's arrival at a router to its last byte: waiting for a worker, "
+            "retries and the worker's own latency together.",
         ),
     ]
 

@@ -23,6 +23,10 @@ PLURALS: dict[tuple[str, str], str] = {
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    ("v1", "ServiceAccount"): "serviceaccounts",
+    ("rbac.authorization.k8s.io/v1", "Role"): "roles",
+    ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
     (API_VERSION, KIND): PLURAL,
 }
 

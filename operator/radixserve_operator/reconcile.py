@@ -18,6 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from radixserve_operator import API_VERSION, FIELD_MANAGER, KIND
 from radixserve_operator.kube import KubeApi
 from radixserve_operator.manifests import Owner, build_children, selector_string, service_url
+from radixserve_operator.manifests.router import ROUTER_COMPONENT, router_child_keys, router_name
 from radixserve_operator.spec import DEFAULT_PORT, InvalidSpecError, ServiceSpec, parse_spec
 from radixserve_operator.status import (
     DEGRADED,
@@ -33,6 +34,7 @@ from radixserve_operator.status import (
 OPTIONAL_KINDS = {
     ("keda.sh/v1alpha1", "ScaledObject"): "autoscaling",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inferencePool",
 }
 
 
@@ -92,6 +94,7 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
 
     problem: Problem | None = None
     deployment: dict[str, Any] | None = None
+    router: dict[str, Any] | None = None
     retry = False
     for manifest in build_children(owner, spec, prometheus_address=ctx.prometheus_address):
         manifest = _respect_foreign_replicas(ctx.api, manifest)
@@ -105,14 +108,27 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
             problem = Problem("ApplyFailed", f"{manifest['kind']}: {error.status} {error.reason}")
             retry = error.status in (0, 409, 429) or error.status >= 500
             break
-        if manifest["kind"] == "Deployment":
+        if manifest["kind"] == "Deployment" and manifest["metadata"]["name"] == owner.name:
             deployment = applied
+        elif manifest["kind"] == "Deployment":
+            router = applied
     _prune_unwanted(ctx.api, owner, spec)
     if deployment is None:
         deployment = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
+    if router is None and spec.router.enabled:
+        router = ctx.api.get("apps/v1", "Deployment", owner.namespace, router_name(owner))
+        router = router or {"spec": {"replicas": spec.router.replicas}}  # not there yet
     url = service_url(owner, DEFAULT_PORT)
     status = _status(
-        owner, generation, deployment, problem, previous, now, url=url, workers=workers
+        owner,
+        generation,
+        deployment,
+        problem,
+        previous,
+        now,
+        url=url,
+        workers=workers,
+        router=router,
     )
     events = _transitions(previous, status)
     if previous.get("observedGeneration") != generation and problem is None:
@@ -132,7 +148,9 @@ def refresh_status(
     if parent is None or parent["metadata"].get("uid") != owner_ref.get("uid"):
         return None
     previous = parent.get("status") or {}
-    return _refreshed(parent, deployment, problem_from_status(previous, WORKER_PROBLEMS), now)
+    workers, router = _deployments_of(ctx.api, owner_of(parent), deployment)
+    problem = problem_from_status(previous, WORKER_PROBLEMS)
+    return _refreshed(parent, workers, router, problem, now)
 
 
 def refresh_worker_status(
@@ -148,12 +166,31 @@ def refresh_worker_status(
     if parent is None or parent["metadata"].get("deletionTimestamp"):
         return None
     deployment = ctx.api.get("apps/v1", "Deployment", namespace, service_name)
-    return _refreshed(parent, deployment, worker_problem(pods), now)
+    router = _router_of(ctx.api, owner_of(parent))
+    return _refreshed(parent, deployment, router, worker_problem(pods), now)
+
+
+def _deployments_of(
+    api: KubeApi, owner: Owner, changed: Mapping[str, Any]
+) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(workers, router) Deployments of a service: the one that changed, the other read."""
+    labels = changed["metadata"].get("labels") or {}
+    if labels.get("app.kubernetes.io/component") == ROUTER_COMPONENT:
+        return api.get("apps/v1", "Deployment", owner.namespace, owner.name), changed
+    return changed, _router_of(api, owner)
+
+
+def _router_of(api: KubeApi, owner: Owner) -> Mapping[str, Any] | None:
+    """The service's router Deployment: there only while the spec enables it (else pruned)."""
+    router = api.get("apps/v1", "Deployment", owner.namespace, router_name(owner))
+    owned = router is not None and (owner_reference(router) or {}).get("uid") == owner.uid
+    return router if owned else None
 
 
 def _refreshed(
     parent: Mapping[str, Any],
     deployment: Mapping[str, Any] | None,
+    router: Mapping[str, Any] | None,
     workers: Problem | None,
     now: str,
 ) -> tuple[Mapping[str, Any], Outcome] | None:
@@ -168,6 +205,7 @@ def _refreshed(
         now,
         url=previous.get("url"),
         workers=workers,
+        router=router,
     )
     if _comparable(status) == _comparable({key: previous.get(key) for key in status}):
         return None
@@ -184,6 +222,7 @@ def _status(
     *,
     url: str | None,
     workers: Problem | None = None,
+    router: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     return compute_status(
         observed_generation=generation,
@@ -194,6 +233,7 @@ def _status(
         previous=previous,
         now=now,
         workers=workers,
+        router=DeploymentState.from_body(router) if router is not None else None,
     )
 
 
@@ -223,17 +263,23 @@ def _prune_unwanted(api: KubeApi, owner: Owner, spec: ServiceSpec) -> None:
     wanted = {
         "autoscaling": spec.autoscaling is not None,
         "monitoring": spec.monitoring.service_monitor,
+        "inferencePool": spec.router.inference_pool,
     }
-    for (api_version, kind), feature in OPTIONAL_KINDS.items():
-        if wanted[feature]:
-            continue
+    unwanted = [
+        (api_version, kind, owner.name)
+        for (api_version, kind), feature in OPTIONAL_KINDS.items()
+        if not wanted[feature]
+    ]
+    if not spec.router.enabled:
+        unwanted += router_child_keys(owner)
+    for api_version, kind, name in unwanted:
         try:
-            existing = api.get(api_version, kind, owner.namespace, owner.name)
+            existing = api.get(api_version, kind, owner.namespace, name)
         except ApiException:
             continue  # the kind is not served at all: nothing of ours to prune
         refs = (existing or {}).get("metadata", {}).get("ownerReferences") or []
         if any(ref.get("uid") == owner.uid for ref in refs):
-            api.delete(api_version, kind, owner.namespace, owner.name)
+            api.delete(api_version, kind, owner.namespace, name)
 
 
 def _missing_kind_problem(key: tuple[str, str]) -> Problem | None:
@@ -241,6 +287,12 @@ def _missing_kind_problem(key: tuple[str, str]) -> Problem | None:
         return Problem(
             "AutoscalingUnavailable",
             "spec.autoscaling needs KEDA (keda.sh/v1alpha1 ScaledObject), which is not installed",
+        )
+    if OPTIONAL_KINDS[key] == "inferencePool":
+        return Problem(
+            "InferencePoolUnavailable",
+            "spec.router.inferencePool needs the Gateway API Inference Extension's CRDs"
+            " (inference.networking.k8s.io/v1 InferencePool), which are not installed",
         )
     return None  # a missing ServiceMonitor CRD only loses the scrape config; pods keep annotations
 

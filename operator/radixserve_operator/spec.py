@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.entrypoints.arguments import all_choices
+from radixserve.router.policies import POLICIES as ROUTER_POLICY_REGISTRY
 from radixserve.server_args import API_KEY_ENV  # the variable the worker reads its key from
 
 DEFAULT_PORT = 8000
@@ -27,6 +28,12 @@ DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
+ROUTER_POLICIES = tuple(ROUTER_POLICY_REGISTRY)  # radixserve router --policy, the CRD's enum
+SCALE_TO_ZERO_NEEDS_ROUTER = (
+    "autoscaling.minReplicas 0 needs router.enabled: with no worker running, only the router can"
+    " take requests, hold them, and count them (radixserve_router_pending_requests) so that"
+    " KEDA starts a worker"
+)
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 
@@ -111,6 +118,17 @@ class Monitoring:
 
 
 @dataclass(frozen=True)
+class Router:
+    """`radixserve router` pods in front of the workers, and optionally an InferencePool."""
+
+    enabled: bool = False
+    replicas: int = 1
+    policy: str = "cache_aware"
+    pending_timeout_seconds: int = 300
+    inference_pool: bool = False
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """One InferenceService's desired state, defaults applied, cross-field rules checked."""
 
@@ -131,6 +149,7 @@ class ServiceSpec:
     env: tuple[Mapping[str, Any], ...] = ()
     # The worker's API key (clients send it as a Bearer token), read from a Secret.
     api_key_secret: SecretKeyRef | None = None
+    router: Router = field(default_factory=Router)
 
     @property
     def desired_replicas(self) -> int:
@@ -147,6 +166,9 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
     engine = _parse_engine(_mapping(raw, "engine"))
     resources = _parse_resources(_mapping(raw, "resources"), engine)
     autoscaling = _parse_autoscaling(raw.get("autoscaling"))
+    router = _parse_router(_mapping(raw, "router"))
+    if autoscaling is not None and autoscaling.min_replicas == 0 and not router.enabled:
+        raise InvalidSpecError(SCALE_TO_ZERO_NEEDS_ROUTER)
     replicas = _optional_int(raw, "replicas", minimum=0)
     lifecycle_raw = _mapping(raw, "lifecycle")
     monitoring_raw = _mapping(raw, "monitoring")
@@ -175,6 +197,17 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
         runtime_class_name=raw.get("runtimeClassName"),
         env=_parse_env(raw.get("env")),
         api_key_secret=_parse_secret_ref(raw.get("apiKeySecretRef"), "spec.apiKeySecretRef"),
+        router=router,
+    )
+
+
+def _parse_router(raw: Mapping[str, Any]) -> Router:
+    return Router(
+        enabled=bool(raw.get("enabled", False)),
+        replicas=_int(raw, "replicas", 1, minimum=1),
+        policy=_choice(raw, "policy", ROUTER_POLICIES),
+        pending_timeout_seconds=_int(raw, "pendingTimeoutSeconds", 300, minimum=1),
+        inference_pool=bool(raw.get("inferencePool", False)),
     )
 
 

@@ -15,9 +15,12 @@ from typing import Any
 READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
+ROUTER_READY = "RouterReady"
 
 # Degraded reasons that only a reconcile can set or clear (the Deployment cannot show them).
-RECONCILE_PROBLEMS = frozenset({"InvalidSpec", "ApplyFailed", "AutoscalingUnavailable"})
+RECONCILE_PROBLEMS = frozenset(
+    {"InvalidSpec", "ApplyFailed", "AutoscalingUnavailable", "InferencePoolUnavailable"}
+)
 # Degraded reasons that only the pod watcher can set or clear, most telling first.
 CRASH_LOOP = "CrashLoopBackOff"
 OOM_KILLED = "OOMKilled"
@@ -160,16 +163,21 @@ def compute_status(
     previous: Mapping[str, Any] | None,
     now: str,
     workers: Problem | None = None,
+    router: DeploymentState | None = None,
 ) -> dict[str, Any]:
     """The full ``status`` object; ``lastTransitionTime`` only moves when a condition flips.
 
     ``problem`` is the last reconcile's, ``workers`` the pods' (``worker_problem``): a spec
-    that cannot be applied is named before the pods that run the previous one."""
+    that cannot be applied is named before the pods that run the previous one. ``router`` is
+    the router Deployment's state when the spec enables the router."""
     conditions = [
         _ready(deployment, problem),
         _progressing(deployment, problem),
         _degraded(deployment, problem or workers),
     ]
+    if router is not None:
+        conditions[0] = _ready_behind_router(conditions[0], deployment, router)
+        conditions.append(_router_ready(router))
     previous_conditions = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
     status: dict[str, Any] = {
         "replicas": deployment.replicas if deployment else 0,
@@ -186,7 +194,33 @@ def compute_status(
         status["observedGeneration"] = observed_generation
     if url is not None:
         status["url"] = url
+    if router is not None:
+        status["router"] = {"replicas": router.replicas, "readyReplicas": router.ready}
     return status
+
+
+def _router_ready(router: DeploymentState) -> dict[str, str]:
+    counts = f"{router.ready}/{router.desired} router replicas ready"
+    if router.ready > 0:
+        return _condition(ROUTER_READY, True, "RouterReady", counts)
+    return _condition(ROUTER_READY, False, "RouterNotReady", counts)
+
+
+def _ready_behind_router(
+    ready: dict[str, str], deployment: DeploymentState | None, router: DeploymentState
+) -> dict[str, str]:
+    """Requests reach the workers through the router: no router, no service. With one, a
+    service scaled to zero still takes requests (the router holds them while a worker starts)."""
+    if router.ready == 0:
+        return _condition(READY, False, "RouterNotReady", "no router replica is ready")
+    if deployment is not None and deployment.desired == 0:
+        return _condition(
+            READY,
+            True,
+            "ScaledToZero",
+            "no worker runs; the router holds requests while the autoscaler starts one",
+        )
+    return ready
 
 
 def _ready(deployment: DeploymentState | None, problem: Problem | None) -> dict[str, str]:

@@ -20,6 +20,7 @@ import yaml
 from radixserve_operator import KIND
 from radixserve_operator.kube import PLURALS
 from radixserve_operator.manifests.meta import Owner
+from radixserve_operator.manifests.router import ENDPOINT_SLICE_RULE, build_workers_service
 from radixserve_operator.manifests.service import build_service
 from radixserve_operator.spec import parse_spec
 
@@ -46,6 +47,12 @@ WORKLOAD_PERMISSIONS = {
     ("policy", "poddisruptionbudgets"): APPLIED,
     ("keda.sh", "scaledobjects"): APPLIED,
     ("monitoring.coreos.com", "servicemonitors"): APPLIED,
+    ("", "serviceaccounts"): APPLIED,
+    ("rbac.authorization.k8s.io", "roles"): APPLIED,
+    ("rbac.authorization.k8s.io", "rolebindings"): APPLIED,
+    # not used by the operator itself: it may grant a router only what it holds (RBAC escalation)
+    ("discovery.k8s.io", "endpointslices"): {"get", "list", "watch"},
+    ("inference.networking.k8s.io", "inferencepools"): APPLIED,
     ("", "events"): {"create"},
 }
 
@@ -222,7 +229,9 @@ def test_dashboard_configmaps_carry_every_dashboard_for_the_grafana_sidecar() ->
 def test_service_monitor_selects_worker_services_on_their_http_port() -> None:
     (monitor,) = by_kind(render(EVERYTHING_ON), "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "kube-prometheus-stack"
-    assert monitor["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"] == "worker"
+    assert monitor["spec"]["selector"]["matchExpressions"] == [
+        {"key": "app.kubernetes.io/component", "operator": "In", "values": ["worker", "router"]}
+    ]
     assert monitor["spec"]["namespaceSelector"] == {"any": True}
     (endpoint,) = monitor["spec"]["endpoints"]
     assert endpoint == {
@@ -300,11 +309,29 @@ def test_packaged_chart_is_self_contained_and_renders_the_same(tmp_path: Path) -
         assert packaged == chart.render(EVERYTHING_ON, name="rs", namespace="radixserve")
 
 
-def test_service_monitor_matches_the_services_the_operator_builds() -> None:
-    service = build_service(Owner(name="smollm2", namespace="team-a", uid="0"))
+@pytest.mark.parametrize("router", [False, True], ids=["workers", "router"])
+def test_service_monitor_matches_the_services_the_operator_builds(router: bool) -> None:
+    owner = Owner(name="smollm2", namespace="team-a", uid="0")
+    services = [build_service(owner, router=router)]
+    if router:
+        services.append(build_workers_service(owner))
     (monitor,) = by_kind(render(EVERYTHING_ON), "ServiceMonitor")
-    assert (
-        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
-    )
-    port_names = {port["name"] for port in service["spec"]["ports"]}
-    assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} <= port_names
+    selector = monitor["spec"]["selector"]
+    for service in services:
+        labels = service["metadata"]["labels"]
+        assert selector["matchLabels"].items() <= labels.items()
+        for expression in selector["matchExpressions"]:
+            assert labels[expression["key"]] in expression["values"]
+        port_names = {port["name"] for port in service["spec"]["ports"]}
+        assert {endpoint["port"] for endpoint in monitor["spec"]["endpoints"]} <= port_names
+
+
+def test_the_operator_holds_every_permission_it_grants_a_router() -> None:
+    """Kubernetes refuses a Role that grants more than its creator holds (no `escalate`)."""
+    (workloads,) = [
+        r for r in by_kind(render(), "ClusterRole") if r["metadata"]["name"].endswith("-workloads")
+    ]
+    held = permissions(workloads)
+    for group in ENDPOINT_SLICE_RULE["apiGroups"]:
+        for resource in ENDPOINT_SLICE_RULE["resources"]:
+            assert set(ENDPOINT_SLICE_RULE["verbs"]) <= held[(group, resource)]

@@ -131,3 +131,20 @@ def test_panels_do_not_overlap(filename: str) -> None:
         }
         assert not cells & occupied, panel["title"]
         occupied |= cells
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_shows_the_router(filename: str) -> None:
+    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("Router: ")]
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    for series in (
+        "radixserve_router_requests_total",
+        "radixserve_router_retries_total",
+        "radixserve_router_upstream_errors_total",
+        "radixserve_router_pending_requests",
+        "radixserve_router_workers",
+        "radixserve_router_request_latency_seconds_bucket",
+    ):
+        assert series in exprs, series
+    share = next(p for p in panels if "share" in p["title"])
+    assert "worker" in share["targets"][0]["expr"] and share["fieldConfig"]["defaults"]["max"] == 1

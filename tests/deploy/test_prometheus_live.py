@@ -1,8 +1,9 @@
 """Every dashboard query and recording rule, answered by a real Prometheus scraping a real worker.
 
-The worker serves the bundled SmolLM2-135M on the CPU; Debian's `prometheus` scrapes it every
-second with the project's rule files loaded; OpenAI-client traffic (shared prefixes, streaming,
-concurrency) makes every histogram and counter move. Then each PromQL expression of each
+The worker serves the bundled SmolLM2-135M on the CPU behind a `radixserve router`; Debian's
+`prometheus` scrapes both every second with the project's rule files loaded; OpenAI-client
+traffic through the router (shared prefixes, streaming, concurrency) makes every histogram and
+counter move. Then each PromQL expression of each
 dashboard panel (Grafana variables substituted as Grafana would, repeated panels once per
 value) and of each recording rule must return data with at least one finite sample.
 """
@@ -26,6 +27,8 @@ from pathlib import Path
 import openai
 import pytest
 import yaml
+
+from radixserve.entrypoints.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "radixserve-live"
@@ -118,7 +121,18 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
 
 
 @pytest.fixture(scope="module")
-def prometheus(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def router(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """The router in front of the worker: the clients' endpoint, with the same model name."""
+    log_path = tmp_path_factory.mktemp("router") / "router.log"
+    args = ["--worker-url", worker.url, "--model-name", worker.model]
+    with ServerProcess(args, log_path, subcommand="router") as process:
+        yield Worker(process.base_url, worker.model)
+
+
+@pytest.fixture(scope="module")
+def prometheus(
+    worker: Worker, router: Worker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not on PATH: `make test` puts Debian's package into .venv"
     home = tmp_path_factory.mktemp("prometheus")
@@ -131,7 +145,10 @@ def prometheus(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iter
                 "scrape_interval": "1s",
                 "static_configs": [
                     {
-                        "targets": [worker.url.removeprefix("http://")],
+                        "targets": [
+                            worker.url.removeprefix("http://"),
+                            router.url.removeprefix("http://"),
+                        ],
                         # What the Kubernetes service discovery would attach.
                         "labels": {"namespace": NAMESPACE},
                     }
@@ -208,18 +225,19 @@ def send_traffic(worker: Worker) -> int:
 
 
 @pytest.fixture(scope="module")
-def scraped_traffic(worker: Worker, prometheus: str) -> dict[str, str]:
+def scraped_traffic(worker: Worker, router: Worker, prometheus: str) -> dict[str, str]:
     """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
-    sent = send_traffic(worker)
-    selector = f'radixserve_requests_total{{job="{JOB}"}}'
-    deadline = time.monotonic() + SCRAPE_DEADLINE_S
-    while time.monotonic() < deadline:
-        result = instant(prometheus, f"sum({selector})")["result"]
-        if result and float(result[0]["value"][1]) >= sent:
-            break
-        time.sleep(0.5)
-    else:
-        raise AssertionError("Prometheus never saw the finished requests")
+    sent = send_traffic(router)
+    for counter in ("radixserve_requests_total", "radixserve_router_requests_total"):
+        selector = f'{counter}{{job="{JOB}"}}'
+        deadline = time.monotonic() + SCRAPE_DEADLINE_S
+        while time.monotonic() < deadline:
+            result = instant(prometheus, f"sum({selector})")["result"]
+            if result and float(result[0]["value"][1]) >= sent:
+                break
+            time.sleep(0.5)
+        else:
+            raise AssertionError(f"Prometheus never saw the finished requests ({counter})")
     # A few more scrapes and rule evaluations after the last request.
     time.sleep(3)
     return {

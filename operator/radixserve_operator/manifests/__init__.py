@@ -6,6 +6,7 @@ from typing import Any
 
 from radixserve_operator.manifests.disruption_budget import build_disruption_budget
 from radixserve_operator.manifests.meta import Owner, selector_string, service_url
+from radixserve_operator.manifests.router import build_inference_pool, build_router_children
 from radixserve_operator.manifests.scaled_object import build_scaled_object
 from radixserve_operator.manifests.service import build_service
 from radixserve_operator.manifests.service_monitor import build_service_monitor
@@ -30,9 +31,16 @@ def build_children(
     owner: Owner, spec: ServiceSpec, *, prometheus_address: str
 ) -> list[dict[str, Any]]:
     """Every child the spec asks for, in apply order (the Deployment last, once it can be reached)."""
-    children = [build_service(owner), build_disruption_budget(owner)]
+    router = spec.router.enabled
+    children = [build_service(owner, router=router), build_disruption_budget(owner)]
+    if router:
+        children += build_router_children(owner, spec)
+    if spec.router.inference_pool:
+        children.append(build_inference_pool(owner))
     if spec.autoscaling is not None:
-        children.append(build_scaled_object(owner, spec.autoscaling, prometheus_address))
+        children.append(
+            build_scaled_object(owner, spec.autoscaling, prometheus_address, router=router)
+        )
     if spec.monitoring.service_monitor:
         children.append(build_service_monitor(owner, spec.monitoring))
     children.append(build_deployment(owner, spec))

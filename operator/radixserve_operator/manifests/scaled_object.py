@@ -3,6 +3,11 @@
 KEDA's HPA writes the InferenceService's ``/scale`` subresource (``spec.replicas``); the operator
 then carries that count to the Deployment. Scaling the Deployment directly would make the
 operator and the HPA fight over ``Deployment.spec.replicas``.
+
+With the router on, a second trigger reads the requests the routers hold for want of a ready
+worker (``radixserve_router_pending_requests``). With no worker pod there is no worker metric
+at all; this one is what wakes a service scaled to zero: KEDA activates a scaler whose value
+is above ``activationThreshold``, so one held request is enough.
 """
 
 from __future__ import annotations
@@ -11,13 +16,15 @@ from typing import Any
 
 from radixserve_operator import API_VERSION, KIND
 from radixserve_operator.manifests.meta import Owner, object_meta
-from radixserve_operator.spec import Autoscaling
+from radixserve_operator.spec import DEFAULT_AUTOSCALING_TARGETS, Autoscaling
 
 METRIC_NAMES = {
     "queued": "radixserve_num_queued_requests",
     "running": "radixserve_num_running_requests",
     "kvCacheUsage": "radixserve_kv_cache_usage_ratio",
 }
+PENDING_METRIC = "radixserve_router_pending_requests"
+PENDING_ACTIVATION_THRESHOLD = "0.5"  # active above it: at 1 held request or more
 
 
 def prometheus_query(owner: Owner, metric: str) -> str:
@@ -28,12 +35,41 @@ def prometheus_query(owner: Owner, metric: str) -> str:
     ``<deployment>-<hash>-<suffix>``; the anchored regex keeps ``svc-a`` from matching
     ``svc-a-b``'s pods.
     """
-    pods = f"{owner.name}-[a-z0-9]+-[a-z0-9]+"
-    return f'sum({METRIC_NAMES[metric]}{{namespace="{owner.namespace}",pod=~"{pods}"}})'
+    return _pod_sum(METRIC_NAMES[metric], owner.namespace, owner.name)
+
+
+def pending_query(owner: Owner) -> str:
+    """Requests held by this service's routers (pods ``<name>-router-<hash>-<suffix>``)."""
+    return _pod_sum(PENDING_METRIC, owner.namespace, f"{owner.name}-router")
+
+
+def _pod_sum(metric: str, namespace: str, deployment: str) -> str:
+    pods = f"{deployment}-[a-z0-9]+-[a-z0-9]+"
+    return f'sum({metric}{{namespace="{namespace}",pod=~"{pods}"}})'
+
+
+def pending_trigger(owner: Owner, autoscaling: Autoscaling, prometheus_address: str) -> dict:
+    """Held requests count as queued ones (the same per-replica target); one activates."""
+    target = (
+        autoscaling.target
+        if autoscaling.metric == "queued"
+        else DEFAULT_AUTOSCALING_TARGETS["queued"]
+    )
+    return {
+        "type": "prometheus",
+        "name": "router-pending",
+        "metricType": "AverageValue",
+        "metadata": {
+            "serverAddress": prometheus_address,
+            "query": pending_query(owner),
+            "threshold": f"{target:g}",
+            "activationThreshold": PENDING_ACTIVATION_THRESHOLD,
+        },
+    }
 
 
 def build_scaled_object(
-    owner: Owner, autoscaling: Autoscaling, prometheus_address: str
+    owner: Owner, autoscaling: Autoscaling, prometheus_address: str, *, router: bool = False
 ) -> dict[str, Any]:
     return {
         "apiVersion": "keda.sh/v1alpha1",
@@ -54,7 +90,8 @@ def build_scaled_object(
                         "query": prometheus_query(owner, autoscaling.metric),
                         "threshold": f"{autoscaling.target:g}",
                     },
-                }
+                },
+                *([pending_trigger(owner, autoscaling, prometheus_address)] if router else []),
             ],
         },
     }

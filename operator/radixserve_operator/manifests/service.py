@@ -1,21 +1,23 @@
-"""The Service in front of the worker pods (port ``http``, 8000)."""
+"""The service's Service (port ``http``, 8000): in front of the workers, or of the router."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from radixserve_operator.manifests.meta import HTTP_PORT_NAME, Owner, object_meta, selector_labels
+from radixserve_operator.manifests.router import ROUTER_COMPONENT, router_selector_labels
 from radixserve_operator.spec import DEFAULT_PORT
 
 
-def build_service(owner: Owner) -> dict[str, Any]:
+def build_service(owner: Owner, *, router: bool = False) -> dict[str, Any]:
+    """With the router on, the same name and port lead to the router pods instead."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": object_meta(owner),
+        "metadata": object_meta(owner, component=ROUTER_COMPONENT if router else "worker"),
         "spec": {
             "type": "ClusterIP",
-            "selector": selector_labels(owner),
+            "selector": router_selector_labels(owner) if router else selector_labels(owner),
             "ports": [
                 {
                     "name": HTTP_PORT_NAME,

@@ -43,9 +43,11 @@ RESOURCES = {
         subresources={"status", "scale"},
     ),
     "apps/v1/deployments": ResourceInfo(
-        kind="Deployment", namespaced=True, verbs={"list", "watch", "get", "patch", "create"}
+        kind="Deployment",
+        namespaced=True,
+        verbs={"list", "watch", "get", "patch", "create", "delete"},
     ),
-    "v1/services": ResourceInfo(kind="Service", namespaced=True, verbs={"get", "patch"}),
+    "v1/services": ResourceInfo(kind="Service", namespaced=True, verbs={"get", "patch", "delete"}),
     # Worker pods: the tests play the ReplicaSet controller and the kubelet.
     "v1/pods": ResourceInfo(
         kind="Pod",
@@ -65,6 +67,24 @@ RESOURCES = {
         verbs={"list", "watch", "get", "patch", "create"},
     ),
     "v1/events": ResourceInfo(kind="Event", namespaced=True, verbs={"create", "list"}),
+    # spec.router's children, and the EndpointSlices its router watches.
+    "v1/serviceaccounts": ResourceInfo(
+        kind="ServiceAccount", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
+    "rbac.authorization.k8s.io/v1/roles": ResourceInfo(
+        kind="Role", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
+    "rbac.authorization.k8s.io/v1/rolebindings": ResourceInfo(
+        kind="RoleBinding", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
+    "inference.networking.k8s.io/v1/inferencepools": ResourceInfo(
+        kind="InferencePool", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
+    "discovery.k8s.io/v1/endpointslices": ResourceInfo(
+        kind="EndpointSlice",
+        namespaced=True,
+        verbs={"list", "watch", "get", "create", "patch", "delete"},
+    ),
 }
 
 

@@ -19,9 +19,16 @@ EXAMPLES = [yaml.safe_load(path.read_text()) for path in sorted((REPO / "example
 EXAMPLES = [doc for doc in EXAMPLES if doc.get("kind") == "InferenceService"]
 
 
-def schema_errors(document: dict[str, Any]) -> list[str]:
+# The Gateway API Inference Extension's InferencePool CRD (vendored, see its header).
+INFERENCE_POOL_CRD = yaml.safe_load(
+    (REPO / "tests" / "data" / "inference.networking.k8s.io_inferencepools.yaml").read_text()
+)
+INFERENCE_POOL_SCHEMA = INFERENCE_POOL_CRD["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def schema_errors(document: dict[str, Any], schema: dict[str, Any] = SCHEMA) -> list[str]:
     # The CRD dialect is OpenAPI 3.0: boolean exclusiveMinimum, as in JSON Schema draft 4.
-    validator = jsonschema.Draft4Validator(SCHEMA)
+    validator = jsonschema.Draft4Validator(schema)
     return [error.message for error in validator.iter_errors(document)]
 
 
@@ -47,11 +54,13 @@ def cel_rules(
     return rules
 
 
-def cel_violations(document: dict[str, Any], *, creating: bool = True) -> list[str]:
+def cel_violations(
+    document: dict[str, Any], *, creating: bool = True, schema: dict[str, Any] = SCHEMA
+) -> list[str]:
     """Evaluate every CEL rule on its node; ``oldSelf`` is absent on create, present on update."""
     env = celpy.Environment()
     messages = []
-    for path, rule in cel_rules(SCHEMA):
+    for path, rule in cel_rules(schema):
         node: Any = document
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
@@ -67,5 +76,31 @@ def cel_violations(document: dict[str, Any], *, creating: bool = True) -> list[s
     return messages
 
 
-def defaulted(doc: dict[str, Any]) -> dict[str, Any]:
-    return with_defaults(doc, SCHEMA)
+def defaulted(doc: dict[str, Any], schema: dict[str, Any] = SCHEMA) -> dict[str, Any]:
+    return with_defaults(doc, schema)
+
+
+def closed(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with unknown fields refused, as an API server's pruning would drop them."""
+    if not isinstance(schema, dict):
+        return schema
+    result = {key: closed(value) for key, value in schema.items()}
+    if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        result["properties"] = {k: closed(v) for k, v in schema["properties"].items()}
+        result.setdefault("additionalProperties", False)
+    return result
+
+
+def inference_pool_problems(pool: dict[str, Any]) -> list[str]:
+    """Everything the InferencePool v1 CRD (schema, unknown fields, CEL) refuses in `pool`."""
+    crd = INFERENCE_POOL_CRD["spec"]
+    (version,) = crd["versions"]
+    problems = []
+    if (
+        pool.get("apiVersion") != f"{crd['group']}/{version['name']}"
+        or pool.get("kind") != (crd["names"]["kind"])
+    ):
+        problems.append(f"not an {crd['names']['kind']} of {crd['group']}/{version['name']}")
+    document = defaulted(pool, INFERENCE_POOL_SCHEMA)
+    problems += schema_errors(document, closed(INFERENCE_POOL_SCHEMA))
+    return problems + cel_violations(document, schema=INFERENCE_POOL_SCHEMA)

@@ -11,7 +11,7 @@ import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from operator_crd_checks import cel_violations, defaulted, schema_errors
+from operator_crd_checks import cel_violations, defaulted, inference_pool_problems, schema_errors
 
 from radixserve_operator.manifests import Owner, build_children, worker_args
 from radixserve_operator.manifests.scaled_object import prometheus_query
@@ -84,7 +84,9 @@ def children(spec: dict[str, Any], name: str = OWNER.name) -> list[dict[str, Any
 
 
 def assert_valid(manifest: dict[str, Any]) -> None:
-    if manifest["kind"] in CUSTOM_KIND_SCHEMAS:
+    if manifest["kind"] == "InferencePool":
+        assert inference_pool_problems(manifest) == []
+    elif manifest["kind"] in CUSTOM_KIND_SCHEMAS:
         jsonschema.validate(manifest, CUSTOM_KIND_SCHEMAS[manifest["kind"]])
     else:
         kubernetes_validate.validate(manifest, K8S_VERSION, strict=True)
@@ -324,6 +326,14 @@ valid_specs = st.fixed_dictionaries(
             },
         ),
         "monitoring": st.fixed_dictionaries({"serviceMonitor": st.booleans()}),
+        "router": st.fixed_dictionaries(
+            {"enabled": st.booleans()},
+            optional={
+                "replicas": st.integers(1, 4),
+                "policy": st.sampled_from(["cache_aware", "power_of_two", "round_robin"]),
+                "inferencePool": st.booleans(),
+            },
+        ),
     },
 )
 
@@ -333,13 +343,16 @@ valid_specs = st.fixed_dictionaries(
 def test_any_valid_spec_builds_valid_manifests(spec: dict[str, Any], autoscale: bool) -> None:
     if autoscale:
         spec = {k: v for k, v in spec.items() if k != "replicas"}
-        spec["autoscaling"] = {"minReplicas": 0, "maxReplicas": 3, "metric": "kvCacheUsage"}
+        # Scaling to zero needs the router (a CEL rule); with it, the floor may be 0.
+        floor = 0 if spec.get("router", {}).get("enabled") else 1
+        spec["autoscaling"] = {"minReplicas": floor, "maxReplicas": 3, "metric": "kvCacheUsage"}
     document = defaulted({"spec": spec})
     assert schema_errors(document) == [] and cel_violations(document) == []  # valid per the CRD
     manifests = children(spec)
     for manifest in manifests:
         assert_valid(manifest)
-    deployment = by_kind(manifests)["Deployment"]
+    deployment = by_kind(manifests)["Deployment"]  # the workers' (applied last)
+    assert deployment["metadata"]["name"] == OWNER.name
     pod = deployment["spec"]["template"]["spec"]
     gpu = spec.get("resources", {}).get("gpu", 0)
     if gpu:

@@ -37,7 +37,8 @@ class MemoryApi:
         self.applied[manifest["kind"]] = copy.deepcopy(manifest)
         merged = {**copy.deepcopy(manifest), "status": stored.get("status", {})}
         # Like server-side apply: top-level spec fields this manager omits keep their owners'.
-        merged["spec"] = {**stored.get("spec", {}), **merged["spec"]}
+        if "spec" in manifest:  # (ServiceAccounts, Roles and RoleBindings have none)
+            merged["spec"] = {**stored.get("spec", {}), **merged["spec"]}
         merged["metadata"] = {**stored.get("metadata", {}), **manifest["metadata"]}
         if stored.get("spec") != merged.get("spec"):
             self.writes.append(("apply", manifest["kind"]))

@@ -26,7 +26,9 @@ OWNER = Owner(name="svc", namespace="models", uid="0b7c1f0e-5d4a-4c1e-9d3f-2a6b8
 def worker_pod(spec: dict[str, Any]) -> dict[str, Any]:
     parsed = parse_spec(spec, name=OWNER.name, default_image="registry.example/radixserve:1")
     children = build_children(OWNER, parsed, prometheus_address="http://prometheus:9090")
-    (deployment,) = [c for c in children if c["kind"] == "Deployment"]
+    (deployment,) = [
+        c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"] == OWNER.name
+    ]
     kubernetes_validate.validate(deployment, "1.30.0", strict=True)
     return deployment["spec"]["template"]
 

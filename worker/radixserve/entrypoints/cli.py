@@ -1,8 +1,9 @@
-"""`radixserve serve ...` and `radixserve bench <name> ...`.
+"""`radixserve serve ...`, `radixserve router ...` and `radixserve bench <name> ...`.
 
 Serve flags are derived from `ServerArgs`, so the CLI cannot drift from the engine. Benchmarks
 are modules named in `BENCHMARKS`, each exposing `add_args(parser)` and `run(args) -> int`;
-they are imported only when chosen, so `serve` never pays for them.
+they are imported only when chosen, so `serve` never pays for them. The router
+(`radixserve.router`) is imported only for `radixserve router`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ BENCHMARKS: dict[str, str] = {
     "serving": "radixserve.entrypoints.bench_serving",
     "offline": "radixserve.entrypoints.bench_offline",
     "latency": "radixserve.entrypoints.bench_latency",
+    "router": "radixserve.entrypoints.bench_router",
 }
 
 
@@ -30,6 +32,16 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         description="Serve a model over HTTP with an OpenAI-compatible API.",
     )
     add_server_args(serve)
+    router = commands.add_parser(
+        "router",
+        help="route requests across workers by prefix cache and load",
+        description="One endpoint in front of many workers: cache-aware routing, failover, "
+        "and holding requests while no worker is ready.",
+    )
+    if argv[:1] == ["router"]:
+        from radixserve.router.args import add_router_args
+
+        add_router_args(router)
     bench = commands.add_parser("bench", help="run a benchmark")
     names = bench.add_subparsers(dest="benchmark", required=True)
     for name, module_path in BENCHMARKS.items():
@@ -60,6 +72,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"radixserve serve: error: {exc}", file=sys.stderr)
             return 1
         return 0
+    if args.command == "router":
+        from radixserve.router.args import router_args_from
+        from radixserve.router.server import run_router
+
+        try:
+            router_args = router_args_from(args)
+        except ValueError as exc:
+            parser.exit(2, f"radixserve router: error: {exc}\n")
+        configure_logging(router_args.log_level, router_args.log_format, process="router")
+        return run_router(router_args)
     configure_logging(getattr(args, "log_level", "info"), getattr(args, "log_format", "plain"))
     return importlib.import_module(BENCHMARKS[args.benchmark]).run(args)
 

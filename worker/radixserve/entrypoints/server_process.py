@@ -27,12 +27,19 @@ def free_port() -> int:
 
 
 class ServerProcess:
-    """A `radixserve serve` child on 127.0.0.1; use as a context manager."""
+    """A `radixserve serve` (or `radixserve router`) child on 127.0.0.1; a context manager."""
 
-    def __init__(self, serve_args: list[str], log_path: Path | None = None) -> None:
-        self.port = free_port()
+    def __init__(
+        self,
+        serve_args: list[str],
+        log_path: Path | None = None,
+        *,
+        subcommand: str = "serve",
+        port: int | None = None,
+    ) -> None:
+        self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "radixserve.entrypoints.cli", "serve"]
+        command = [sys.executable, "-m", "radixserve.entrypoints.cli", subcommand]
         command += ["--host", "127.0.0.1", "--port", str(self.port), *serve_args]
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)

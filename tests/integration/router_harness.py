@@ -1,0 +1,170 @@
+"""In-process routers and scripted stand-in workers, for the router's HTTP behaviour.
+
+A `ScriptedWorker` speaks the worker's HTTP surface (`/ready`, `/metrics`, `/v1/completions`,
+`/flush_cache`, `/get_server_info`) and answers the way a test scripts it: normally, with an
+error status, with a stream that breaks after N events, or with a stream that waits until the
+client goes away. Real-worker behaviour (the model, the radix cache, SIGTERM, SIGKILL) is
+tested against `radixserve serve` processes in `test_router_fleet.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from radixserve.api_errors import error_body
+from radixserve.router.args import RouterArgs
+from radixserve.router.discovery import EndpointSliceDiscovery
+from radixserve.router.server import Router, build_app
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class ScriptedWorker:
+    """What the next completions answer: `mode` is ok | status | stream | break | truncate |
+    hang (a stream that waits for the client to go away)."""
+
+    name: str
+    mode: str = "ok"
+    status: int = 200
+    events: int = 3
+    ready: bool = True
+    queued: float = 0.0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    aborted: int = 0
+    flushed: int = 0
+    port: int = field(default_factory=free_port)
+    _runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start(self) -> ScriptedWorker:
+        app = web.Application()
+        app.router.add_get("/ready", self._ready)
+        app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/flush_cache", self._flush)
+        app.router.add_get("/get_server_info", self._info)
+        self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _ready(self, request: web.Request) -> web.Response:
+        if self.ready:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "not ready", "reason": "draining"}, status=503)
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        text = (
+            "# TYPE radixserve_num_queued_requests gauge\n"
+            f'radixserve_num_queued_requests{{model_name="m"}} {self.queued}\n'
+            "# TYPE radixserve_num_running_requests gauge\n"
+            'radixserve_num_running_requests{model_name="m"} 0.0\n'
+        )
+        return web.Response(text=text)
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": self.name}]})
+
+    async def _flush(self, request: web.Request) -> web.Response:
+        self.flushed += 1
+        return web.json_response({"success": True})
+
+    async def _info(self, request: web.Request) -> web.Response:
+        return web.json_response({"served_model_name": self.name, "max_total_tokens": 1024})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        self.requests.append(body)
+        if self.mode == "status":
+            error = error_body(f"{self.name} says {self.status}", code=f"code_{self.status}")
+            return web.json_response(error, status=self.status, headers={"Retry-After": "7"})
+        if self.mode == "ok":
+            return web.json_response({"worker": self.name, "prompt": body.get("prompt")})
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        try:
+            for index in range(self.events):
+                await out.write(
+                    f"data: {json.dumps({'worker': self.name, 'i': index})}\n\n".encode()
+                )
+                await asyncio.sleep(0.01)
+            if self.mode == "break":
+                await out.write(b'data: {"partial": ')  # half an event, then the connection dies
+                assert request.transport is not None
+                request.transport.abort()
+                return out
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+            if self.mode != "truncate":  # truncate: a clean end, but without the last event
+                await out.write(b"data: [DONE]\n\n")
+        except asyncio.CancelledError:
+            self.aborted += 1  # the router closed our connection: the client went away
+            raise
+        await out.write_eof()
+        return out
+
+
+@contextlib.asynccontextmanager
+async def running_router(
+    discovery: EndpointSliceDiscovery | None = None, **overrides: Any
+) -> AsyncIterator[tuple[Router, str]]:
+    """A router (its real app) on a free port; health probes every 50 ms unless overridden.
+
+    With `discovery` (connected already), the workers come from its EndpointSlices.
+    """
+    settings: dict[str, Any] = {
+        "host": "127.0.0.1",
+        "port": free_port(),
+        "health_check_interval": 0.05,
+        "model_name": "m",
+        **overrides,
+    }
+    router = Router(RouterArgs(**settings), discovery)
+    await router.start()
+    runner = web.AppRunner(build_app(router), handler_cancellation=True, shutdown_timeout=1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", settings["port"]).start()
+    try:
+        yield router, f"http://127.0.0.1:{settings['port']}"
+    finally:
+        await runner.cleanup()
+        await router.close()
+
+
+async def wait_until(condition, timeout: float = 10.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(0.02)
+
+
+async def read_events(reply) -> list[Any]:
+    events: list[Any] = []
+    async for line in reply.content:
+        if line.startswith(b"data: "):
+            data = line.removeprefix(b"data: ").strip()
+            events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
+    return events

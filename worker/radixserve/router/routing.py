@@ -1,0 +1,78 @@
+"""The routing key of a request: its prompt as one string, what the prefix tree matches on.
+
+The router has no tokenizer and no chat template (it never loads the model), so the key is
+the prompt as the client wrote it: a completion's text, a chat's messages rendered role by
+role (the template is a function of the messages in order, so equal message prefixes mean
+equal token prefixes), or token ids mapped one id to one character, so that prefixes of ids
+are prefixes of the key and the match ratio counts tokens. Anything the router cannot read
+gets the empty key; the worker, not the router, tells the client what is wrong with it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+_IDS_MARK = "\x00"  # token-id keys never share a prefix with text keys
+_SURROGATES = 0xD800
+_SURROGATES_END = 0xE000
+_MAX_ID = 0x10FFFF - (_SURROGATES_END - _SURROGATES)
+
+
+def routing_key(path: str, body: bytes) -> str:
+    try:
+        payload = json.loads(body) if body else None
+    except (ValueError, UnicodeDecodeError):
+        return ""
+    if not isinstance(payload, dict):
+        return ""
+    if path == "/v1/chat/completions":
+        return _chat_key(payload.get("messages"))
+    if path == "/v1/completions":
+        return _prompt_key(payload.get("prompt"))
+    if path == "/generate":
+        text = payload.get("text")
+        return _prompt_key(text if text is not None else payload.get("input_ids"))
+    return ""
+
+
+def ids_key(ids: list[Any]) -> str:
+    """One character per token id (surrogate code points skipped); "" if any id is invalid."""
+    chars = [_IDS_MARK]
+    for token in ids:
+        if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token <= _MAX_ID:
+            return ""
+        chars.append(chr(token if token < _SURROGATES else token + _SURROGATES_END - _SURROGATES))
+    return "".join(chars)
+
+
+def _prompt_key(prompt: Any) -> str:
+    """A string, token ids, or a batch of either (routed as one request: by its first prompt)."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt:
+        if isinstance(prompt[0], str | list):
+            return _prompt_key(prompt[0])
+        return ids_key(prompt)
+    return ""
+
+
+def _chat_key(messages: Any) -> str:
+    if not isinstance(messages, list):
+        return ""
+    parts = []
+    for message in messages:
+        if not isinstance(message, dict):
+            return ""
+        parts.append(f"<{message.get('role')}>{_content_text(message.get('content'))}\n")
+    return "".join(parts)
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # content parts: the text ones are what the template renders
+        return "".join(
+            part.get("text", "") for part in content if isinstance(part, dict) and "text" in part
+        )
+    return ""
