@@ -186,7 +186,9 @@ def main() -> None:
         caches = KERNEL_CACHES / backend
         shutil.rmtree(caches, ignore_errors=True)
         for kind in ("first_ever", "warm_caches"):
-            run = start_once(backend, caches, out / f"cold-start-{backend}-{kind}.log")
+            logs = CHECKPOINT.parent / "logs"  # on the machine: few files come back
+            logs.mkdir(exist_ok=True)
+            run = start_once(backend, caches, logs / f"{backend}-{kind}.log")
             results[f"{backend}/{kind}"] = run
             print(backend, kind, f"ready {run['ready_s']:.1f}s", run["phases"], flush=True)
             print("  ttft ms", [round(t * 1e3, 1) for t in run["ttft_s"]], flush=True)

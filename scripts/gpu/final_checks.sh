@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# One device call for the session's last measurements, each stage under its own time limit cut
+# to what is left of BUDGET_S: cold start (issue 17), constrained decoding (issue 14) and the
+# router's cost (issue 15). Logs and JSON under $OUT.
+# Usage (device tool, carry [".whl"]): bash scripts/gpu/final_checks.sh [stages...]
+set -u
+. "$(dirname "$0")/device_env.sh"
+export PYTHONPATH="worker:$SITE"
+stages=${*:-cold-start grammar router grammar-tests}
+BUDGET_S=${BUDGET_S:-500}
+limit() {
+  local left=$((BUDGET_S - SECONDS))
+  left=$((left < 1 ? 1 : left))
+  echo $((left < $1 ? left : $1))
+}
+for stage in $stages; do
+  if [ $((BUDGET_S - SECONDS)) -lt 20 ]; then
+    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
+    continue
+  fi
+  echo "=== $stage $(date +%T) (${SECONDS}s in)"
+  case $stage in
+    cold-start)
+      timeout $(limit 300) python3 scripts/gpu/cold_start.py "$OUT" triton auto 2>&1 | tail -12 ;;
+    grammar)  # needs the xgrammar and apache-tvm-ffi wheels and .whl/smollm2-tokenizer
+      timeout $(limit 170) python3 scripts/gpu/bench_grammar.py --model random:llama-3-8b \
+        --tokenizer .whl/smollm2-tokenizer --output-json "$OUT/grammar-8b.json" 2>&1 | grep "===" ;;
+    grammar-tests)
+      timeout $(limit 150) python3 -m pytest -q -rA -p no:cacheprovider -s \
+        tests/gpu/test_grammar_gpu.py 2>&1 | tee "$OUT/grammar-tests.log" | tail -3 ;;
+    router)  # the router's cost at 8B scale; logs stay on the machine (8 files come back)
+      timeout $(limit 200) python3 -m radixserve.entrypoints.cli bench router --scenario overhead \
+        --worker-args "--model random:llama-3-8b --context-length 4096 --attention-backend triton" \
+        --overhead-concurrency 32,128 --overhead-requests 128 --input-len 512 --output-len 128 \
+        --log-dir /tmp/router-logs --output-json "$OUT/router-overhead-8b.json" 2>&1 | tail -8 ;;
+  esac
+done
+echo "=== done $(date +%T)"
