@@ -18,7 +18,7 @@ from kubernetes.client.exceptions import ApiException
 from radixserve_operator import API_VERSION, FIELD_MANAGER, KIND
 from radixserve_operator.kube import KubeApi
 from radixserve_operator.manifests import Owner, build_children, selector_string, service_url
-from radixserve_operator.manifests.router import ROUTER_COMPONENT, router_child_keys, router_name
+from radixserve_operator.manifests.router import router_child_keys, router_name
 from radixserve_operator.spec import DEFAULT_PORT, InvalidSpecError, ServiceSpec, parse_spec
 from radixserve_operator.status import (
     DEGRADED,
@@ -139,7 +139,10 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
 def refresh_status(
     ctx: OperatorContext, deployment: Mapping[str, Any], now: str
 ) -> tuple[Mapping[str, Any], Outcome] | None:
-    """The owner's new status after its Deployment changed; ``None`` if nothing to change."""
+    """The owner's new status after one of its Deployments changed; ``None`` if nothing to
+    change. The event's ``deployment`` only names the owner: both Deployments are read fresh,
+    because a handler that waited for the status lock may carry an older copy than the one
+    the previous handler already reported."""
     owner_ref = owner_reference(deployment)
     if owner_ref is None:
         return None
@@ -148,9 +151,10 @@ def refresh_status(
     if parent is None or parent["metadata"].get("uid") != owner_ref.get("uid"):
         return None
     previous = parent.get("status") or {}
-    workers, router = _deployments_of(ctx.api, owner_of(parent), deployment)
+    owner = owner_of(parent)
+    workers = ctx.api.get("apps/v1", "Deployment", namespace, owner.name)
     problem = problem_from_status(previous, WORKER_PROBLEMS)
-    return _refreshed(parent, workers, router, problem, now)
+    return _refreshed(parent, workers, _router_of(ctx.api, owner), problem, now)
 
 
 def refresh_worker_status(
@@ -168,16 +172,6 @@ def refresh_worker_status(
     deployment = ctx.api.get("apps/v1", "Deployment", namespace, service_name)
     router = _router_of(ctx.api, owner_of(parent))
     return _refreshed(parent, deployment, router, worker_problem(pods), now)
-
-
-def _deployments_of(
-    api: KubeApi, owner: Owner, changed: Mapping[str, Any]
-) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
-    """(workers, router) Deployments of a service: the one that changed, the other read."""
-    labels = changed["metadata"].get("labels") or {}
-    if labels.get("app.kubernetes.io/component") == ROUTER_COMPONENT:
-        return api.get("apps/v1", "Deployment", owner.namespace, owner.name), changed
-    return changed, _router_of(api, owner)
 
 
 def _router_of(api: KubeApi, owner: Owner) -> Mapping[str, Any] | None:

@@ -192,7 +192,8 @@ def main() -> None:
             results[f"{backend}/{kind}"] = run
             print(backend, kind, f"ready {run['ready_s']:.1f}s", run["phases"], flush=True)
             print("  ttft ms", [round(t * 1e3, 1) for t in run["ttft_s"]], flush=True)
-    (out / "cold-start.json").write_text(json.dumps(results, indent=1))
+            # after every start: a run cut short by its time limit still brings these back
+            (out / "cold-start.json").write_text(json.dumps(results, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call for the session's last measurements, each stage under its own time limit cut
-# to what is left of BUDGET_S: cold start (issue 17), constrained decoding (issue 14) and the
-# router's cost (issue 15). Logs and JSON under $OUT.
+# to what is left of BUDGET_S: constrained decoding (issue 14), the router's cost (issue 15) and
+# cold start (issue 17, JSON written after each start). Logs and JSON under $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/final_checks.sh [stages...]
 set -u
 . "$(dirname "$0")/device_env.sh"
 export PYTHONPATH="worker:$SITE"
-stages=${*:-cold-start grammar router grammar-tests}
+stages=${*:-grammar router cold-start grammar-tests}
 BUDGET_S=${BUDGET_S:-500}
 limit() {
   local left=$((BUDGET_S - SECONDS))
@@ -21,7 +21,7 @@ for stage in $stages; do
   echo "=== $stage $(date +%T) (${SECONDS}s in)"
   case $stage in
     cold-start)
-      timeout $(limit 300) python3 scripts/gpu/cold_start.py "$OUT" triton auto 2>&1 | tail -12 ;;
+      timeout $(limit 300) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;
     grammar)  # needs the xgrammar and apache-tvm-ffi wheels and .whl/smollm2-tokenizer
       timeout $(limit 170) python3 scripts/gpu/bench_grammar.py --model random:llama-3-8b \
         --tokenizer .whl/smollm2-tokenizer --output-json "$OUT/grammar-8b.json" 2>&1 | grep "===" ;;

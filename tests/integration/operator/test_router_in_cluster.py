@@ -90,13 +90,11 @@ def test_the_operator_creates_the_router_and_removes_it_again(
         {"status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
                     "updatedReplicas": 2}},
     )  # fmt: skip
-    routed = wait_for(
-        lambda: (
-            condition(get_service(custom_api, NAME), "RouterReady").get("status") == "True"
-            and get_service(custom_api, NAME)
-        ),
-        "RouterReady=True",
-    )
+    def routed_service() -> dict | None:
+        service = get_service(custom_api, NAME)  # one read: the condition and counts agree
+        return service if condition(service, "RouterReady").get("status") == "True" else None
+
+    routed = wait_for(routed_service, "RouterReady=True")
     assert routed["status"]["router"] == {"replicas": 2, "readyReplicas": 2}
 
     # Router off (and a floor of 1, which scale-from-zero needs it for): its children go.

@@ -271,3 +271,19 @@ def test_a_cluster_without_the_inference_pool_crd_is_degraded_but_routed() -> No
     assert conditions(outcome.status)["Degraded"] == ("True", "InferencePoolUnavailable")
     assert ("Deployment", "ns", "svc-router") in api.objects
     assert not outcome.retry
+
+
+def test_a_late_event_with_an_older_router_copy_does_not_undo_the_status() -> None:
+    """Deployment events wait for the status lock in turn: the later handler may hold an older
+    copy of the router than the one already reported. The status follows the API, not the copy."""
+    api = MemoryApi()
+    spec = {**ROUTED, "router": {"enabled": True}}
+    outcome = reconcile(context(api), service(spec), "t0")
+    router = api.objects["Deployment", "ns", "svc-router"]
+    stale = copy.deepcopy(router)
+    ready(router, 2)
+    api.objects["InferenceService", "ns", "svc"] = service(spec, status=outcome.status)
+    refreshed = refresh_status(context(api), stale, "t1")
+    assert refreshed is not None
+    assert refreshed[1].status["router"] == {"replicas": 2, "readyReplicas": 2}
+    assert conditions(refreshed[1].status)["RouterReady"] == ("True", "RouterReady")
