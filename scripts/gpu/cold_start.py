@@ -133,7 +133,8 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         }
         vocab = random_init.random_hf_config(PRESET).vocab_size
         prompt = [(7 * i) % (vocab - 1) + 1 for i in range(512)]
-        ttfts = [ttft_s(prompt[:-1] + [i + 1]) for i in range(10)]
+        # each prompt differs in its first token: no prefix hit, every one a full prefill
+        ttfts = [ttft_s([i + 1] + prompt[1:]) for i in range(10)]
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)

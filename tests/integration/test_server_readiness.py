@@ -81,7 +81,8 @@ def test_an_idle_server_runs_no_batches(server):
         assert metric(server, "radixserve_forward_step_seconds_count", mode=mode) == 0
     assert metric(server, "radixserve_requests_total") == 0
     assert metric(server, "radixserve_startup_seconds", phase="total") > 0
-    assert metric(server, "radixserve_startup_seconds", phase="imports") > 0
+    for phase in ("launch", "imports", "model_check", "weight_read"):
+        assert metric(server, "radixserve_startup_seconds", phase=phase) > 0, phase
 
 
 def test_ready_through_a_saturating_burst_then_usage_falls_to_zero(server):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import torch
 
 from radixserve.metrics.collectors import ServerMetrics
-from radixserve.metrics.startup import StartupPhases
+from radixserve.metrics.startup import StartupPhases, process_started_at
 from radixserve.model_executor.model_runner import TimedIterator
 
 
@@ -43,3 +45,17 @@ def test_phases_are_exported_with_a_total():
     text = metrics.exposition().decode()
     assert 'radixserve_startup_seconds{model_name="m",phase="weight_read"} 2.5' in text
     assert 'radixserve_startup_seconds{model_name="m",phase="total"} 3.5' in text
+
+
+def test_a_process_knows_when_it_started():
+    """The `launch` phase starts at the process's start, before the interpreter ran a line."""
+    before = time.time()
+    child = subprocess.run(
+        [sys.executable, "-c", "import time; time.sleep(0.3); "
+         "from radixserve.metrics.startup import process_started_at; print(process_started_at())"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    started = float(child.stdout)
+    # /proc counts in clock ticks (10 ms), so a tick of slack either side
+    assert before - 0.02 <= started <= before + 0.25
+    assert process_started_at() < before

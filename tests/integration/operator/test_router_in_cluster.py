@@ -90,6 +90,7 @@ def test_the_operator_creates_the_router_and_removes_it_again(
         {"status": {"observedGeneration": 1, "replicas": 2, "readyReplicas": 2,
                     "updatedReplicas": 2}},
     )  # fmt: skip
+
     def routed_service() -> dict | None:
         service = get_service(custom_api, NAME)  # one read: the condition and counts agree
         return service if condition(service, "RouterReady").get("status") == "True" else None

@@ -24,6 +24,7 @@ from typing import Any
 from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.arguments import check_server_args
 from radixserve.managers.io_struct import TokenLogprob
+from radixserve.managers.scheduler_ipc import PortArgs
 from radixserve.managers.tokenizer_manager import (
     GenerateChunk,
     GenerateInput,
@@ -61,9 +62,10 @@ class ModelInfo:
 
 
 def check_model(server_args: ServerArgs) -> None:
-    """Refuse, before any process starts, a model that cannot be served: an architecture or a
+    """Refuse, before any weights load, a model that cannot be served: an architecture or a
     quantization method the worker does not have (the error names it and lists what is
-    supported), or a --model that names nothing loadable."""
+    supported), or a --model that names nothing loadable. The scheduler process, just started,
+    is stopped while it still imports."""
     from radixserve.model_loader.loader import load_hf_config_for
     from radixserve.models.registry import check_servable
 
@@ -75,28 +77,46 @@ def check_model(server_args: ServerArgs) -> None:
         raise EngineStartupError(str(exc)) from None
 
 
-def launch_scheduler(
+def spawn_scheduler(
     server_args: ServerArgs,
-) -> tuple[multiprocessing.process.BaseProcess, Any, ModelInfo]:
-    """Spawn the scheduler process and wait until it has loaded the model."""
-    from radixserve.managers.scheduler_process import PortArgs, run_scheduler_process
-
+) -> tuple[multiprocessing.process.BaseProcess, Any, Any]:
+    """Start the scheduler process: (process, port args, the pipe to it). It is the first
+    thing a start does, so that its imports overlap the front end's. Past its imports it waits
+    for `approve_model` on the pipe before it loads anything."""
     port_args = PortArgs.new()
     context = multiprocessing.get_context("spawn")
-    parent_conn, child_conn = context.Pipe(duplex=False)
+    parent_conn, child_conn = context.Pipe()
     process = context.Process(
-        target=run_scheduler_process,
+        target=_scheduler_process_main,
         args=(server_args, port_args, child_conn),
         kwargs={"spawned_at": time.time()},
         name="radixserve-scheduler",
     )
     process.start()
     child_conn.close()
+    return process, port_args, parent_conn
+
+
+def _scheduler_process_main(*args: Any, **kwargs: Any) -> None:
+    """The spawn target: the engine (torch and all) is imported in the new process, where it
+    is timed as `imports`, never in the front end before the spawn."""
+    from radixserve.managers.scheduler_process import run_scheduler_process
+
+    run_scheduler_process(*args, **kwargs)
+
+
+def approve_model(conn: Any) -> None:
+    """Tell the waiting scheduler process that the model passed `check_model`: load it."""
+    conn.send("load")
+
+
+def wait_until_loaded(process: multiprocessing.process.BaseProcess, conn: Any) -> ModelInfo:
+    """Wait until the scheduler has loaded the model; stop it if it fails or we are stopped."""
     started = time.perf_counter()
     try:
-        while not parent_conn.poll(LOAD_PROGRESS_INTERVAL_S):
+        while not conn.poll(LOAD_PROGRESS_INTERVAL_S):
             logger.info("still loading the model (%.0fs)", time.perf_counter() - started)
-        message = parent_conn.recv()
+        message = conn.recv()
     except EOFError:
         process.join(timeout=SCHEDULER_STOP_TIMEOUT_S)
         raise EngineStartupError(
@@ -106,13 +126,12 @@ def launch_scheduler(
         stop_process(process)
         raise
     finally:
-        parent_conn.close()
+        conn.close()
     if message.get("status") != "ready":
         stop_process(process)
         raise EngineStartupError(f"the scheduler failed to start: {message.get('message')}")
     fields = {f.name for f in dataclasses.fields(ModelInfo)}
-    info = ModelInfo(**{k: v for k, v in message.items() if k in fields})
-    return process, port_args, info
+    return ModelInfo(**{k: v for k, v in message.items() if k in fields})
 
 
 def stop_process(process: multiprocessing.process.BaseProcess) -> None:
@@ -139,6 +158,7 @@ class Engine:
         *,
         event_loop_thread: bool = True,
         enforce_queue_limit: bool = False,
+        process_started_at: float | None = None,
         **kwargs: Any,
     ) -> None:
         if server_args is None:
@@ -146,7 +166,6 @@ class Engine:
         elif kwargs:
             server_args = dataclasses.replace(server_args, **kwargs)
         check_server_args(server_args)
-        check_model(server_args)
         self.server_args = server_args
         # Servers refuse work beyond --max-queued-requests; an offline batch is one caller
         # that wants all of its prompts run, so in-process use skips the limit by default.
@@ -155,22 +174,29 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._closed = False
         started = time.perf_counter()
-        logger.info(
-            "loading %s: weights in the scheduler process, the tokenizer here", server_args.model
-        )
-        # imported here: the loader pulls in torch, which the front end otherwise never needs
-        from radixserve.model_loader.loader import load_tokenizer
-
-        with concurrent.futures.ThreadPoolExecutor(1) as pool:
-            # The tokenizer loads here while the scheduler process loads the weights.
-            tokenizer_future = pool.submit(load_tokenizer, server_args.model)
-            self._process, port_args, self.model_info = launch_scheduler(server_args)
-            try:
-                tokenizer = tokenizer_future.result()
-            except Exception:
-                stop_process(self._process)
-                raise
+        # The scheduler process starts first: its imports overlap this process's own (the
+        # loader pulls in torch and transformers, seconds on a cold node), the model check
+        # and the tokenizer. `process_started_at` (a server's start) times what came before.
+        self._process, port_args, scheduler_conn = spawn_scheduler(server_args)
         self.startup = StartupPhases()
+        if process_started_at is not None:
+            self.startup.add("launch", time.time() - process_started_at)
+        try:
+            check_model(server_args)
+            approve_model(scheduler_conn)
+            logger.info(
+                "loading %s: weights in the scheduler process, the tokenizer here",
+                server_args.model,
+            )
+            from radixserve.model_loader.loader import load_tokenizer
+
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                tokenizer_future = pool.submit(load_tokenizer, server_args.model)
+                self.model_info = wait_until_loaded(self._process, scheduler_conn)
+                tokenizer = tokenizer_future.result()
+        except BaseException:
+            stop_process(self._process)
+            raise
         self.startup.update(self.model_info.startup_phases)
         # when the scheduler was up: what the front end adds after this is the "ready" phase
         self.scheduler_ready_at = time.perf_counter()

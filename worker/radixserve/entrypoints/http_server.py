@@ -57,6 +57,7 @@ from radixserve.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
+from radixserve.metrics.startup import process_started_at
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -511,7 +512,12 @@ def run_server(server_args: ServerArgs) -> None:
     # (the Engine stops the half-started scheduler on the way out).
     signal.signal(signal.SIGTERM, _exit_during_startup)
     with listener:
-        engine = Engine(server_args, event_loop_thread=False, enforce_queue_limit=True)
+        engine = Engine(
+            server_args,
+            event_loop_thread=False,
+            enforce_queue_limit=True,
+            process_started_at=process_started_at(),
+        )
         try:
             asyncio.run(serve(engine, server_args, listener))
         finally:

@@ -15,11 +15,8 @@ import multiprocessing.process
 import os
 import signal
 import socket
-import tempfile
 import threading
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -33,6 +30,7 @@ from radixserve.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from radixserve.managers.scheduler import Scheduler, ServedModel
+from radixserve.managers.scheduler_ipc import PortArgs
 from radixserve.managers.tp_worker import ModelWorker
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_loader.loader import ModelSource, load_model_source_for
@@ -50,21 +48,6 @@ HEARTBEAT_S = 1.0
 # while only grammar compiles are pending, the loop waits up to this long for a message instead
 # of spinning
 GRAMMAR_WAIT_MS = 2
-
-
-@dataclass
-class PortArgs:
-    scheduler_input_ipc_name: str  # front end PUSH (connect) -> scheduler PULL (bind)
-    tokenizer_ipc_name: str  # scheduler PUSH (connect) -> front end PULL (bind)
-
-    @staticmethod
-    def new() -> PortArgs:
-        base = os.path.join(tempfile.gettempdir(), f"radixserve-{uuid.uuid4().hex[:12]}")
-        return PortArgs(f"ipc://{base}-scheduler", f"ipc://{base}-tokenizer")
-
-    def rank_ipc_name(self, rank: int) -> str:
-        """Rank 0 PUSH (bind) -> rank `rank` PULL (connect): what rank 0 received, each step."""
-        return f"{self.scheduler_input_ipc_name}-rank{rank}"
 
 
 def warm_up(scheduler: Scheduler) -> None:
@@ -153,6 +136,10 @@ def run_scheduler_process(
     startup = StartupPhases()
     if spawned_at is not None:
         startup.add("imports", time.time() - spawned_at)
+    if ready_conn is not None:
+        with startup.timed("model_check"):
+            if not _model_approved(ready_conn):
+                return  # the front end refused the model and says why; nothing to add
     configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
     parent = os.getppid()
     peers: list[multiprocessing.process.BaseProcess] = []
@@ -216,6 +203,15 @@ def run_scheduler_process(
         sock.close(linger=0)
     ctx.term()
     destroy_tensor_parallel()
+
+
+def _model_approved(conn: Any) -> bool:
+    """Wait for the front end's verdict on the model (`engine.approve_model`): it checks the
+    model while this process imports, so that nothing loads for a model it refuses."""
+    try:
+        return conn.recv() == "load"
+    except EOFError:  # the front end stopped or refused
+        return False
 
 
 def _serve(
