@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call for the session's last measurements, each stage under its own time limit cut
-# to what is left of BUDGET_S: constrained decoding (issue 14), the router's cost (issue 15) and
+# to what is left of BUDGET_S: constrained decoding and its host cost (issue 14), the router's cost (issue 15) and
 # cold start (issue 17, JSON written after each start). Logs and JSON under $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/final_checks.sh [stages...]
 set -u
 . "$(dirname "$0")/device_env.sh"
 export PYTHONPATH="worker:$SITE"
-stages=${*:-grammar router cold-start grammar-tests}
+stages=${*:-grammar-host grammar router cold-start grammar-tests}
 BUDGET_S=${BUDGET_S:-500}
 limit() {
   local left=$((BUDGET_S - SECONDS))
@@ -22,6 +22,9 @@ for stage in $stages; do
   case $stage in
     cold-start)
       timeout $(limit 300) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;
+    grammar-host)  # the host's share of a constrained step, piece by piece, on this CPU
+      timeout $(limit 90) python3 scripts/gpu/grammar_host_scan.py \
+        --tokenizer .whl/smollm2-tokenizer --json "$OUT/grammar-host.json" 2>&1 | tail -40 ;;
     grammar)  # needs the xgrammar and apache-tvm-ffi wheels and .whl/smollm2-tokenizer
       timeout $(limit 170) python3 scripts/gpu/bench_grammar.py --model random:llama-3-8b \
         --tokenizer .whl/smollm2-tokenizer --output-json "$OUT/grammar-8b.json" 2>&1 | grep "===" ;;
