@@ -139,7 +139,15 @@ def test_warm_up_leaves_no_trace():
     """The start-up warm-up (run before a GPU worker reports ready) serves its requests and
     leaves an empty cache, zero counters and every KV slot free."""
     scheduler = make_scheduler("random:tiny-llama", max_total_tokens=2048)
+    prompt_lengths = []
+    handle = scheduler.handle_generate_request
+    scheduler.handle_generate_request = lambda req: (
+        prompt_lengths.append(len(req.input_ids)),
+        handle(req),
+    )
     warm_up(scheduler)
+    # long prompts too (the GEMM shapes of a full chunk), as far as the KV pool allows
+    assert max(prompt_lengths) == 2048 // 4
     info = scheduler.get_server_info()
     assert info["computed_prefill_tokens"] == 0 and info["forward_steps_by_mode"]["prefill"] == 0
     assert info["free_slots"] == scheduler.max_total_tokens

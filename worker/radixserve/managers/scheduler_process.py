@@ -53,13 +53,24 @@ GRAMMAR_WAIT_MS = 2
 def warm_up(scheduler: Scheduler) -> None:
     """Serve a few requests of every kind of pass before the worker reports ready, so that
     kernels are compiled and planned now (Triton's on first sight of a shape, FlashInfer's
-    JIT), not at a user's first request: prefills of several lengths, a prefix-cache hit,
+    JIT), not at a user's first request: prefills of several lengths up to a full chunk, a
+    prefix-cache hit,
     batched decode, greedy and sampled rows with penalties and logprobs. Every rank of a
     tensor-parallel group runs the same requests in step. The cache, the counters and the
     device timeline are reset afterwards: nothing of it shows in metrics."""
     vocab, context = scheduler.model.vocab_size, scheduler.context_len
     length = max(2, min(WARMUP_PROMPT_TOKENS, scheduler.max_total_tokens // 8, context // 2))
     prompt = [1 + i % (vocab - 1) for i in range(length)]
+    # a full prefill chunk and a quarter of one: the GEMM shapes of long prompts (cuBLAS loads
+    # a kernel at its first use of a shape class), each its own pass, no prefix shared
+    longest = min(
+        scheduler.server_args.chunked_prefill_size, scheduler.max_total_tokens // 4, context // 2
+    )
+    long_prompts = [
+        [2 + k % (vocab - 2)] + [1 + i % (vocab - 1) for i in range(1, n)]
+        for k, n in enumerate((longest, longest // 4))
+        if n > length
+    ]
     greedy = SamplingParams(max_new_tokens=4, temperature=0.0, ignore_eos=True)
     sampled = SamplingParams(
         max_new_tokens=4, temperature=0.8, top_p=0.9, top_k=20, min_p=0.05,
@@ -72,6 +83,7 @@ def warm_up(scheduler: Scheduler) -> None:
             (prompt[: length // 3], greedy, True),
         ],
         [(prompt[: length // 2] + [2, 3], sampled, True), (prompt[1:], greedy, False)],
+        *([(ids, greedy, False)] for ids in long_prompts),
     ]
     for number, wave in enumerate(waves):
         for index, (ids, params, logprob) in enumerate(wave):
