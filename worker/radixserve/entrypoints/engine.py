@@ -64,8 +64,8 @@ class ModelInfo:
 def check_model(server_args: ServerArgs) -> None:
     """Refuse, before any weights load, a model that cannot be served: an architecture or a
     quantization method the worker does not have (the error names it and lists what is
-    supported), or a --model that names nothing loadable. The scheduler process, just started,
-    is stopped while it still imports."""
+    supported), or a --model that names nothing loadable. The Engine runs it while the
+    scheduler process imports, and stops that process when the model is refused."""
     from radixserve.model_loader.loader import load_hf_config_for
     from radixserve.models.registry import check_servable
 

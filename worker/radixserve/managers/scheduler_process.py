@@ -54,10 +54,9 @@ def warm_up(scheduler: Scheduler) -> None:
     """Serve a few requests of every kind of pass before the worker reports ready, so that
     kernels are compiled and planned now (Triton's on first sight of a shape, FlashInfer's
     JIT), not at a user's first request: prefills of several lengths up to a full chunk, a
-    prefix-cache hit,
-    batched decode, greedy and sampled rows with penalties and logprobs. Every rank of a
-    tensor-parallel group runs the same requests in step. The cache, the counters and the
-    device timeline are reset afterwards: nothing of it shows in metrics."""
+    prefix-cache hit, batched decode, greedy and sampled rows with penalties and logprobs.
+    Every rank of a tensor-parallel group runs the same requests in step. The cache, the
+    counters and the device timeline are reset afterwards: nothing of it shows in metrics."""
     vocab, context = scheduler.model.vocab_size, scheduler.context_len
     length = max(2, min(WARMUP_PROMPT_TOKENS, scheduler.max_total_tokens // 8, context // 2))
     prompt = [1 + i % (vocab - 1) for i in range(length)]
