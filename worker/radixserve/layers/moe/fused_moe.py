@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from radixserve.layers.activation import gelu_tanh_and_mul_native, silu_and_mul_native
 from radixserve.layers.fused_ops import dot_precision, gelu_tanh, jit, tl, triton
+from radixserve.layers.quantization.fp8 import dequantize_rows
 
 # Largest expert count the one-program align kernel holds in registers.
 MAX_EXPERTS = 512
@@ -418,9 +419,7 @@ def fused_moe(
 
 def dequantize_experts(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype):
     """[E, N, K] expert weights as `dtype`: FP8 ones times their [E, N] channel scales."""
-    if scale is None:
-        return weight.to(dtype)
-    return (weight.float() * scale.float()[..., None]).to(dtype)
+    return weight.to(dtype) if scale is None else dequantize_rows(weight, scale, dtype)
 
 
 def fused_moe_native(
@@ -432,12 +431,18 @@ def fused_moe_native(
     activation: str = "silu",
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
+    expert_use: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The reference: expert by expert in ascending id, each over the tokens that chose it,
-    results weighted and accumulated per token in that order (transformers' own loop)."""
+    results weighted and accumulated per token in that order (transformers' own loop).
+    `expert_use` [2], if given, accumulates (experts used, passes) as `fused_moe`'s does."""
     act = silu_and_mul_native if activation == "silu" else gelu_tanh_and_mul_native
     out = torch.zeros_like(hidden)
-    for expert in torch.unique(topk_ids).tolist():
+    experts = torch.unique(topk_ids).tolist()
+    if expert_use is not None:
+        expert_use[0] += len(experts)
+        expert_use[1] += 1
+    for expert in experts:
         tokens, slots = torch.where(topk_ids == expert)
         gate_up = dequantize_experts(w13[expert], _row(w13_scale, expert), hidden.dtype)
         down = dequantize_experts(w2[expert], _row(w2_scale, expert), hidden.dtype)

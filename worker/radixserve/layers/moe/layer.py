@@ -72,8 +72,10 @@ class FusedMoE(nn.Module):
                 torch.ones(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
             )
         # [experts that got a token, passes], summed over passes: the expert weights a pass
-        # actually streams (bench latency reads it). A plain tensor, not state.
-        self.expert_use = torch.zeros(2, dtype=torch.int64)
+        # actually streams (bench latency reads it). A buffer that moves with the layer, not
+        # state: no checkpoint has it.
+        self.expert_use: torch.Tensor
+        self.register_buffer("expert_use", torch.zeros(2, dtype=torch.int64), persistent=False)
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], router_logits [T, E] -> [T, H], summed over the ranks."""
@@ -81,8 +83,6 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts(
                 router_logits, self.top_k, self.renormalize, self.round_weights
             )
-            if self.expert_use.device != hidden.device:
-                self.expert_use = self.expert_use.to(hidden.device)
             out = fused_moe(
                 hidden,
                 self.w13_weight,
@@ -98,8 +98,6 @@ class FusedMoE(nn.Module):
             weights, ids = select_experts_native(
                 router_logits, self.top_k, self.renormalize, self.round_weights
             )
-            used = torch.unique(ids).numel()
-            self.expert_use += torch.tensor([used, 1], device=self.expert_use.device)
             out = fused_moe_native(
                 hidden,
                 self.w13_weight,
@@ -109,6 +107,7 @@ class FusedMoE(nn.Module):
                 self.activation,
                 self.w13_weight_scale,
                 self.w2_weight_scale,
+                self.expert_use,
             )
         return all_reduce(out)
 
