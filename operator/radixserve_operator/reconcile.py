@@ -84,8 +84,17 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
     except InvalidSpecError as error:
         existing = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
         problem = Problem("InvalidSpec", str(error))
+        # the children of the last valid spec still run, the router among them
         status = _status(
-            owner, generation, existing, problem, previous, now, url=None, workers=workers
+            owner,
+            generation,
+            existing,
+            problem,
+            previous,
+            now,
+            url=None,
+            workers=workers,
+            router=_router_of(ctx.api, owner),
         )
         events = _transitions(previous, status)
         if not events and previous.get("observedGeneration") != generation:
@@ -116,7 +125,7 @@ def reconcile(ctx: OperatorContext, body: Mapping[str, Any], now: str) -> Outcom
     if deployment is None:
         deployment = ctx.api.get("apps/v1", "Deployment", owner.namespace, owner.name)
     if router is None and spec.router.enabled:
-        router = ctx.api.get("apps/v1", "Deployment", owner.namespace, router_name(owner))
+        router = _router_of(ctx.api, owner)
         router = router or {"spec": {"replicas": spec.router.replicas}}  # not there yet
     url = service_url(owner, DEFAULT_PORT)
     status = _status(

@@ -62,3 +62,9 @@ def object_meta(owner: Owner, name: str | None = None, component: str = "worker"
 
 def service_url(owner: Owner, port: int) -> str:
     return f"http://{owner.name}.{owner.namespace}.svc:{port}"
+
+
+def cli_flags(valued: list[tuple[str, object]]) -> list[str]:
+    """``--flag=value`` for each pair whose value is set. Joined, not two words: a value that
+    starts with a dash (a served model name, say) must not read as a flag of its own."""
+    return [f"{flag}={value}" for flag, value in valued if value is not None]

@@ -21,6 +21,7 @@ from radixserve_operator.manifests.meta import (
     HTTP_PORT_NAME,
     SERVICE_LABEL,
     Owner,
+    cli_flags,
     object_meta,
     selector_labels,
 )
@@ -63,28 +64,20 @@ def router_pod_labels(owner: Owner) -> dict[str, str]:
 
 
 def router_args(owner: Owner, spec: ServiceSpec) -> list[str]:
-    """The `radixserve router` command line (the router's CLI contract)."""
-    return [
-        "router",
-        "--host",
-        "0.0.0.0",
-        "--port",
-        str(DEFAULT_PORT),
-        "--policy",
-        spec.router.policy,
-        "--discover-selector",
-        f"kubernetes.io/service-name={workers_service_name(owner)}",
-        "--namespace",
-        owner.namespace,
-        "--discover-port",
-        HTTP_PORT_NAME,
-        "--model-name",
-        spec.model.served_name,
-        "--pending-timeout",
-        str(spec.router.pending_timeout_seconds),
-        "--drain-timeout",
-        str(spec.lifecycle.drain_timeout_seconds),
+    """The `radixserve router` command line (the router's CLI contract), its values joined to
+    their flags (``cli_flags``)."""
+    valued: list[tuple[str, object]] = [
+        ("--host", "0.0.0.0"),
+        ("--port", DEFAULT_PORT),
+        ("--policy", spec.router.policy),
+        ("--discover-selector", f"kubernetes.io/service-name={workers_service_name(owner)}"),
+        ("--namespace", owner.namespace),
+        ("--discover-port", HTTP_PORT_NAME),
+        ("--model-name", spec.model.served_name),
+        ("--pending-timeout", spec.router.pending_timeout_seconds),
+        ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
+    return ["router", *cli_flags(valued)]
 
 
 def build_router_children(owner: Owner, spec: ServiceSpec) -> list[dict[str, Any]]:

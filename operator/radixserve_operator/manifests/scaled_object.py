@@ -16,6 +16,7 @@ from typing import Any
 
 from radixserve_operator import API_VERSION, KIND
 from radixserve_operator.manifests.meta import Owner, object_meta
+from radixserve_operator.manifests.router import router_name
 from radixserve_operator.spec import DEFAULT_AUTOSCALING_TARGETS, Autoscaling
 
 METRIC_NAMES = {
@@ -40,7 +41,7 @@ def prometheus_query(owner: Owner, metric: str) -> str:
 
 def pending_query(owner: Owner) -> str:
     """Requests held by this service's routers (pods ``<name>-router-<hash>-<suffix>``)."""
-    return _pod_sum(PENDING_METRIC, owner.namespace, f"{owner.name}-router")
+    return _pod_sum(PENDING_METRIC, owner.namespace, router_name(owner))
 
 
 def _pod_sum(metric: str, namespace: str, deployment: str) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 from radixserve_operator.manifests.meta import (
     HTTP_PORT_NAME,
     Owner,
+    cli_flags,
     common_labels,
     object_meta,
     selector_labels,
@@ -67,10 +68,8 @@ def build_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
 
 
 def worker_args(spec: ServiceSpec) -> list[str]:
-    """The ``radixserve serve`` command line for this spec (the worker's CLI contract).
-
-    Values are joined to their flags (``--flag=value``): a value that starts with a dash (a
-    served model name, say) must not read as a flag of its own."""
+    """The ``radixserve serve`` command line for this spec (the worker's CLI contract), its
+    values joined to their flags (``cli_flags``)."""
     valued: list[tuple[str, object]] = [
         ("--model", _model_argument(spec.model)),
         ("--host", "0.0.0.0"),
@@ -79,11 +78,7 @@ def worker_args(spec: ServiceSpec) -> list[str]:
         ("--served-model-name", spec.model.served_name),
         ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
-    return ["serve", *_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
-
-
-def _flags(valued: list[tuple[str, object]]) -> list[str]:
-    return [f"{flag}={value}" for flag, value in valued if value is not None]
+    return ["serve", *cli_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
 
 
 def _engine_args(engine: Engine) -> list[str]:
@@ -103,7 +98,7 @@ def _engine_args(engine: Engine) -> list[str]:
         "--disable-radix-cache": not engine.radix_cache,
         "--disable-overlap": not engine.overlap_schedule,
     }
-    return _flags(valued) + [flag for flag, on in switches.items() if on]
+    return cli_flags(valued) + [flag for flag, on in switches.items() if on]
 
 
 def _model_argument(model: ModelSource) -> str:

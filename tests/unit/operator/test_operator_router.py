@@ -287,3 +287,17 @@ def test_a_late_event_with_an_older_router_copy_does_not_undo_the_status() -> No
     assert refreshed is not None
     assert refreshed[1].status["router"] == {"replicas": 2, "readyReplicas": 2}
     assert conditions(refreshed[1].status)["RouterReady"] == ("True", "RouterReady")
+
+
+def test_a_refused_edit_keeps_reporting_the_router_that_still_runs() -> None:
+    """An invalid spec changes no child: the router of the last valid spec still serves, and
+    the status says so (else RouterReady would vanish and come back with the next event)."""
+    api = MemoryApi()
+    spec = {**ROUTED, "router": {"enabled": True}}
+    outcome = reconcile(context(api), service(spec), "t0")
+    ready(api.objects["Deployment", "ns", "svc-router"], 2)
+    refused = {**spec, "autoscaling": {"minReplicas": 3, "maxReplicas": 1}}
+    outcome = reconcile(context(api), service(refused, status=outcome.status, generation=2), "t1")
+    assert conditions(outcome.status)["Degraded"] == ("True", "InvalidSpec")
+    assert conditions(outcome.status)["RouterReady"] == ("True", "RouterReady")
+    assert outcome.status["router"] == {"replicas": 2, "readyReplicas": 2}

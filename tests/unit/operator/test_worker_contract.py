@@ -14,8 +14,10 @@ from hypothesis import HealthCheck, given, settings
 from operator_crd_checks import EXAMPLES, SCHEMA
 
 from radixserve.entrypoints.arguments import parse_server_args, registered_choices
+from radixserve.router.args import parse_router_args
 from radixserve.server_args import static_choices
-from radixserve_operator.manifests import worker_args
+from radixserve_operator.manifests import Owner, worker_args
+from radixserve_operator.manifests.router import router_args
 from radixserve_operator.spec import InvalidSpecError, parse_spec
 
 ENGINE = SCHEMA["properties"]["spec"]["properties"]["engine"]["properties"]
@@ -36,6 +38,12 @@ def worker_accepts(spec: dict) -> None:
         parse_server_args(args[1:])
     except SystemExit as exc:  # argparse refused a flag or a value
         raise AssertionError(f"the worker refuses {args!r}") from exc
+    if service.router.enabled:
+        command = router_args(Owner("svc", "ns", "uid"), service)
+        try:
+            parse_router_args(command[1:])
+        except SystemExit as exc:
+            raise AssertionError(f"the router refuses {command!r}") from exc
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda doc: doc["metadata"]["name"])
@@ -60,3 +68,15 @@ def test_any_accepted_spec_yields_arguments_the_worker_accepts(spec):
 def test_crd_enums_are_the_workers_choices(crd_field, server_arg):
     choices = {**static_choices(), **registered_choices()}[server_arg]
     assert ENGINE[crd_field]["enum"] == list(choices)
+
+
+def test_a_served_name_that_starts_with_a_dash_reaches_worker_and_router_as_a_value():
+    spec = {
+        "model": {"name": "-dash", "uri": "builtin:smollm2-135m"},
+        "router": {"enabled": True},
+    }
+    service = parse_spec(spec, name="svc", default_image="radixserve:test")
+    assert service.router.enabled
+    worker_accepts(spec)
+    args = parse_router_args(router_args(Owner("svc", "ns", "uid"), service)[1:])
+    assert args.model_name == "-dash"
