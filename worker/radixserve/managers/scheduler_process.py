@@ -279,7 +279,10 @@ def _serve(
         heartbeat = time.monotonic() - last_report >= HEARTBEAT_S
         if ran or outputs or not idle_reported or heartbeat:
             send_sock.send_pyobj(BatchReqOutput(outputs, scheduler.pop_stats()))
-            idle_reported = not ran and not scheduler.has_work()
+            # compiles still pending change no output: they must not report every 2 ms
+            idle_reported = not ran and (
+                not scheduler.has_work() or scheduler.waiting_only_for_grammars()
+            )
             last_report = time.monotonic()
         elif busy and os.getppid() != parent:
             return

@@ -46,8 +46,9 @@ class PendingBatchResult:
         self._ids: torch.Tensor | None = None
         self._logprobs: torch.Tensor | None = None
         self._top_logprobs: list[list[tuple[int, float]]] | None = None
-        # the forward's output and batch, kept until the deferred sampling launches
-        self.deferred: tuple[ForwardOutput, ModelWorkerBatch] | None = None
+        # the forward's output (its batch's sampling info with it), kept until the deferred
+        # sampling launches
+        self.deferred: ForwardOutput | None = None
 
     @property
     def awaits_sampling(self) -> bool:
@@ -162,9 +163,9 @@ class ModelWorker:
             info.update_with_new_tokens(out.greedy_ids)
             pending.set_tokens(out.greedy_ids, None, None)
         elif info.has_grammars:
-            pending.deferred = (out, batch)
+            pending.deferred = out
         else:
-            self._sample(out, batch, pending)
+            self._sample(out, pending)
         return pending
 
     @torch.inference_mode()
@@ -173,20 +174,18 @@ class ModelWorker:
         accepted the row's tokens so far: the rows' masks are filled on the host and applied on
         the device with the batch's other logit processors."""
         assert pending.deferred is not None
-        (out, batch), pending.deferred = pending.deferred, None
-        batch.sampling_info.update_grammar_mask()
-        self._sample(out, batch, pending)
+        out, pending.deferred = pending.deferred, None
+        out.forward_batch.sampling_info.update_grammar_mask()
+        self._sample(out, pending)
 
-    def _sample(
-        self, out: ForwardOutput, batch: ModelWorkerBatch, pending: PendingBatchResult
-    ) -> None:
+    def _sample(self, out: ForwardOutput, pending: PendingBatchResult) -> None:
         runner = self.model_runner
         sampled = runner.sample(out.logits, out.forward_batch)
         # ranks sample from identical logits, but unseeded requests draw different noise on
         # each rank: rank 0's choice is everyone's, or the ranks' KV caches would drift
         broadcast_from_first(sampled.next_token_ids)
         runner.future_tokens.store(pending.future, sampled.next_token_ids)
-        batch.sampling_info.update_with_new_tokens(sampled.next_token_ids)
+        out.forward_batch.sampling_info.update_with_new_tokens(sampled.next_token_ids)
         pending.set_tokens(sampled.next_token_ids, sampled.logprobs, sampled.top_logprobs)
 
     def forward_batch_generation(self, batch: ModelWorkerBatch) -> GenerationBatchResult:
