@@ -10,10 +10,10 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from radixserve.model_loader.config import NO_WINDOW
+
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
-
-NO_WINDOW = -1
 
 
 @dataclass(frozen=True)

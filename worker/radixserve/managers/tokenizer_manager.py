@@ -163,7 +163,8 @@ class GenerateInput:
     return_logprob: bool = False
     top_logprobs_num: int = 0
     rid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # Readiness probes: kept out of the request metrics.
+    # The engine's own prefill of a shared prompt before its `n` samples (`prefill_only`):
+    # kept out of the request metrics.
     internal: bool = False
     # How the request spells SamplingParams fields (GenerateRequest.sampling_param_names), for
     # the scheduler's errors about them (a constraint that does not compile)
@@ -659,8 +660,8 @@ class TokenizerManager:
 
     async def flush_cache(self) -> FlushCacheReqOutput:
         """Flush the prefix cache. The scheduler refuses while it has work; when no client
-        request is in flight that work is only a finished step not yet retired (or a readiness
-        probe), so the flush is retried for a moment instead of failing."""
+        request is in flight that work is only a finished step not yet retired, so the flush is
+        retried for a moment instead of failing."""
         deadline = time.monotonic() + FLUSH_RETRY_S
         while True:
             reply = await self._flush_once()

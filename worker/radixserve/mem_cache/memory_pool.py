@@ -133,12 +133,11 @@ class ReqToTokenPool:
         self._free_rows = list(range(self.size))
 
 
-FP8_E4M3_MAX = 448.0  # the largest finite float8_e4m3fn value
-
-
 def quantize_fp8(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
-    """x / scale as `dtype` (a float8 type): saturated to its range, never inf or nan."""
-    return (x.float() / scale).clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX).to(dtype)
+    """x / scale as `dtype` (a float8 type): saturated to its range, never inf or nan. Times
+    the reciprocal, as the fused rotary-and-store kernel does, so both paths round alike."""
+    largest = torch.finfo(dtype).max
+    return (x.float() * (1.0 / scale)).clamp(-largest, largest).to(dtype)
 
 
 class TokenToKVPool:

@@ -21,7 +21,6 @@ disable_created_metrics()
 
 PREFIX = "radixserve_router_"
 WORKER_STATES = ("ready", "not_ready", "down")
-ERROR_KINDS = ("connect", "status_429", "status_503", "stream_broken")
 LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
     10.0, 20.0, 40.0, 80.0, 160.0, 320.0,

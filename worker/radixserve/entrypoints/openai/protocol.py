@@ -16,6 +16,7 @@ ones every month); `--strict-api` refuses them instead (`FieldPolicy`).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -216,7 +217,7 @@ class _SamplingFields(_Request):
         }
         if self.logit_bias:
             params["logit_bias"] = parse_logit_bias(self.logit_bias)
-        params.update(self.constraint())
+        params.update(self.constraint)
         return params
 
     def constraint_sources(self) -> list[tuple[str, str, str]]:
@@ -242,8 +243,10 @@ class _SamplingFields(_Request):
             sources.append(("ebnf", "ebnf", self.ebnf))
         return sources
 
+    @functools.cached_property
     def constraint(self) -> dict[str, str]:
-        """At most one structured-output constraint, as its SamplingParams field."""
+        """At most one structured-output constraint, as its SamplingParams field: built (its
+        schema checked) once, by `check_supported`, and reused by `sampling_dict`."""
         sources = self.constraint_sources()
         if len(sources) > 1:
             names = " and ".join(param for param, _, _ in sources)
@@ -309,7 +312,7 @@ class CompletionRequest(_SamplingFields):
             )
         if isinstance(self.prompt, list) and not self.prompt:
             raise InvalidParameterError("prompt must not be empty", "prompt")
-        self.constraint()
+        self.constraint  # noqa: B018 (built now: a bad one is refused first)
 
     def prompts(self) -> list[str | list[int]]:
         """The batch of prompts: one string, several strings, one or several token lists."""
@@ -506,7 +509,7 @@ class ChatCompletionRequest(_SamplingFields):
         for index, message in enumerate(self.messages):
             message.check(index)
         self._check_tools()
-        self.constraint()
+        self.constraint  # noqa: B018 (built now: a bad one is refused first)
 
     def _check_tools(self) -> None:
         names: list[str] = []

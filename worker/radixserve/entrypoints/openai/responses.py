@@ -4,15 +4,10 @@ are unit-tested without a server."""
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixserve.managers.io_struct import TokenLogprob
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex}"
 
 
 def usage_dict(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> dict[str, Any]:

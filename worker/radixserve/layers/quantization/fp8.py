@@ -33,7 +33,7 @@ from radixserve.layers.quantization.base import QuantizationConfig, WeightStream
 from radixserve.layers.quantization.registry import UnsupportedQuantizationError
 
 FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0
+FP8_MAX = torch.finfo(FP8_DTYPE).max
 # a row of zeros still gets a usable (tiny, positive) scale
 _MIN_SCALE = 1e-12
 _QUANT_BLOCK_K = 4096
