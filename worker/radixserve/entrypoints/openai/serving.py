@@ -310,10 +310,8 @@ class _ChatRun:
 
     def _choice(self, index: int, text: str, logprobs: list, last: GenerateChunk) -> dict[str, Any]:
         output = self.outputs[index]
-        reasoning, content, deltas = output.feed(text)
-        more_reasoning, more_content, more_deltas = output.finish()
-        reasoning, content = reasoning + more_reasoning, content + more_content
-        calls = collect_calls(deltas + more_deltas)
+        reasoning, content, deltas = output.feed(text, final=True)
+        calls = collect_calls(deltas)
         tool_calls = [
             responses.tool_call(call_id, call.name, call.arguments)
             for call_id, call in zip(output.call_ids, calls, strict=True)
@@ -343,11 +341,7 @@ class _ChatRun:
             async for index, chunk in _prepend(first, stream):
                 last[index] = chunk
                 output = self.outputs[index]
-                reasoning, content, deltas = output.feed(chunk.text)
-                if chunk.finished:
-                    more_reasoning, more_content, more_deltas = output.finish()
-                    reasoning, content = reasoning + more_reasoning, content + more_content
-                    deltas = deltas + more_deltas
+                reasoning, content, deltas = output.feed(chunk.text, final=chunk.finished)
                 finish = responses.openai_finish_reason(
                     chunk.finish_reason, called_tools=bool(output.call_ids)
                 )

@@ -84,14 +84,9 @@ class ChoiceOutput:
     def parses_reasoning(self) -> bool:
         return self._reasoning is not None
 
-    def feed(self, text: str) -> tuple[str, str, list[ToolCallDelta]]:
-        """(reasoning, content, call deltas) that `text` makes certain."""
-        return self._step(text, final=False)
-
-    def finish(self) -> tuple[str, str, list[ToolCallDelta]]:
-        return self._step("", final=True)
-
-    def _step(self, text: str, final: bool) -> tuple[str, str, list[ToolCallDelta]]:
+    def feed(self, text: str, final: bool = False) -> tuple[str, str, list[ToolCallDelta]]:
+        """(reasoning, content, call deltas) that `text` makes certain; with `final` (the
+        choice's last text) also whatever the parsers still held back."""
         split = ReasoningDelta(content=text)
         if self._reasoning is not None:
             split = self._reasoning.feed(text)
