@@ -7,7 +7,6 @@
 # Result: $OUT/router-overhead-8b.json (+ server logs under $OUT/logs), a PASS/FAIL line.
 set -u
 . "$(dirname "$0")/device_env.sh"
-export PYTHONPATH="worker:$SITE"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
 timeout 560 python3 -m radixserve.entrypoints.cli bench router --scenario overhead \

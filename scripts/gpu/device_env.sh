@@ -1,5 +1,6 @@
 # Sourced by the device scripts: $OUT, the carried wheels installed once per machine into
-# /tmp/site (runs on the GPUs of one machine share it), unbuffered Python, NVLink multicast off.
+# /tmp/site (runs on the GPUs of one machine share it), the worker and those wheels on
+# PYTHONPATH, unbuffered Python, NVLink multicast off, and `limit` for budgeted stages.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
@@ -7,4 +8,11 @@ if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2
     --target /tmp/site .whl/*.whl && ls .whl > /tmp/site/.wheels
 fi
 export SITE=/tmp/site PYTHONUNBUFFERED=1
+export PYTHONPATH="worker:$SITE"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+
+limit() {  # the stage's own limit $1, or what is left of $BUDGET_S if less (at least 1 s:
+  local left=$((BUDGET_S - SECONDS))  # timeout 0 would mean no limit at all)
+  left=$((left < 1 ? 1 : left))
+  echo $((left < $1 ? left : $1))
+}

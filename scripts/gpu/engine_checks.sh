@@ -8,7 +8,6 @@
 # Logs/JSON under $OUT.
 set -u
 . "$(dirname "$0")/device_env.sh"
-export PYTHONPATH="worker:$SITE"
 RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests latency offline overlap}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"

@@ -1,18 +1,13 @@
 #!/usr/bin/env bash
 # One device call for the session's last measurements, each stage under its own time limit cut
-# to what is left of BUDGET_S: constrained decoding and its host cost (issue 14), the router's cost (issue 15) and
-# cold start (issue 17, JSON written after each start). Logs and JSON under $OUT.
+# to what is left of BUDGET_S: constrained decoding and its host cost (issue 14), the router's
+# cost (issue 15) and cold start (issue 17, JSON written after each start). Logs and JSON under
+# $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/final_checks.sh [stages...]
 set -u
 . "$(dirname "$0")/device_env.sh"
-export PYTHONPATH="worker:$SITE"
 stages=${*:-grammar-host grammar router cold-start grammar-tests}
 BUDGET_S=${BUDGET_S:-500}
-limit() {
-  local left=$((BUDGET_S - SECONDS))
-  left=$((left < 1 ? 1 : left))
-  echo $((left < $1 ? left : $1))
-}
 for stage in $stages; do
   if [ $((BUDGET_S - SECONDS)) -lt 20 ]; then
     echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"

@@ -20,7 +20,6 @@
 #   moe-offline  Qwen3-30B-A3B shape offline throughput, transformers (batched) beside it
 set -u
 . "$(dirname "$0")/device_env.sh"
-export PYTHONPATH="worker:$SITE"
 RS="python3 -m radixserve.entrypoints.cli"
 stages=${*:-tests fp8-gemv fp8-latency fp8-logits moe-latency fp8-offline moe-offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -30,11 +29,6 @@ LAT="--context-length 4096 --attention-backend triton --input-len 512 --output-l
 OFF="--context-length 4096 --attention-backend triton --input-len 1024 --input-len-min 256"
 
 BUDGET_S=${BUDGET_S:-470}
-limit() {  # the stage's own limit $1, or what is left of the budget if less (at least 1 s:
-  local left=$((BUDGET_S - SECONDS))  # timeout 0 would mean no limit at all)
-  left=$((left < 1 ? 1 : left))
-  echo $((left < $1 ? left : $1))
-}
 
 for stage in $stages; do
   if [ $((BUDGET_S - SECONDS)) -lt 30 ]; then

@@ -25,13 +25,12 @@ from radixserve_operator.manifests.meta import (
     object_meta,
     selector_labels,
 )
-from radixserve_operator.manifests.workload import WORKER_UID
+from radixserve_operator.manifests.workload import GRACE_MARGIN_SECONDS, WORKER_UID, http_probe
 from radixserve_operator.spec import DEFAULT_PORT, ServiceSpec
 
 ROUTER_APP_NAME = "radixserve-router"
 ROUTER_COMPONENT = "router"
 PRE_STOP_SLEEP_SECONDS = 5  # endpoints drop the pod before the router stops listening
-GRACE_MARGIN_SECONDS = 10
 ENDPOINT_SLICE_RULE = {
     "apiGroups": ["discovery.k8s.io"],
     "resources": ["endpointslices"],
@@ -183,8 +182,8 @@ def build_router_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
         "command": ["radixserve"],
         "args": router_args(owner, spec),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
-        "livenessProbe": _probe(period=10, failures=3),
-        "readinessProbe": _probe(period=5, failures=2),
+        "livenessProbe": http_probe("/health", period=10, failures=3),
+        "readinessProbe": http_probe("/health", period=5, failures=2),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRE_STOP_SLEEP_SECONDS)]}}},
         "resources": {
             "requests": {"cpu": "250m", "memory": "256Mi"},
@@ -235,15 +234,6 @@ def build_router_deployment(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
                 },
             },
         },
-    }
-
-
-def _probe(*, period: int, failures: int) -> dict[str, Any]:
-    return {
-        "httpGet": {"path": "/health", "port": HTTP_PORT_NAME},
-        "periodSeconds": period,
-        "timeoutSeconds": 5,
-        "failureThreshold": failures,
     }
 
 

@@ -159,15 +159,15 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
         "command": ["radixserve"],
         "args": worker_args(spec),
         "ports": [{"name": HTTP_PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
-        "startupProbe": _http_probe(
+        "startupProbe": http_probe(
             "/health",
             period=STARTUP_PROBE_PERIOD_SECONDS,
             failures=math.ceil(
                 spec.lifecycle.startup_timeout_seconds / STARTUP_PROBE_PERIOD_SECONDS
             ),
         ),
-        "livenessProbe": _http_probe("/health", period=10, failures=3),
-        "readinessProbe": _http_probe("/ready", period=5, failures=2),
+        "livenessProbe": http_probe("/health", period=10, failures=3),
+        "readinessProbe": http_probe("/ready", period=5, failures=2),
         "lifecycle": {
             "preStop": {"exec": {"command": ["sleep", str(spec.lifecycle.pre_stop_sleep_seconds)]}}
         },
@@ -204,7 +204,7 @@ def _env(spec: ServiceSpec) -> list[dict[str, Any]]:
     return env
 
 
-def _http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
+def http_probe(path: str, *, period: int, failures: int) -> dict[str, Any]:
     return {
         "httpGet": {"path": path, "port": HTTP_PORT_NAME},
         "periodSeconds": period,

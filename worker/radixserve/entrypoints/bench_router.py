@@ -33,8 +33,8 @@ from pathlib import Path
 import aiohttp
 
 from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.router.policies import POLICIES
 
-POLICIES = ("cache_aware", "power_of_two", "round_robin")
 TOPICS = (
     "astronomy", "baking", "chess", "cycling", "gardening", "geology",
     "jazz", "knitting", "navigation", "origami", "photography", "volcanoes",
