@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from radixserve.entrypoints.server_process import ServerProcess
 from radixserve.model_loader import hf_dir, random_init
 from radixserve.model_loader.config import build_model_config
 
@@ -81,20 +81,12 @@ def drop_page_cache() -> bool:
     return True
 
 
-def get(path: str, timeout: float = 2.0) -> tuple[int, bytes]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{PORT}{path}", timeout=timeout) as reply:
-            return reply.status, reply.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
-def ttft_s(input_ids: list[int]) -> float:
+def ttft_s(base_url: str, input_ids: list[int]) -> float:
     body = json.dumps(
         {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
     ).encode()
     request = urllib.request.Request(
-        f"http://127.0.0.1:{PORT}/generate", body, {"Content-Type": "application/json"}
+        f"{base_url}/generate", body, {"Content-Type": "application/json"}
     )
     start = time.perf_counter()
     with urllib.request.urlopen(request, timeout=120) as reply:
@@ -104,29 +96,19 @@ def ttft_s(input_ids: list[int]) -> float:
 
 def start_once(backend: str, caches: Path, log: Path) -> dict:
     dropped = drop_page_cache()
-    env = dict(os.environ)
-    env.update(
-        TRITON_CACHE_DIR=str(caches / "triton"),
-        FLASHINFER_WORKSPACE_BASE=str(caches / "flashinfer"),
-    )
-    command = [sys.executable, "-m", "radixserve.entrypoints.cli", "serve"]
-    command += ["--model", str(CHECKPOINT), "--port", str(PORT), "--host", "127.0.0.1"]
-    command += ["--attention-backend", backend, "--context-length", "4096", "--device", DEVICE]
+    env = {
+        **os.environ,
+        "TRITON_CACHE_DIR": str(caches / "triton"),
+        "FLASHINFER_WORKSPACE_BASE": str(caches / "flashinfer"),
+    }
+    args = ["--model", str(CHECKPOINT), "--attention-backend", backend]
+    args += ["--context-length", "4096", "--device", DEVICE]
     start = time.perf_counter()
-    with open(log, "wb") as out:
-        server = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
+    server = ServerProcess(args, log, port=PORT, env=env)
     try:
-        while True:
-            if server.poll() is not None:
-                raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-            try:
-                if get("/ready")[0] == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
+        server.wait_ready(timeout=900)
         ready_s = time.perf_counter() - start
-        metrics = get("/metrics")[1].decode()
+        metrics = server.get("/metrics")[1].decode()
         phases = {
             m.group(1): float(m.group(2))
             for m in re.finditer(r'radixserve_startup_seconds\{[^}]*phase="(\w+)"\} (\S+)', metrics)
@@ -134,10 +116,9 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         vocab = random_init.random_hf_config(PRESET).vocab_size
         prompt = [(7 * i) % (vocab - 1) + 1 for i in range(512)]
         # each prompt differs in its first token: no prefix hit, every one a full prefill
-        ttfts = [ttft_s([i + 1] + prompt[1:]) for i in range(10)]
+        ttfts = [ttft_s(server.base_url, [i + 1] + prompt[1:]) for i in range(10)]
     finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(timeout=60)
+        server.stop()
     return {"ready_s": ready_s, "phases": phases, "ttft_s": ttfts, "page_cache_dropped": dropped}
 
 

@@ -36,13 +36,16 @@ class ServerProcess:
         *,
         subcommand: str = "serve",
         port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         command = [sys.executable, "-m", "radixserve.entrypoints.cli", subcommand]
         command += ["--host", "127.0.0.1", "--port", str(self.port), *serve_args]
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(
+            command, stdout=self._log, stderr=subprocess.STDOUT, env=env
+        )
 
     def get(self, path: str, timeout: float = 10.0) -> tuple[int, bytes]:
         try:

@@ -42,6 +42,9 @@ logger = logging.getLogger(__name__)
 # the longest warm-up prompt: enough to exercise multi-block prefill kernels, cheap on a CPU
 WARMUP_PROMPT_TOKENS = 160
 
+# how soon the scheduler retries reaching the front end's output socket (bound after ready)
+SEND_RECONNECT_MS = 5
+
 # an idle scheduler loop reports at least this often (what /ready's liveness check reads)
 HEARTBEAT_S = 1.0
 
@@ -189,6 +192,10 @@ def run_scheduler_process(
     recv_sock = ctx.socket(zmq.PULL)
     recv_sock.bind(port_args.scheduler_input_ipc_name)
     send_sock = ctx.socket(zmq.PUSH)
+    # The front end binds its end only once this process has reported ready, so this connect
+    # first fails; ZMQ retries every RECONNECT_IVL (100 ms by default), which the first
+    # reply after /ready then waited out (~170 ms TTFT against ~15 ms).
+    send_sock.setsockopt(zmq.RECONNECT_IVL, SEND_RECONNECT_MS)
     send_sock.connect(port_args.tokenizer_ipc_name)
     to_ranks = []
     for rank in range(1, server_args.tp_size):
