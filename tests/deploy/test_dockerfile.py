@@ -20,13 +20,13 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import dockerfile
 import pytest
-import tomllib
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 

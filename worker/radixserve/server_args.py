@@ -133,8 +133,8 @@ class ServerArgs:
     )
     api_key: str | None = option(
         None,
-        "clients must send 'Authorization: Bearer KEY' to /v1/* and /generate "
-        f"(default: ${API_KEY_ENV}; unset: no key needed)",
+        "clients must send 'Authorization: Bearer KEY' to every endpoint but /health, "
+        f"/ready and /metrics (default: ${API_KEY_ENV}; unset: no key needed)",
     )
     admin_api_key: str | None = option(
         None,

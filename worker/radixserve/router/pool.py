@@ -144,7 +144,7 @@ class UpstreamPool:
                 raise NoReadyWorkerError
             try:
                 await asyncio.wait_for(self._any_ready.wait(), remaining)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 raise NoReadyWorkerError from None
         finally:
             self._pending -= 1
@@ -166,7 +166,7 @@ class UpstreamPool:
             if ready:
                 async with session.get(upstream.url + "/metrics", timeout=timeout) as reply:
                     text = await reply.text() if reply.status == 200 else ""
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             if upstream.url in self._members:
                 self.set_state(upstream, DOWN, f"probe: {exc!r}")
             return

@@ -16,7 +16,6 @@ upstream response closes its connection: the worker sees the disconnect and abor
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
@@ -228,7 +227,7 @@ class Proxy:
                     await out.write(complete + sep)
             if not finished:
                 raise aiohttp.ClientPayloadError("the stream ended without data: [DONE]")
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             self.metrics.upstream_error(upstream.url, "stream_broken")
             logger.warning("stream from %s broke: %r", upstream.url, exc)
             event = error_body(

@@ -135,7 +135,7 @@ class Router:
             try:
                 async with session.post(url + "/flush_cache", headers=headers) as reply:
                     return "ok" if reply.status == 200 else f"HTTP {reply.status}"
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError) as exc:
                 return repr(exc)
 
         urls = [upstream.url for upstream in self.pool.ready()]
