@@ -24,7 +24,11 @@ class SchedulerCounters:
         self.prefix_cache_hit_tokens = 0
         self.computed_prefill_tokens = 0
         self.forward_steps_by_mode: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
-        self.hit_window: deque[tuple[int, int]] = deque(maxlen=HIT_RATE_WINDOW)
+        # the last HIT_RATE_WINDOW lookups and their running sums (a report reads the rate
+        # after every step that ran: no re-summing of the window each time)
+        self._hit_window: deque[tuple[int, int]] = deque()
+        self._window_queries = 0
+        self._window_hits = 0
         # since the last report
         self._steps: list[tuple[str, int, int, float]] = []
         self._query_delta = 0
@@ -37,7 +41,13 @@ class SchedulerCounters:
         self.prefix_cache_hit_tokens += hit_tokens
         self._query_delta += query_tokens
         self._hit_delta += hit_tokens
-        self.hit_window.append((query_tokens, hit_tokens))
+        self._hit_window.append((query_tokens, hit_tokens))
+        self._window_queries += query_tokens
+        self._window_hits += hit_tokens
+        if len(self._hit_window) > HIT_RATE_WINDOW:
+            old_queries, old_hits = self._hit_window.popleft()
+            self._window_queries -= old_queries
+            self._window_hits -= old_hits
 
     def count_retractions(self, n: int) -> None:
         self.num_retractions += n
@@ -51,8 +61,8 @@ class SchedulerCounters:
         self._steps.append((mode, batch_size, tokens, seconds))
 
     def hit_rate(self) -> float:
-        queries = sum(q for q, _ in self.hit_window)
-        return sum(h for _, h in self.hit_window) / queries if queries else 0.0
+        queries = self._window_queries
+        return self._window_hits / queries if queries else 0.0
 
     def pop(
         self,
