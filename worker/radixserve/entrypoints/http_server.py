@@ -58,7 +58,7 @@ from radixserve.managers.tokenizer_manager import (
 )
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
 from radixserve.metrics.startup import process_started_at
-from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS
 from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,6 @@ _REQUEST_ID = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 # Paths that answer without a key: probes and scrapers cannot hold secrets.
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
-SAMPLING_PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(SamplingParams))
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
@@ -317,7 +316,7 @@ class Handlers:
         kwargs = {
             "prompt": req.text,
             "input_ids": req.input_ids,
-            "sampling_params": req.known_sampling_params(SAMPLING_PARAM_NAMES, self.policy),
+            "sampling_params": req.known_sampling_params(SAMPLING_PARAM_FIELDS, self.policy),
             "return_logprob": req.return_logprob,
             "top_logprobs_num": req.top_logprobs_num,
             "request_id": request[REQUEST_ID_KEY],

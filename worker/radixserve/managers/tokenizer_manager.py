@@ -46,7 +46,7 @@ from radixserve.managers.io_struct import (
     TokenLogprob,
 )
 from radixserve.metrics.collectors import ServerMetrics
-from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS, SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +54,8 @@ Tokenizer = transformers.PreTrainedTokenizerBase
 
 FLUSH_RETRY_S = 2.0
 MAX_TOP_LOGPROBS = 20
+# how /generate (and in-process callers) spell SamplingParams fields in errors
+NATIVE_PARAM_NAMES = {name: f"sampling_params.{name}" for name in SAMPLING_PARAM_FIELDS}
 
 
 class SchedulerUnavailableError(RuntimeError):
@@ -145,9 +147,7 @@ class GenerateRequest:
             return_logprob=return_logprob,
             top_logprobs_num=top_logprobs_num,
             prompt_param=param,
-            sampling_param_names={
-                f.name: f"sampling_params.{f.name}" for f in dataclasses.fields(SamplingParams)
-            },
+            sampling_param_names=NATIVE_PARAM_NAMES,
         )
         if request_id is not None:
             request.request_id = request_id

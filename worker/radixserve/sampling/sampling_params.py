@@ -144,9 +144,8 @@ class SamplingParams:
             raise InvalidParameterError(
                 f"sampling_params must be an object, got {type(d).__name__}", "sampling_params"
             )
-        known = {f.name for f in fields(cls)}
         for key in d:
-            if key not in known:
+            if key not in SAMPLING_PARAM_FIELDS:
                 raise InvalidParameterError(f"unknown sampling parameter {key!r}", key)
         return cls(**{k: v for k, v in d.items() if v is not None})
 
@@ -238,3 +237,7 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+# the names a request's sampling_params object may use
+SAMPLING_PARAM_FIELDS = frozenset(f.name for f in fields(SamplingParams))
