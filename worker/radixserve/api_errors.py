@@ -8,7 +8,13 @@ that already knows which request parameter is wrong, and the front end renders i
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+# seconds a client is told to wait (Retry-After) before it tries an overloaded server again
+RETRY_AFTER_S = 1
 
 
 class APIError(Exception):
@@ -60,3 +66,12 @@ def error_body(
     code: str | None = None,
 ) -> dict[str, Any]:
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+def error_response(error: APIError) -> web.Response:
+    """`error` as an HTTP reply: its JSON body, its status, and Retry-After when it has one
+    (aiohttp imported here: the layers that only raise never load it)."""
+    from aiohttp import web
+
+    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    return web.json_response(error.body(), status=error.status, headers=headers)

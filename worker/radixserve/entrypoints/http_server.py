@@ -34,7 +34,7 @@ from typing import Any
 
 from aiohttp import web
 
-from radixserve.api_errors import APIError, InvalidParameterError
+from radixserve.api_errors import RETRY_AFTER_S, APIError, InvalidParameterError, error_response
 from radixserve.entrypoints.engine import Engine
 from radixserve.entrypoints.openai.protocol import (
     FieldPolicy,
@@ -64,7 +64,6 @@ from radixserve.server_args import ServerArgs
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
-RETRY_AFTER_S = 1
 # Requests still running when the drain ends are aborted; their handlers get this long to reply.
 ABORT_GRACE_S = 5.0
 
@@ -89,11 +88,6 @@ STATE_KEY = web.AppKey("state", ServerState)
 
 
 # ---------------------------------------------------------------------------- errors
-
-
-def error_response(error: APIError) -> web.Response:
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
-    return web.json_response(error.body(), status=error.status, headers=headers)
 
 
 def as_api_error(exc: Exception) -> APIError:
@@ -180,15 +174,15 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
         if key is not None and not _bearer_matches(request, key):
             logger.info("request %s to %s: missing or wrong API key", request[REQUEST_ID_KEY], path)
-            return web.json_response(
+            refusal = error_response(
                 APIError(
                     "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
                     status=401,
                     code="invalid_api_key",
-                ).body(),
-                status=401,
-                headers={"WWW-Authenticate": "Bearer"},
+                )
             )
+            refusal.headers["WWW-Authenticate"] = "Bearer"
+            return refusal
         return await handler(request)
 
     return guard

@@ -27,7 +27,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from radixserve.api_errors import error_body
+from radixserve.api_errors import RETRY_AFTER_S, APIError, error_body, error_response
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policies import Policy
 from radixserve.router.pool import (
@@ -42,7 +42,6 @@ from radixserve.router.routing import routing_key
 
 logger = logging.getLogger(__name__)
 
-RETRY_AFTER_S = 1
 RETRYABLE_STATUSES = (429, 503)
 WORKER_HEADER = "X-Radixserve-Worker"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp computes itself.
@@ -55,15 +54,6 @@ _NOT_FORWARDED = frozenset(
 )  # fmt: skip
 _SSE_END = b"\n\n"
 _DONE = b"data: [DONE]"
-
-
-def json_error(
-    status: int, message: str, *, type: str, code: str, retry_after: int | None = None
-) -> web.Response:
-    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return web.json_response(
-        error_body(message, type=type, code=code), status=status, headers=headers
-    )
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -82,12 +72,14 @@ class Refusal:
     def response(self) -> web.Response:
         if self.status:
             return web.Response(status=self.status, headers=self.headers, body=self.body)
-        return json_error(
-            503,
-            f"no worker could take the request: {self.problem}",
-            type="server_error",
-            code="upstream_unavailable",
-            retry_after=RETRY_AFTER_S,
+        return error_response(
+            APIError(
+                f"no worker could take the request: {self.problem}",
+                503,
+                type="server_error",
+                code="upstream_unavailable",
+                retry_after=RETRY_AFTER_S,
+            )
         )
 
 
@@ -126,20 +118,24 @@ class Proxy:
             try:
                 picked = await self._pick(key, tried, deadline)
             except NoReadyWorkerError:
-                return json_error(
-                    503,
-                    f"no ready worker within {self.pending_timeout:g}s",
-                    type="server_error",
-                    code="no_ready_worker",
-                    retry_after=RETRY_AFTER_S,
+                return error_response(
+                    APIError(
+                        f"no ready worker within {self.pending_timeout:g}s",
+                        503,
+                        type="server_error",
+                        code="no_ready_worker",
+                        retry_after=RETRY_AFTER_S,
+                    )
                 )
             except PendingQueueFullError:
-                return json_error(
-                    503,
-                    f"{self.pool.max_pending} requests already wait for a worker",
-                    type="server_error",
-                    code="pending_queue_full",
-                    retry_after=RETRY_AFTER_S,
+                return error_response(
+                    APIError(
+                        f"{self.pool.max_pending} requests already wait for a worker",
+                        503,
+                        type="server_error",
+                        code="pending_queue_full",
+                        retry_after=RETRY_AFTER_S,
+                    )
                 )
             if picked is None:
                 break  # every ready worker refused this request already

@@ -26,12 +26,13 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
+from radixserve.api_errors import APIError, error_response
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
-from radixserve.router.proxy import Proxy, forwarded_headers, json_error
+from radixserve.router.proxy import Proxy, forwarded_headers
 
 logger = logging.getLogger(__name__)
 
@@ -144,8 +145,8 @@ class Router:
             self.policy.forget(url)
         failed = {url: result for url, result in results.items() if result != "ok"}
         if failed:
-            return json_error(
-                502, f"cache not flushed on {failed}", type="server_error", code="flush_failed"
+            return error_response(
+                APIError(f"cache not flushed on {failed}", 502, "server_error", code="flush_failed")
             )
         return web.json_response({"success": True, "workers": results})
 
@@ -162,12 +163,12 @@ async def openai_errors(
             raise
         code = "not_found" if exc.status == 404 else None
         kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return json_error(exc.status, exc.reason, type=kind, code=code or "error")
+        return error_response(APIError(exc.reason, exc.status, kind, code=code or "error"))
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception:
         logger.exception("router error on %s", request.path)
-        return json_error(500, "internal router error", type="server_error", code="error")
+        return error_response(APIError("internal router error", 500, "server_error", code="error"))
 
 
 def build_app(router: Router) -> web.Application:
