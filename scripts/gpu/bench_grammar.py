@@ -5,8 +5,10 @@ decoding together, three times: no row constrained, every row constrained by a J
 of them. Decode throughput is the batch's tokens over the steady-state decode steps (the interval
 between consecutive step ends, each launching the full batch), so the ratios compare like with
 like. The mask's cost per step is measured where it is paid: on the host, filling the
-constrained rows' bitmask (`SamplingBatchInfo.update_grammar_mask`: xgrammar's batched fill, the
-pinned buffer, queueing its copy) and the matchers accepting the step's tokens; on the device,
+constrained rows' bitmask (`XGrammarBackend.fill_token_bitmask`, xgrammar's batched fill into a
+pinned buffer, on the mask thread), the scheduler's thread waiting for it and queueing its copy
+(`SamplingBatchInfo.update_grammar_mask`: what the fill adds to the step), and the matchers
+accepting the step's tokens; on the device,
 xgrammar's kernel applying the bitmask (CUDA events around it). The device's idle time between
 decode steps shows whether overlap hid the host's part.
 
@@ -38,7 +40,7 @@ import torch
 from transformers import AutoTokenizer
 
 from radixserve.constrained.base_grammar_backend import VocabMask
-from radixserve.constrained.xgrammar_backend import XGrammarMatcher
+from radixserve.constrained.xgrammar_backend import XGrammarBackend, XGrammarMatcher
 from radixserve.managers.io_struct import TokenizedGenerateReqInput
 from radixserve.managers.scheduler_process import build_scheduler
 from radixserve.model_loader.loader import load_model_source
@@ -70,20 +72,28 @@ class MaskCost:
 
     def __init__(self, cuda: bool) -> None:
         self.fill_s: list[float] = []
+        self.wait_s: list[float] = []
         self.accept_s = 0.0
         self.apply_ms: list[float] = []
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        fill, accept, apply = (
+        fill, wait, accept, apply = (
+            XGrammarBackend.fill_token_bitmask,
             SamplingBatchInfo.update_grammar_mask,
             XGrammarMatcher.accept_token,
             VocabMask.apply,
         )
         cost = self
 
-        def timed_fill(info: SamplingBatchInfo) -> None:
+        def timed_fill(backend: XGrammarBackend, *args) -> torch.Tensor:
             start = time.perf_counter()
-            fill(info)
+            bitmask = fill(backend, *args)
             cost.fill_s.append(time.perf_counter() - start)
+            return bitmask
+
+        def timed_wait(info: SamplingBatchInfo) -> None:
+            start = time.perf_counter()
+            wait(info)
+            cost.wait_s.append(time.perf_counter() - start)
 
         def timed_accept(grammar: XGrammarMatcher, token_id: int) -> bool:
             start = time.perf_counter()
@@ -103,12 +113,13 @@ class MaskCost:
             end.record()
             cost.events.append((start, end))
 
-        SamplingBatchInfo.update_grammar_mask = timed_fill
+        XGrammarBackend.fill_token_bitmask = timed_fill
+        SamplingBatchInfo.update_grammar_mask = timed_wait
         XGrammarMatcher.accept_token = timed_accept
         VocabMask.apply = timed_apply
 
     def reset(self) -> None:
-        self.fill_s, self.accept_s, self.apply_ms, self.events = [], 0.0, [], []
+        self.fill_s, self.wait_s, self.accept_s, self.apply_ms, self.events = [], [], 0.0, [], []
 
     def per_step(self, steps: int) -> dict[str, float]:
         if self.events:
@@ -119,6 +130,7 @@ class MaskCost:
             "host_fill_ms_p90": 1e3 * sorted(self.fill_s)[int(0.9 * len(self.fill_s))]
             if self.fill_s
             else 0.0,
+            "host_wait_ms": 1e3 * statistics.mean(self.wait_s) if self.wait_s else 0.0,
             "host_accept_ms": 1e3 * self.accept_s / max(steps, 1),
             "device_apply_ms": statistics.mean(apply_ms) if apply_ms else 0.0,
             "masked_steps": len(self.fill_s),
@@ -219,7 +231,7 @@ def main() -> None:
             f"=== {tag}: {constrained}/{args.batch} rows constrained: "
             f"{p['tokens_per_s']:.0f} tok/s, step {p['step_ms_median']:.2f} ms, device gap "
             f"{p['device_decode_gap_ms_per_step']:.3f} ms/step, mask fill "
-            f"{p['mask']['host_fill_ms']:.3f} ms, accept {p['mask']['host_accept_ms']:.3f} ms, "
+            f"{p['mask']['host_fill_ms']:.3f} ms (waited {p['mask']['host_wait_ms']:.3f}), accept {p['mask']['host_accept_ms']:.3f} ms, "
             f"apply {p['mask']['device_apply_ms'] * 1e3:.1f} us per step",
             flush=True,
         )

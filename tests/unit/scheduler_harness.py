@@ -66,6 +66,8 @@ class FakeWorker:
         self.future = FutureTokens(max_running_requests + 2, self.device)
         self.batches: list[ModelWorkerBatch] = []
         self.masks_filled = 0
+        # masks the scheduler had not started filling by the time the sampling needed them
+        self.masks_filled_late = 0
 
     def describe(self) -> dict[str, str]:
         return {"device": "cpu", "dtype": "none", "attention_backend": "fake"}
@@ -92,8 +94,10 @@ class FakeWorker:
         (logits, batch), pending.deferred = pending.deferred, None
         info = batch.sampling_info
         if info.has_grammars:
+            started = info.pending_mask is not None
             info.update_grammar_mask()
             self.masks_filled += 1
+            self.masks_filled_late += info.vocab_mask is not None and not started
         self._set_tokens(pending, self.sampler(logits, info).next_token_ids, batch)
 
     def _set_tokens(

@@ -3,15 +3,17 @@
 A backend compiles a constraint (kind, text) into a `CompiledGrammar` once; each request then
 walks it with its own `Grammar` (a matcher: the tokens accepted so far decide the next allowed
 set). Per step, the rows of a batch that follow a grammar get their allowed sets as one token
-bitmask (`token_bitmask`, filled on the host for those rows only and copied once), which the
-sampler applies to the whole batch's logits on the device (`VocabMask.apply`); a row without a
-grammar has all bits set, so its logits are untouched.
+bitmask, filled on the host for those rows only (`start_token_bitmask`: on the backend's mask
+thread, so the scheduler's own work for the step runs beside it) and copied once, which the
+sampler applies to those rows' logits on the device (`VocabMask.apply`); the other rows' logits
+are untouched.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,20 +53,43 @@ class CompiledGrammar:
 @dataclass(frozen=True)
 class VocabMask:
     """One step's token bitmask for a batch, on the device: `[bs, ceil(vocab / 32)]` int32, bit j
-    of row i set when row i may sample token j."""
+    of row i set when row i may sample token j. Only the constrained rows (`rows`) are filled;
+    the others hold whatever the buffer held and are never read."""
 
     bitmask: torch.Tensor
+    rows: list[int]
     backend: GrammarBackend
 
     def apply(self, logits: torch.Tensor) -> None:
-        """Disallowed tokens' logits become -inf, in place on `[bs, vocab]` logits."""
-        self.backend.apply_token_bitmask(logits, self.bitmask)
+        """Disallowed tokens' logits of the constrained rows become -inf, in place on
+        `[bs, vocab]` logits."""
+        self.backend.apply_token_bitmask(logits, self.bitmask, self.rows)
+
+
+class PendingVocabMask:
+    """A bitmask being filled on the backend's mask thread."""
+
+    def __init__(self, fill: Future[torch.Tensor], rows: list[int], backend: GrammarBackend):
+        self._fill = fill
+        self.rows = rows
+        self.backend = backend
+
+    def wait(self, device: torch.device) -> VocabMask:
+        """The filled mask, its copy to `device` queued (a pinned buffer on CUDA: the copy does
+        not wait for the device, and torch's pinned-memory cache keeps the block until it ran)."""
+        host = self._fill.result()
+        bitmask = host.to(device, non_blocking=True) if device.type == "cuda" else host
+        return VocabMask(bitmask, self.rows, self.backend)
 
 
 class GrammarBackend(ABC):
     """Compiles constraints for one model's vocabulary and builds and applies token masks.
 
-    `compile` runs on the grammar cache's threads; everything else on the scheduler's."""
+    `compile` runs on the grammar cache's threads, `fill_token_bitmask` on the mask thread
+    (while the scheduler's thread moves none of its matchers), everything else on the
+    scheduler's."""
+
+    _mask_thread: ThreadPoolExecutor | None = None
 
     @abstractmethod
     def compile(self, kind: str, text: str) -> CompiledGrammar:
@@ -75,15 +100,26 @@ class GrammarBackend(ABC):
     def new_grammar(self, handle: Any) -> Grammar: ...
 
     @abstractmethod
-    def token_bitmask(
-        self,
-        grammars: Sequence[Grammar],
-        rows: Sequence[int],
-        batch_size: int,
-        device: torch.device,
-    ) -> VocabMask:
-        """The mask of a batch of `batch_size` rows in which row `rows[i]` follows `grammars[i]`
-        (none of them terminated) and every other row may sample anything."""
+    def fill_token_bitmask(
+        self, grammars: Sequence[Grammar], rows: Sequence[int], batch_size: int, pinned: bool
+    ) -> torch.Tensor:
+        """A host bitmask for a batch of `batch_size` rows in which row `rows[i]` follows
+        `grammars[i]` (none of them terminated); only those rows are written. In pinned memory
+        when `pinned`. It should release the GIL while it works: it runs beside the scheduler's
+        Python."""
 
     @abstractmethod
-    def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None: ...
+    def apply_token_bitmask(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]
+    ) -> None: ...
+
+    def start_token_bitmask(
+        self, grammars: Sequence[Grammar], rows: Sequence[int], batch_size: int, pinned: bool
+    ) -> PendingVocabMask:
+        """Begin `fill_token_bitmask` on the mask thread and return at once."""
+        if self._mask_thread is None:
+            self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
+        fill = self._mask_thread.submit(
+            self.fill_token_bitmask, list(grammars), list(rows), batch_size, pinned
+        )
+        return PendingVocabMask(fill, list(rows), self)

@@ -23,7 +23,6 @@ from radixserve.constrained.base_grammar_backend import (
     Grammar,
     GrammarBackend,
     GrammarError,
-    VocabMask,
 )
 
 # xgrammar's messages start with a timestamp, the C++ source line and sometimes the failed check
@@ -60,7 +59,9 @@ class XGrammarBackend(GrammarBackend):
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
         )
-        threads = min(8, os.cpu_count() or 1)
+        # the fill's cost is a step's host time: 64 rows of a 128k vocabulary take ~9 ms on one
+        # thread, ~1.7 ms on 16 (H200 host, benchmarks.md); more gain little
+        threads = min(16, len(os.sched_getaffinity(0)))
         # the grammar cache owns caching (keyed by kind and text, failures included)
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
@@ -83,25 +84,20 @@ class XGrammarBackend(GrammarBackend):
     def new_grammar(self, handle: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self, xgr.GrammarMatcher(handle))
 
-    def token_bitmask(
-        self,
-        grammars: Sequence[Grammar],
-        rows: Sequence[int],
-        batch_size: int,
-        device: torch.device,
-    ) -> VocabMask:
-        # pinned on CUDA: the copy is queued behind the forward pass instead of waiting for it,
-        # and torch's pinned-memory cache keeps the block until the copy has run
-        host = torch.full(
+    def fill_token_bitmask(
+        self, grammars: Sequence[Grammar], rows: Sequence[int], batch_size: int, pinned: bool
+    ) -> torch.Tensor:
+        # left uninitialised: every constrained row is written whole, and only those are read
+        host = torch.empty(
             xgr.get_bitmask_shape(batch_size, self.vocab_size),
-            -1,
             dtype=xgr.bitmask_dtype,
-            pin_memory=device.type == "cuda",
+            pin_memory=pinned,
         )
         matchers = [g.matcher for g in grammars]
         self._batch.batch_fill_next_token_bitmask(matchers, host, list(rows))
-        bitmask = host.to(device, non_blocking=True) if device.type == "cuda" else host
-        return VocabMask(bitmask, self)
+        return host
 
-    def apply_token_bitmask(self, logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-        xgr.apply_token_bitmask_inplace(logits, bitmask)
+    def apply_token_bitmask(
+        self, logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]
+    ) -> None:
+        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)

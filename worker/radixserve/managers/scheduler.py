@@ -14,7 +14,8 @@ compiles on the grammar cache's threads, and join the waiting queue once it has:
 waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
 then, once the batch before it has been resolved and every matcher has accepted its row's last
 token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
-device runs the forward while the host resolves the previous batch and fills the masks.
+device runs the forward while the host resolves the previous batch, and the masks are filled on
+the grammar backend's thread while this one emits that batch's outputs.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from radixserve.managers.tp_worker import GenerationBatchResult, GpuTimeline, PendingBatchResult
     from radixserve.mem_cache.allocator import TokenSlotAllocator
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
+    from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
     from radixserve.server_args import ServerArgs
 
 logger = logging.getLogger(__name__)
@@ -340,13 +342,17 @@ class Scheduler:
             self.admit_grammars(self.ready_grammar_rids())
         batch = self.get_next_batch_to_run()
         launched = self._launch(batch) if batch is not None else None
+        # constrained rows: their masks are filled once their grammars have accepted the
+        # previous batch's tokens (so they follow what was really sampled), beside the rest of
+        # resolving it
+        masked = batch.sampling_info if launched and launched.pending.awaits_sampling else None
         previous, self.in_flight = self.in_flight, None
         if previous is not None:
-            self._resolve(previous)
+            self._resolve(previous, masked)
+        elif masked is not None:
+            masked.start_grammar_mask()
         if launched is not None:
-            if launched.pending.awaits_sampling:
-                # constrained rows: their grammars have now accepted the previous batch's
-                # tokens, so the masks follow what was really sampled
+            if masked is not None:
                 self.worker.sample_deferred(launched.pending)
             if self.overlap:
                 self.in_flight = launched
@@ -372,13 +378,17 @@ class Scheduler:
             start=start,
         )
 
-    def _resolve(self, launched: LaunchedBatch) -> None:
+    def _resolve(self, launched: LaunchedBatch, masked: SamplingBatchInfo | None = None) -> None:
+        """Append the batch's tokens, then finish, emit and release its requests. `masked`, the
+        next batch's sampling state when it has constrained rows, starts its mask fill between
+        the two: the fill runs on the grammar backend's thread while this one emits."""
         result = launched.pending.resolve()
         self.worker.timeline.add(launched.pending, launched.mode.is_decode())
         elapsed = time.perf_counter() - launched.start
         self.counters.count_step(
             launched.mode.metric_label, len(launched.reqs), launched.num_tokens, elapsed
         )
+        resolved: list[Req] = []
         for i, req in enumerate(launched.reqs):
             if req is launched.chunked_req:
                 continue  # an intermediate chunk samples nothing
@@ -391,6 +401,10 @@ class Scheduler:
                 continue
             if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
                 self._append_token(req, result, i)
+            resolved.append(req)
+        if masked is not None:
+            masked.start_grammar_mask()
+        for req in resolved:
             req.check_finished(self.context_len, self.model.tokenizer)
             if not req.finished():
                 self._emit(req)

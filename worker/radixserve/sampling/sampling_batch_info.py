@@ -9,10 +9,12 @@ queued on the device behind that sampling). Everything the Sampler does per step
 whole-batch tensor op over these fields.
 
 Rows that follow a grammar (constrained decoding) keep their request's matcher in `grammars`;
-`update_grammar_mask` turns the matchers' current states into one token bitmask for the batch,
-right before sampling, which applies it with the other logit processors. A batch with such rows
-has its sampling launched after the batch before it is resolved (`ModelWorker.sample_deferred`),
-still before the scheduler next changes the membership.
+`start_grammar_mask` begins turning the matchers' current states into one token bitmask for the
+batch (on the grammar backend's mask thread, as soon as every matcher has accepted its row's
+last token), and `update_grammar_mask`, right before sampling, puts it on the device, where the
+sampler applies it with the other logit processors. A batch with such rows has its sampling
+launched after the batch before it is resolved (`ModelWorker.sample_deferred`), still before the
+scheduler next changes the membership.
 
 Random sampling is reproducible per request: the noise of row i at a step is a counter-based
 hash of (the row's seed, tokens it has generated so far, vocab index), computed with integer
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.constrained.base_grammar_backend import Grammar, VocabMask
+from radixserve.constrained.base_grammar_backend import Grammar, PendingVocabMask, VocabMask
 from radixserve.sampling.penalties import BatchedPenalizers, ReqLike
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.utils import device_tensor
@@ -90,7 +92,8 @@ class SamplingBatchInfo:
     num_generated: torch.Tensor  # [bs] int64, tokens each request has generated so far
     penalizers: BatchedPenalizers
     grammars: list[Grammar | None]  # per row: the request's matcher, if it is constrained
-    # this step's mask of the constrained rows (update_grammar_mask), on the device
+    # this step's mask of the constrained rows: being filled, then on the device
+    pending_mask: PendingVocabMask | None = None
     vocab_mask: VocabMask | None = None
     is_all_greedy: bool = True
     max_top_k: int = 0  # largest top_k among sampled rows with top-k on; 0: top-k unused
@@ -154,20 +157,31 @@ class SamplingBatchInfo:
         self.need_top_p = any(p.top_p < 1.0 for p in sampled)
         self.need_min_p = any(p.min_p > 0.0 for p in sampled)
         self.has_grammars = any(g is not None for g in self.grammars)
-        self.vocab_mask = None  # rows moved: a mask is rebuilt before the next sampling
+        # rows moved: a mask is rebuilt before the next sampling
+        self.pending_mask = self.vocab_mask = None
 
-    def update_grammar_mask(self) -> None:
-        """Build this step's token mask from the constrained rows' matchers, as they stand: call
-        once every row's grammar has accepted the row's previous token. A terminated grammar
-        allows nothing more, and its request is finished: the row samples unmasked and its token
-        is dropped."""
+    def start_grammar_mask(self) -> None:
+        """Begin this step's token mask from the constrained rows' matchers, as they stand: call
+        once every row's grammar has accepted the row's previous token, and move no matcher
+        until `update_grammar_mask`. A terminated grammar allows nothing more, and its request is
+        finished: the row samples unmasked and its token is dropped."""
         rows = [i for i, g in enumerate(self.grammars) if g is not None and not g.is_terminated()]
         if not rows:
-            self.vocab_mask = None
+            self.pending_mask = None
             return
         grammars = [self.grammars[i] for i in rows]
         backend = grammars[0].backend
-        self.vocab_mask = backend.token_bitmask(grammars, rows, self.batch_size, self.device)
+        self.pending_mask = backend.start_token_bitmask(
+            grammars, rows, self.batch_size, pinned=self.device.type == "cuda"
+        )
+
+    def update_grammar_mask(self) -> None:
+        """Put this step's mask on the device: the fill `start_grammar_mask` began, or, if it was
+        not called this step, one filled now."""
+        if self.pending_mask is None:
+            self.start_grammar_mask()
+        pending, self.pending_mask = self.pending_mask, None
+        self.vocab_mask = pending.wait(self.device) if pending is not None else None
 
     def apply_logits_processors(self, logits: torch.Tensor) -> None:
         """Penalties, logit_bias and the min_new_tokens mask, then the grammar mask, in place on
