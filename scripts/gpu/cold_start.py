@@ -29,7 +29,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from radixserve.entrypoints.server_process import ServerProcess
-from radixserve.model_loader import hf_dir, random_init
+from radixserve.model_loader import checkpoint_files, hf_dir, random_init
 from radixserve.model_loader.config import build_model_config
 
 PRESET = os.environ.get("COLD_START_PRESET", "llama-3-8b")  # a small one for a CPU dry run
@@ -58,7 +58,9 @@ def write_checkpoint() -> None:
             index = _flush(shard, index, weight_map)
             shard, size = {}, 0
     _flush(shard, index, weight_map)
-    (CHECKPOINT / hf_dir.SAFETENSORS_INDEX).write_text(json.dumps({"weight_map": weight_map}))
+    (CHECKPOINT / checkpoint_files.SAFETENSORS_INDEX).write_text(
+        json.dumps({"weight_map": weight_map})
+    )
     subprocess.run(["sync"], check=True)
 
 
@@ -119,7 +121,14 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         ttfts = [ttft_s(server.base_url, [i + 1] + prompt[1:]) for i in range(10)]
     finally:
         server.stop()
-    return {"ready_s": ready_s, "phases": phases, "ttft_s": ttfts, "page_cache_dropped": dropped}
+    read_ahead = re.search(r"read [\d.]+ GB of weights ahead in .*", log.read_text())
+    return {
+        "ready_s": ready_s,
+        "phases": phases,
+        "ttft_s": ttfts,
+        "page_cache_dropped": dropped,
+        "read_ahead": read_ahead[0] if read_ahead else None,
+    }
 
 
 def compare_readers() -> dict:

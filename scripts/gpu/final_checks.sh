@@ -16,7 +16,7 @@ for stage in $stages; do
   echo "=== $stage $(date +%T) (${SECONDS}s in)"
   case $stage in
     cold-start)
-      timeout $(limit 300) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;
+      timeout $(limit 420) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;
     grammar-host)  # the host's share of a constrained step, piece by piece, on this CPU
       timeout $(limit 90) python3 scripts/gpu/grammar_host_scan.py \
         --tokenizer .whl/smollm2-tokenizer --json "$OUT/grammar-host.json" 2>&1 | tail -40 ;;

@@ -33,6 +33,7 @@ from radixserve.managers.tokenizer_manager import (
 )
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.metrics.startup import StartupPhases
+from radixserve.model_loader.checkpoint_files import start_prefetch
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import ServerArgs
 
@@ -174,9 +175,11 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._closed = False
         started = time.perf_counter()
-        # The scheduler process starts first: its imports overlap this process's own (the
-        # loader pulls in torch and transformers, seconds on a cold node), the model check
-        # and the tokenizer. `process_started_at` (a server's start) times what came before.
+        # The weights are read ahead into the page cache from now, and the scheduler process
+        # starts: both overlap its imports and this process's own (the loader pulls in torch
+        # and transformers, seconds on a cold node), the model check and the tokenizer.
+        # `process_started_at` (a server's start) times what came before.
+        start_prefetch(server_args.model)
         self._process, port_args, scheduler_conn = spawn_scheduler(server_args)
         self.startup = StartupPhases()
         if process_started_at is not None:

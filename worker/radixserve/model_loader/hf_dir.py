@@ -3,7 +3,10 @@
 For a GPU, shards are read by fastsafetensors: many threads pread each file into pinned bounce
 buffers and copy it straight into the GPU's memory, one file at a time, so a cold read is bound
 by the disk, not by the page faults of one thread (a memory-mapped `safe_open` read 16 GB in
-about 35 s on the H200 machine; docs/benchmarks.md has both). For the CPU, `safe_open`'s
+about 35 s on the H200 machine; docs/benchmarks.md has both). Its reads are buffered, not
+O_DIRECT (its default on local disks): the front end has been reading the same files ahead
+into the page cache since the process started (checkpoint_files.py), and a second pod on the
+node finds them there too. For the CPU, `safe_open`'s
 memory map is the fastest there is: its tensors are views of the page cache, copied once, into
 the parameters (fastsafetensors reads the bundled model's 538 MB in 1.3 s, the map in 0.02 s).
 Neither ever holds a second full copy of the checkpoint. Quantized checkpoints keep what
@@ -14,6 +17,7 @@ quantization method (layers/quantization) takes them from there.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,32 +28,12 @@ from transformers import AutoConfig, GenerationConfig
 
 from radixserve.model_loader.config import as_id_set, check_architecture
 
-SAFETENSORS_INDEX = "model.safetensors.index.json"
 # parallel preads per shard: enough to keep an NVMe queue full
 READ_THREADS = 16
 # Buffers some old checkpoints saved alongside the parameters; the model recomputes them.
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
 # Quantization scales: kept in float32 whatever the model dtype.
 SCALE_SUFFIXES = ("_scale", "_scale_inv")
-
-
-def is_hf_directory(path: Path) -> bool:
-    return path.is_dir() and (path / "config.json").is_file()
-
-
-def safetensors_files(directory: Path) -> list[Path]:
-    """The shards named by the index file, or every `*.safetensors` file when there is none."""
-    index = directory / SAFETENSORS_INDEX
-    if index.is_file():
-        weight_map: dict[str, str] = json.loads(index.read_text())["weight_map"]
-        return [directory / name for name in sorted(set(weight_map.values()))]
-    files = sorted(directory.glob("*.safetensors"))
-    if not files:
-        raise ValueError(
-            f"{directory} has config.json but no *.safetensors weights "
-            "(convert .bin checkpoints with save_pretrained(safe_serialization=True))"
-        )
-    return files
 
 
 def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
@@ -89,6 +73,8 @@ def iter_safetensors(
                         yield name, as_loaded(name, shard.get_tensor(name), dtype)
         return
     from fastsafetensors import ParallelLoader
+
+    os.environ.setdefault("FASTSAFETENSORS_ODIRECT", "0")  # read what the read-ahead cached
 
     if device == "cuda":  # this process's GPU (its tensor-parallel rank's)
         device = f"cuda:{torch.cuda.current_device()}"

@@ -18,10 +18,8 @@ from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM
-from transformers.initialization import no_init_weights
 
-from radixserve.model_loader import hf_dir, random_init
+from radixserve.model_loader import checkpoint_files, hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
 from radixserve.model_loader.gguf_file import GGUFFile, dequantized_checkpoint
 from radixserve.model_loader.hub import resolve_hub_model
@@ -79,7 +77,7 @@ def load_model_source(
     if model.startswith(RANDOM_PREFIX):
         return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
     path = _local_path(model)
-    if hf_dir.is_hf_directory(path):
+    if checkpoint_files.is_hf_directory(path):
         return _from_hf_directory(path, dtype, device, context_length)
     gguf_path = _gguf_file(model, path)
     tokenizer = load_gguf_tokenizer(gguf_path)
@@ -94,7 +92,7 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
     if model.startswith(RANDOM_PREFIX):
         return _random_tokenizer(random_init.random_hf_config(model[len(RANDOM_PREFIX) :]))
     path = _local_path(model)
-    if hf_dir.is_hf_directory(path):
+    if checkpoint_files.is_hf_directory(path):
         return load_directory_tokenizer(path)
     return load_gguf_tokenizer(_gguf_file(model, path))
 
@@ -108,7 +106,7 @@ def load_hf_config_for(model: str) -> transformers.PretrainedConfig | None:
     if model.startswith(RANDOM_PREFIX):
         return random_init.random_hf_config(model[len(RANDOM_PREFIX) :])
     path = _local_path(model)
-    if hf_dir.is_hf_directory(path):
+    if checkpoint_files.is_hf_directory(path):
         return hf_dir.load_hf_config(path)
     return GGUFFile(_gguf_file(model, path)).hf_config
 
@@ -180,7 +178,7 @@ def _from_hf_directory(
 ) -> ModelSource:
     """`tokenizer`: the one to use instead of the directory's own."""
     hf_config = hf_dir.load_hf_config(directory)
-    files = hf_dir.safetensors_files(directory)
+    files = checkpoint_files.safetensors_files(directory)
     tokenizer = tokenizer or load_directory_tokenizer(directory)
     config = build_model_config(
         hf_config,
@@ -239,6 +237,10 @@ def build_hf_reference(
     """A transformers model holding the source's weights (float32 unless asked otherwise, on
     the device the weights come from), in eval mode: the reference the worker's own model is
     checked against, and the peer the benchmarks compare with."""
+    # here, not at the top: transformers' model registry costs a serving start seconds
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
     with no_init_weights():  # every parameter is overwritten below; random init is wasted time
         model = AutoModelForCausalLM.from_config(source.config.hf_config, dtype=dtype)
     # assign: the model takes the source's tensors instead of copying into fresh memory.

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig
 
 from radixserve.model_loader.config import check_architecture
 
@@ -190,7 +190,10 @@ def random_hf_config(spec: str) -> transformers.PretrainedConfig:
 
 def parameter_shapes(hf_config: transformers.PretrainedConfig) -> list[tuple[str, torch.Size]]:
     """HF parameter names and shapes, from the transformers model built on the meta device (so
-    names always match what `from_pretrained` would expect; tied weights appear once)."""
+    names always match what `from_pretrained` would expect; tied weights appear once). Its
+    model registry is imported here, not at the top: only random models pay for it."""
+    from transformers import AutoModelForCausalLM
+
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
     return [(name, param.shape) for name, param in model.named_parameters()]

@@ -1,0 +1,79 @@
+"""The weight files a checkpoint is read from, and reading them ahead into the page cache."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from radixserve.model_loader import checkpoint_files
+from radixserve.model_loader.checkpoint_files import local_weight_files, prefetch
+
+
+def write(path: Path, size: int) -> Path:
+    path.write_bytes(bytes(range(256)) * (size // 256) + b"x" * (size % 256))
+    return path
+
+
+def hf_directory(tmp_path: Path, shards: dict[str, int], index: bool) -> Path:
+    tmp_path.mkdir(exist_ok=True)
+    (tmp_path / "config.json").write_text("{}")
+    for name, size in shards.items():
+        write(tmp_path / name, size)
+    if index:
+        weight_map = {f"w{i}": name for i, name in enumerate(shards)}
+        (tmp_path / "model.safetensors.index.json").write_text(
+            json.dumps({"weight_map": weight_map})
+        )
+    return tmp_path
+
+
+def test_the_files_are_those_the_loader_reads(tmp_path):
+    indexed = hf_directory(tmp_path / "a", {"b.safetensors": 10, "a.safetensors": 10}, True)
+    write(indexed / "stray.safetensors", 10)  # not in the index: the loader skips it too
+    assert local_weight_files(str(indexed)) == [
+        indexed / "a.safetensors",
+        indexed / "b.safetensors",
+    ]
+    plain = hf_directory(tmp_path / "b", {"model.safetensors": 10}, False)
+    assert local_weight_files(f"file://{plain}") == [plain / "model.safetensors"]
+    gguf = write(tmp_path / "m.gguf", 10)
+    assert local_weight_files(str(gguf)) == [gguf]
+    assert local_weight_files(str(tmp_path)) == [gguf]  # a directory holding one GGUF file
+
+
+@pytest.mark.parametrize(
+    "model", ["random:tiny-llama", "builtin:smollm2-135m", "no/such-repo", "/no/such/path"]
+)
+def test_nothing_is_read_where_nothing_is_local(model, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty Hub cache
+    assert local_weight_files(model) == []
+    assert prefetch(model) == 0
+
+
+def test_a_directory_without_weights_is_left_to_the_loader(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    assert local_weight_files(str(tmp_path)) == []
+
+
+def test_every_byte_is_read_in_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_files, "CHUNK_BYTES", 1000)  # many chunks, several readers
+    sizes = {"a.safetensors": 12345, "b.safetensors": 1000, "c.safetensors": 1}
+    directory = hf_directory(tmp_path, sizes, True)
+    assert prefetch(str(directory)) == sum(sizes.values())
+
+
+def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
+    sizes = {"a.safetensors": 4000, "b.safetensors": 4000, "c.safetensors": 10}
+    directory = hf_directory(tmp_path, sizes, True)
+    # 60% of 10,000 bytes: the first file fits, the second would not (and then nothing after)
+    monkeypatch.setattr(checkpoint_files, "available_memory_bytes", lambda: 10_000)
+    assert prefetch(str(directory)) == 4000
+    monkeypatch.setattr(checkpoint_files, "available_memory_bytes", lambda: 0)
+    assert prefetch(str(directory)) == 0
+
+
+def test_available_memory_is_read_from_proc():
+    assert checkpoint_files.available_memory_bytes() > 0
