@@ -26,9 +26,8 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import transformers
 import zmq
 import zmq.asyncio
 
@@ -48,9 +47,10 @@ from radixserve.managers.io_struct import (
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS, SamplingParams
 
-logger = logging.getLogger(__name__)
+if TYPE_CHECKING:  # loaded by the engine once the scheduler process has started importing
+    from transformers import PreTrainedTokenizerBase as Tokenizer
 
-Tokenizer = transformers.PreTrainedTokenizerBase
+logger = logging.getLogger(__name__)
 
 FLUSH_RETRY_S = 2.0
 MAX_TOP_LOGPROBS = 20

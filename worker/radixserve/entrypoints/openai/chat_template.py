@@ -11,23 +11,30 @@ loop, and its calls are read back by the same parser.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 import jinja2.meta
-import transformers
 
 from radixserve.api_errors import InvalidParameterError
 from radixserve.entrypoints.openai.tool_parsers import ToolCall, ToolParser
 
+if TYPE_CHECKING:  # imported when a tokenizer is loaded, after the scheduler process started
+    import transformers
+
 Message = dict[str, Any]
 
-# apply_chat_template's own parameters: chat_template_kwargs may not set them.
-_RESERVED_KWARGS = frozenset(
-    inspect.signature(transformers.PreTrainedTokenizerBase.apply_chat_template).parameters
-) - {"self", "kwargs"}
+
+@functools.cache
+def _reserved_kwargs() -> frozenset[str]:
+    """apply_chat_template's own parameters: chat_template_kwargs may not set them."""
+    import transformers
+
+    signature = inspect.signature(transformers.PreTrainedTokenizerBase.apply_chat_template)
+    return frozenset(signature.parameters) - {"self", "kwargs"}
 
 
 class ChatTemplate:
@@ -57,7 +64,7 @@ class ChatTemplate:
             )
         kwargs = dict(template_kwargs or {})
         for key in kwargs:
-            if key in _RESERVED_KWARGS:
+            if key in _reserved_kwargs():
                 raise InvalidParameterError(
                     f"chat_template_kwargs may not set {key!r}", f"chat_template_kwargs.{key}"
                 )
