@@ -54,7 +54,7 @@ for stage in $stages; do
         --quantization fp8 --transformers-output-len 0 \
         --output-json "$OUT/latency-8b-fp8.json" 2>&1 | tail -3 ;;
     fp8-logits)
-      timeout $(limit 90) python3 scripts/gpu/fp8_logits.py random:llama-3-8b "$OUT/fp8-logits-8b.json" \
+      timeout $(limit 170) python3 scripts/gpu/fp8_logits.py random:llama-3-8b "$OUT/fp8-logits-8b.json" \
         2>&1 | grep "===" ;;
     moe-latency)
       timeout $(limit 150) $RS bench latency --model random:qwen3-30b-a3b $LAT --batch-sizes 1,64 \
