@@ -5,6 +5,7 @@ delta shape (a call's first delta carries its name, later ones only argument fra
 from __future__ import annotations
 
 import json
+import keyword
 
 import pytest
 from hypothesis import given, settings
@@ -127,6 +128,7 @@ RECORDED = [
         [WEATHER_SF],
     ),
     ("pythonic", "Sure: [1, 2, 3] are numbers.", "Sure: [1, 2, 3] are numbers.", []),
+    ("pythonic", "[if(x=1)]", "[if(x=1)]", []),  # a keyword cannot name a call: content
 ]
 
 
@@ -195,7 +197,10 @@ json_values = st.recursive(
     ),
     max_leaves=6,
 )
-identifiers = st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True)
+# not Python keywords: the pythonic format cannot write `if()` or `f(class=1)` (its docstring)
+identifiers = st.from_regex(r"[a-z_][a-z0-9_]{0,11}", fullmatch=True).filter(
+    lambda name: not keyword.iskeyword(name)
+)
 calls_strategy = st.lists(
     st.builds(
         lambda name, args: ToolCall(name, json.dumps(args)),

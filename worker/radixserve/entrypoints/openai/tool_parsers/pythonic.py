@@ -5,7 +5,9 @@ with keyword arguments,
 
 optionally wrapped in Llama 4's `<|python_start|>` ... `<|python_end|>`. An output that does
 not start with `[` is content. Arguments are Python literals, sent as JSON once a call is
-complete (a partial Python literal has no JSON prefix to stream).
+complete (a partial Python literal has no JSON prefix to stream). Being Python, the format
+has no way to write a function or argument named by a keyword (`[if()]` does not parse): such
+a call stays content, as in vLLM's parser of the same name.
 """
 
 from __future__ import annotations
