@@ -14,7 +14,11 @@ import pytest
 import torch
 from char_tokenizer import make_char_tokenizer
 
-from radixserve.constrained.base_grammar_backend import CompiledGrammar, GrammarError
+from radixserve.constrained.base_grammar_backend import (
+    CompiledGrammar,
+    GrammarBackend,
+    GrammarError,
+)
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.constrained.validation import validate_constraint
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
@@ -143,6 +147,43 @@ def test_a_batch_mask_constrains_only_the_constrained_rows(backend, tokenizer):
         assert torch.equal(logits[row, keep], expected[row, keep])
         banned = sorted(set(range(vocab)) - set(keep))
         assert torch.isneginf(logits[row, banned]).all()
+
+
+class SlowFillBackend(GrammarBackend):
+    """A fill that says when it has begun, then works until released (as native code would,
+    without the GIL)."""
+
+    def __init__(self) -> None:
+        self.begun = threading.Event()
+        self.release = threading.Event()
+
+    def compile(self, kind, text):
+        raise NotImplementedError
+
+    def new_grammar(self, handle):
+        raise NotImplementedError
+
+    def fill_token_bitmask(self, grammars, rows, batch_size, pinned):
+        self.begun.set()
+        assert self.release.wait(timeout=30)
+        return torch.full((batch_size, 1), -1, dtype=torch.int32)
+
+    def apply_token_bitmask(self, logits, bitmask, rows):
+        raise NotImplementedError
+
+
+def test_the_mask_fill_has_begun_when_start_returns():
+    """The scheduler's thread goes back to its Python only once the mask thread runs: else the
+    fill would wait for the GIL through the emits it should run beside."""
+    backend = SlowFillBackend()
+    for _ in range(3):  # the first call also starts the thread; the later ones find it idle
+        backend.begun.clear()
+        backend.release.clear()
+        pending = backend.start_token_bitmask([], [0, 2], 3, pinned=False)
+        assert backend.begun.is_set()
+        backend.release.set()
+        mask = pending.wait(torch.device("cpu"))
+        assert mask.rows == [0, 2] and mask.bitmask.shape == (3, 1)
 
 
 # -- the grammar cache -------------------------------------------------------------------------

@@ -11,6 +11,7 @@ are untouched.
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -116,10 +117,18 @@ class GrammarBackend(ABC):
     def start_token_bitmask(
         self, grammars: Sequence[Grammar], rows: Sequence[int], batch_size: int, pinned: bool
     ) -> PendingVocabMask:
-        """Begin `fill_token_bitmask` on the mask thread and return at once."""
+        """Begin `fill_token_bitmask` on the mask thread; return once it has begun. Waiting for
+        that hands the thread the GIL now, which it gives back as the fill enters native code;
+        otherwise it would wait for the caller's Python to yield the GIL (up to the 5 ms switch
+        interval, longer than the emits it is meant to run beside)."""
         if self._mask_thread is None:
             self._mask_thread = ThreadPoolExecutor(1, thread_name_prefix="grammar-mask")
-        fill = self._mask_thread.submit(
-            self.fill_token_bitmask, list(grammars), list(rows), batch_size, pinned
-        )
-        return PendingVocabMask(fill, list(rows), self)
+        begun = threading.Event()
+
+        def fill() -> torch.Tensor:
+            begun.set()
+            return self.fill_token_bitmask(grammars, rows, batch_size, pinned)
+
+        future = self._mask_thread.submit(fill)
+        begun.wait()
+        return PendingVocabMask(future, list(rows), self)
