@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 import threading
+import time
 from dataclasses import dataclass, field
 
 import jsonschema
@@ -22,7 +23,7 @@ from char_tokenizer import make_char_tokenizer
 from scheduler_harness import CONTEXT, assert_memory_returned, collect, drain, make_scheduler
 from scheduler_harness import Run as RunRecord
 
-from radixserve.constrained.base_grammar_backend import GrammarBackend
+from radixserve.constrained.base_grammar_backend import CompiledGrammar, Grammar, GrammarBackend
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
 from radixserve.managers.io_struct import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
 from radixserve.managers.scheduler import ServedModel
@@ -216,6 +217,77 @@ def test_a_request_waits_for_its_grammar_and_the_loop_goes_on(backend):
     run = drain(scheduler, run)
     assert run.outputs["constrained"] == reference(backend, kind, text, ids[0], 40)
     assert_memory_returned(scheduler)
+
+
+class GuardedGrammar(Grammar):
+    """A matcher that fails the test when touched while its backend fills a mask."""
+
+    def __init__(self, backend: GuardedBackend, inner: Grammar) -> None:
+        super().__init__(backend)
+        self.inner = inner
+
+    def accept_token(self, token_id: int) -> bool:
+        assert not self.backend.filling.is_set(), "a matcher accepted a token during a fill"
+        return self.inner.accept_token(token_id)
+
+    def is_terminated(self) -> bool:
+        assert not self.backend.filling.is_set(), "a matcher was read during a fill"
+        return self.inner.is_terminated()
+
+
+class GuardedBackend(GrammarBackend):
+    """`inner`'s grammars and masks, with each fill held open long enough for the scheduler's
+    thread to go on beside it."""
+
+    def __init__(self, inner: GrammarBackend) -> None:
+        self.inner = inner
+        self.filling = threading.Event()
+        self.fills = 0
+
+    def compile(self, kind, text):
+        return CompiledGrammar(self, self.inner.compile(kind, text).handle)
+
+    def new_grammar(self, handle):
+        return GuardedGrammar(self, self.inner.new_grammar(handle))
+
+    def fill_token_bitmask(self, grammars, rows, batch_size, pinned):
+        self.filling.set()
+        try:
+            time.sleep(0.002)
+            inner = [g.inner for g in grammars]
+            return self.inner.fill_token_bitmask(inner, rows, batch_size, pinned)
+        finally:
+            self.fills += 1
+            self.filling.clear()
+
+    def apply_token_bitmask(self, logits, bitmask, rows):
+        self.inner.apply_token_bitmask(logits, bitmask, rows)
+
+
+@dataclass(frozen=True)
+class GuardedModel(ServedModel):
+    backends: list = field(default_factory=list, compare=False)
+
+    def grammar_backend(self) -> GrammarBackend:
+        self.backends.append(GuardedBackend(super().grammar_backend()))
+        return self.backends[-1]
+
+
+def test_no_matcher_is_touched_while_a_mask_fills(backend):
+    """The fill runs on the mask thread while the scheduler's thread emits the batch before:
+    that thread must leave every matcher alone until the fill is done (a fill walks the parser
+    ahead and back)."""
+    served = GuardedModel(CONTEXT, V, frozenset({EOS_ID}), TOKENIZER)
+    scheduler = make_scheduler(model=served, logits_table=TABLE, asynchronous=True)
+    work = {}
+    for i, ids in enumerate(prompts(12)):
+        kind, text = CONSTRAINTS[i % len(CONSTRAINTS)]
+        work[f"r{i}"] = (kind, text, ids)
+        submit(scheduler, f"r{i}", ids, params(kind, text))
+    run = drain(scheduler)
+    assert served.backends[0].fills > 10
+    for rid, (kind, text, ids) in work.items():
+        assert run.outputs[rid] == reference(backend, kind, text, ids, 40), rid
 
 
 def drain_until(scheduler, done, max_steps: int = 2000) -> RunRecord:

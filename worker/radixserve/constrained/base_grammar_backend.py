@@ -87,8 +87,8 @@ class GrammarBackend(ABC):
     """Compiles constraints for one model's vocabulary and builds and applies token masks.
 
     `compile` runs on the grammar cache's threads, `fill_token_bitmask` on the mask thread
-    (while the scheduler's thread moves none of its matchers), everything else on the
-    scheduler's."""
+    (while the scheduler's thread touches none of its matchers: a fill walks a matcher's parser
+    ahead and back, so even a read beside it is a race), everything else on the scheduler's."""
 
     _mask_thread: ThreadPoolExecutor | None = None
 

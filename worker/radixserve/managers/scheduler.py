@@ -379,9 +379,10 @@ class Scheduler:
         )
 
     def _resolve(self, launched: LaunchedBatch, masked: SamplingBatchInfo | None = None) -> None:
-        """Append the batch's tokens, then finish, emit and release its requests. `masked`, the
-        next batch's sampling state when it has constrained rows, starts its mask fill between
-        the two: the fill runs on the grammar backend's thread while this one emits."""
+        """Append the batch's tokens and check its requests' stops, then emit and release them.
+        `masked`, the next batch's sampling state when it has constrained rows, starts its mask
+        fill between the two: the fill runs on the grammar backend's thread while this one
+        emits, which touches no matcher (the checks do: `is_terminated`)."""
         result = launched.pending.resolve()
         self.worker.timeline.add(launched.pending, launched.mode.is_decode())
         elapsed = time.perf_counter() - launched.start
@@ -401,11 +402,11 @@ class Scheduler:
                 continue
             if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
                 self._append_token(req, result, i)
+            req.check_finished(self.context_len, self.model.tokenizer)
             resolved.append(req)
         if masked is not None:
             masked.start_grammar_mask()
         for req in resolved:
-            req.check_finished(self.context_len, self.model.tokenizer)
             if not req.finished():
                 self._emit(req)
             elif req.req_pool_idx is not None:

@@ -162,7 +162,7 @@ class SamplingBatchInfo:
 
     def start_grammar_mask(self) -> None:
         """Begin this step's token mask from the constrained rows' matchers, as they stand: call
-        once every row's grammar has accepted the row's previous token, and move no matcher
+        once every row's grammar has accepted the row's previous token, and touch no matcher
         until `update_grammar_mask`. A terminated grammar allows nothing more, and its request is
         finished: the row samples unmasked and its token is dropped."""
         rows = [i for i, g in enumerate(self.grammars) if g is not None and not g.is_terminated()]
