@@ -88,16 +88,26 @@ def _cached_hub_snapshot(model: str) -> Path | None:
         return None
 
 
-def available_memory_bytes() -> int:
-    """MemAvailable from /proc/meminfo; 0 where it cannot be read (then nothing is read)."""
+def available_memory_bytes(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """What the page cache can take without evicting what we read: MemAvailable from
+    /proc/meminfo, or the cgroup's headroom (memory.max less memory.current, cgroup v2) when a
+    pod limit is tighter. 0 where /proc/meminfo cannot be read (then nothing is read)."""
+    available = 0
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    available = int(line.split()[1]) * 1024
     except OSError:
-        pass
-    return 0
+        return 0
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text())
+            available = min(available, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass  # no cgroup v2 memory controller here: the machine's figure stands
+    return available
 
 
 def start_prefetch(model: str) -> threading.Thread:
