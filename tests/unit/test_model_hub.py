@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from radixserve.model_loader.checkpoint_files import local_weight_files
 from radixserve.model_loader.hub import resolve_hub_model
 from radixserve.model_loader.loader import load_model_source
 
@@ -65,3 +66,20 @@ def test_an_existing_local_path_is_not_a_repo_id(
     assert resolve_hub_model("org/name") is None
     assert resolve_hub_model("builtin:smollm2-135m") is None
     assert resolve_hub_model("/abs/path/model.gguf") is None
+
+
+def test_the_read_ahead_finds_a_cached_repo_and_never_fetches(
+    offline_hub: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1,
+    )  # fmt: skip
+    LlamaForCausalLM(config).save_pretrained(tmp_path / "ckpt", safe_serialization=True)
+    put_in_cache(offline_hub, "acme/tiny-llama", tmp_path / "ckpt")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # cached_only holds
+    files = local_weight_files("hf://acme/tiny-llama")
+    assert [f.name for f in files] == ["model.safetensors"]
+    assert files[0].is_file()
+    assert resolve_hub_model("acme/missing", cached_only=True) is None
+    assert local_weight_files("acme/missing") == []

@@ -51,41 +51,38 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
+def local_path(model: str, cached_only: bool = False) -> Path:
+    """Where `model`'s files are: a Hub snapshot (only one already in the cache when
+    `cached_only`), or the path it names."""
+    from radixserve.model_loader.hub import resolve_hub_model
+
+    hub = resolve_hub_model(model, cached_only)
+    return hub or Path(model.removeprefix("file://")).expanduser()
+
+
+def gguf_file(path: Path) -> Path | None:
+    """The GGUF file `path` names, or the one GGUF file in the directory it names."""
+    if path.is_file() and path.suffix == ".gguf":
+        return path
+    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
+        return ggufs[0]
+    return None
+
+
 def local_weight_files(model: str) -> list[Path]:
     """The weight files the loader will read for `model` where they are already on this
     machine: a directory's shards, a GGUF file, a Hub repository's cached snapshot. Empty for
     anything else (random weights, a repository not in the cache: nothing to read ahead)."""
     if model.startswith(("random:", "builtin:")):
         return []
-    path = Path(model.removeprefix("file://")).expanduser()
-    if not path.exists():
-        path = _cached_hub_snapshot(model) or path
-    if path.is_file() and path.suffix == ".gguf":
-        return [path]
+    path = local_path(model, cached_only=True)
     if is_hf_directory(path):
         try:
             return safetensors_files(path)
         except ValueError:
             return []  # the loader says why
-    if path.is_dir():
-        return sorted(path.glob("*.gguf"))[:1]
-    return []
-
-
-def _cached_hub_snapshot(model: str) -> Path | None:
-    from radixserve.model_loader.hub import HUB_FILES, HUB_REPO
-
-    match = HUB_REPO.match(model)
-    if match is None:
-        return None
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(
-            snapshot_download(match["repo"], allow_patterns=HUB_FILES, local_files_only=True)
-        )
-    except Exception:  # not cached (yet): the loader fetches it, nothing to read ahead
-        return None
+    gguf = gguf_file(path)
+    return [gguf] if gguf else []
 
 
 def available_memory_bytes(cgroup: Path = Path("/sys/fs/cgroup")) -> int:

@@ -16,9 +16,10 @@ HUB_REPO = re.compile(r"^(?:hf://)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)$")
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 
 
-def resolve_hub_model(model: str) -> Path | None:
+def resolve_hub_model(model: str, cached_only: bool = False) -> Path | None:
     """The local snapshot directory of a Hub repository id, or None if `model` is not one (an
-    existing local path always wins over a repository of the same name)."""
+    existing local path always wins over a repository of the same name). `cached_only`: never
+    reach the Hub, and None when the repository is not in the cache."""
     match = HUB_REPO.match(model)
     if match is None or (not model.startswith("hf://") and Path(model).expanduser().exists()):
         return None
@@ -26,8 +27,10 @@ def resolve_hub_model(model: str) -> Path | None:
 
     repo = match["repo"]
     try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_FILES))
-    except Exception as exc:  # offline with an empty cache, gated repo, unknown repo, ...
+        return Path(snapshot_download(repo, allow_patterns=HUB_FILES, local_files_only=cached_only))
+    except Exception as exc:
+        if cached_only:
+            return None  # offline with an empty cache, gated repo, unknown repo, ...
         raise ValueError(
             f"cannot get {repo!r} from the Hugging Face Hub or its cache "
             f"({type(exc).__name__}: {exc}); mount the checkpoint as a directory or fill HF_HOME"

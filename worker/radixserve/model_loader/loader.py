@@ -22,7 +22,6 @@ import transformers
 from radixserve.model_loader import checkpoint_files, hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
 from radixserve.model_loader.gguf_file import GGUFFile, dequantized_checkpoint
-from radixserve.model_loader.hub import resolve_hub_model
 from radixserve.model_loader.tokenizer import (
     BUNDLED_VOCAB_SIZE,
     bundled_gguf_path,
@@ -76,7 +75,7 @@ def load_model_source(
         )
     if model.startswith(RANDOM_PREFIX):
         return _from_random(model[len(RANDOM_PREFIX) :], dtype, device, context_length, seed)
-    path = _local_path(model)
+    path = checkpoint_files.local_path(model)
     if checkpoint_files.is_hf_directory(path):
         return _from_hf_directory(path, dtype, device, context_length)
     gguf_path = _gguf_file(model, path)
@@ -91,7 +90,7 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
         return bundled_tokenizer()
     if model.startswith(RANDOM_PREFIX):
         return _random_tokenizer(random_init.random_hf_config(model[len(RANDOM_PREFIX) :]))
-    path = _local_path(model)
+    path = checkpoint_files.local_path(model)
     if checkpoint_files.is_hf_directory(path):
         return load_directory_tokenizer(path)
     return load_gguf_tokenizer(_gguf_file(model, path))
@@ -105,23 +104,17 @@ def load_hf_config_for(model: str) -> transformers.PretrainedConfig | None:
         return None
     if model.startswith(RANDOM_PREFIX):
         return random_init.random_hf_config(model[len(RANDOM_PREFIX) :])
-    path = _local_path(model)
+    path = checkpoint_files.local_path(model)
     if checkpoint_files.is_hf_directory(path):
         return hf_dir.load_hf_config(path)
     return GGUFFile(_gguf_file(model, path)).hf_config
 
 
-def _local_path(model: str) -> Path:
-    """Where `model`'s files are: a Hub snapshot, or the path it names."""
-    return resolve_hub_model(model) or Path(model.removeprefix("file://")).expanduser()
-
-
 def _gguf_file(model: str, path: Path) -> Path:
-    if path.is_file() and path.suffix == ".gguf":
-        return path
-    if path.is_dir() and len(ggufs := sorted(path.glob("*.gguf"))) == 1:
-        return ggufs[0]
-    raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+    gguf = checkpoint_files.gguf_file(path)
+    if gguf is None:
+        raise ValueError(f"cannot load model {model!r}. Accepted: {ACCEPTED_FORMS}")
+    return gguf
 
 
 def _random_tokenizer(hf_config: transformers.PretrainedConfig):
