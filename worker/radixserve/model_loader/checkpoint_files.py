@@ -19,6 +19,8 @@ import threading
 import time
 from pathlib import Path
 
+from radixserve.model_loader.hub import resolve_hub_model
+
 logger = logging.getLogger(__name__)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -54,8 +56,6 @@ def safetensors_files(directory: Path) -> list[Path]:
 def local_path(model: str, cached_only: bool = False) -> Path:
     """Where `model`'s files are: a Hub snapshot (only one already in the cache when
     `cached_only`), or the path it names."""
-    from radixserve.model_loader.hub import resolve_hub_model
-
     hub = resolve_hub_model(model, cached_only)
     return hub or Path(model.removeprefix("file://")).expanduser()
 
