@@ -1,4 +1,5 @@
-"""Which files hold a checkpoint's weights, and reading them ahead into the page cache.
+"""Where a `--model`'s files are (a path, a GGUF file, a Hub snapshot), which of them hold the
+weights, and reading those ahead into the page cache. The loader resolves a model here too.
 
 A cold start reads the weights only once the scheduler process has imported torch and built
 the network: on an H200 host that is about 20 s of launch and imports with the disk idle,
