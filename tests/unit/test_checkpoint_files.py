@@ -73,18 +73,3 @@ def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
     assert prefetch(str(directory)) == 4000
     monkeypatch.setattr(checkpoint_files, "available_memory_bytes", lambda: 0)
     assert prefetch(str(directory)) == 0
-
-
-def test_available_memory_is_read_from_proc():
-    assert checkpoint_files.available_memory_bytes() > 0
-
-
-def test_a_pod_limit_caps_the_available_memory(tmp_path):
-    machine = checkpoint_files.available_memory_bytes(tmp_path)  # no cgroup files: the machine's
-    (tmp_path / "memory.max").write_text("max\n")
-    (tmp_path / "memory.current").write_text("1000\n")
-    assert checkpoint_files.available_memory_bytes(tmp_path) == pytest.approx(machine, rel=0.05)
-    (tmp_path / "memory.max").write_text("5000\n")
-    assert checkpoint_files.available_memory_bytes(tmp_path) == 4000
-    (tmp_path / "memory.current").write_text("9000\n")  # over the limit: no headroom
-    assert checkpoint_files.available_memory_bytes(tmp_path) == 0

@@ -3,12 +3,11 @@ the CPU's default KV pool is a bounded share of the available memory."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
 from radixserve.mem_cache.memory_pool import TokenToKVPool
+from radixserve.model_executor import model_runner
 from radixserve.model_executor.model_runner import (
     CPU_DEFAULT_KV_BYTES,
     GiB,
@@ -85,14 +84,8 @@ def test_cpu_kv_pool_defaults_to_a_bounded_share_of_available_memory(monkeypatch
     runner = _cpu_runner()
     per_token = _per_token(runner)
     assert runner.max_total_tokens == CPU_DEFAULT_KV_BYTES // per_token
-    page = os.sysconf("SC_PAGE_SIZE")
     available = 64 * MiB
-    real_sysconf = os.sysconf
-    monkeypatch.setattr(
-        os,
-        "sysconf",
-        lambda name: available // page if name == "SC_AVPHYS_PAGES" else real_sysconf(name),
-    )
+    monkeypatch.setattr(model_runner, "available_memory_bytes", lambda: available)
     small = _cpu_runner()
     assert small.max_total_tokens == int(available * 0.85 * 0.5 // per_token)
     assert small.max_total_tokens < runner.max_total_tokens

@@ -8,7 +8,6 @@ sized here, after the weights are in place, because only then is it known what i
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ import torch
 from radixserve.distributed.parallel_state import head_shard, min_across_ranks, tp_rank, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.host_memory import available_memory_bytes
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
 from radixserve.layers.quantization.base import resolve_quantization
@@ -220,8 +220,7 @@ class ModelRunner:
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1.0 - self.server_args.mem_fraction_static)
         else:
-            pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-            budget = pages * self.server_args.mem_fraction_static * 0.5
+            budget = available_memory_bytes() * self.server_args.mem_fraction_static * 0.5
         fits = int(budget // per_token)
         requested = self.server_args.max_total_tokens
         if requested is None:

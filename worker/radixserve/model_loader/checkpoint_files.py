@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from radixserve.host_memory import available_memory_bytes
 from radixserve.model_loader.hub import resolve_hub_model
 
 logger = logging.getLogger(__name__)
@@ -84,28 +85,6 @@ def local_weight_files(model: str) -> list[Path]:
             return []  # the loader says why
     gguf = gguf_file(path)
     return [gguf] if gguf else []
-
-
-def available_memory_bytes(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
-    """What the page cache can take without evicting what we read: MemAvailable from
-    /proc/meminfo, or the cgroup's headroom (memory.max less memory.current, cgroup v2) when a
-    pod limit is tighter. 0 where /proc/meminfo cannot be read (then nothing is read)."""
-    available = 0
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    available = int(line.split()[1]) * 1024
-    except OSError:
-        return 0
-    try:
-        limit = (cgroup / "memory.max").read_text().strip()
-        if limit != "max":
-            used = int((cgroup / "memory.current").read_text())
-            available = min(available, max(int(limit) - used, 0))
-    except (OSError, ValueError):
-        pass  # no cgroup v2 memory controller here: the machine's figure stands
-    return available
 
 
 def start_prefetch(model: str) -> threading.Thread:
