@@ -1,7 +1,8 @@
 """The new families on the GPU's fast path (fused kernels, the fused MoE, CUDA graphs with
 MoE decode, overlap scheduling) against the eager torch_native reference on the same random
 weights: float32 token agreement with triton; bf16 logits of prefill, chunk and decode passes
-with each GPU backend (FlashInfer planning one wrapper per attention variant)."""
+with each GPU backend (FlashInfer planning one wrapper per attention variant), measured against
+float32 beside the torch path's own bf16 error."""
 
 from __future__ import annotations
 
@@ -74,10 +75,26 @@ def test_fp32_graphs_and_overlap_match_eager_reference(family):
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_bf16_pass_logits_match_torch_native(family, backend):
+def test_bf16_pass_logits_as_close_to_float32_as_the_torch_path(family, backend):
+    """The fast path in bf16 against the same passes in float32, with the eager torch path in
+    bf16 as the yardstick: no further from float32 than it (plus slack), and where its greedy
+    pick differs from float32's, the two tokens are a near-tie of the float32 logits (closer
+    than twice the torch path's own bf16 noise on that row).
+
+    Each pass has three rows (one per request), and random weights leave near-ties in the top
+    logits: an agreement ratio with the torch path failed on one flip (the fused MoE's passes
+    in Triton's CPU interpreter, float16: relative error 0.0011, one of three argmaxes apart).
+    """
     lens = [5, 90, 300]
     fast = model_passes(family, "bfloat16", "cuda", backend, True, lens)
     native = model_passes(family, "bfloat16", "cuda", "torch_native", False, lens)
-    for i, (f, n) in enumerate(zip(fast, native, strict=True)):
+    exact = model_passes(family, "float32", "cuda", "torch_native", False, lens)
+    for i, (f, n, e) in enumerate(zip(fast, native, exact, strict=True)):
+        fast_err, native_err = rel_err(f, e), rel_err(n, e)
+        print(f"{family} {backend} pass {i}: bf16 fast {fast_err:.4f} torch {native_err:.4f}")
         assert rel_err(f, n) < 5e-2, (i, rel_err(f, n))
-        assert (f.argmax(-1) == n.argmax(-1)).float().mean() >= 0.8, i
+        assert fast_err <= 1.5 * native_err + 1e-3, (i, fast_err, native_err)
+        noise = (n - e).abs().amax(-1)
+        picked, best = f.argmax(-1, keepdim=True), e.argmax(-1, keepdim=True)
+        gap = (e.gather(-1, best) - e.gather(-1, picked)).squeeze(-1)
+        assert (gap <= 2 * noise).all(), (i, gap.tolist(), noise.tolist())
