@@ -22,6 +22,9 @@ ARG OPERATOR_BASE=python:3.11-slim-bookworm
 # ---------------------------------------------------------------------------------------------
 # worker: `radixserve serve` on a CUDA runtime with torch, triton and flashinfer (the gpu extra)
 # and the bundled SmolLM2-135M-Instruct, so `builtin:smollm2-135m` serves with no download.
+# A runtime base has no nvcc, which FlashInfer needs to compile its kernels at first use, so
+# `--attention-backend auto` serves on triton here (and logs why); FlashInfer is taken where
+# its prebuilt kernels (flashinfer-jit-cache) or a CUDA toolkit are added to the image.
 FROM ${WORKER_BASE} AS worker
 # The pip extras of the project, brackets included; empty for the CPU variant.
 ARG WORKER_EXTRAS=[gpu]

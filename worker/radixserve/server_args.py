@@ -58,7 +58,9 @@ class ServerArgs:
         choices=("auto", "fp8_e4m3"),
     )
     attention_backend: str = option(
-        "auto", "attention kernels (auto: flashinfer if installed, else triton; CPU: torch_native)"
+        "auto",
+        "attention kernels (auto: flashinfer if installed with its kernels prebuilt or nvcc "
+        "to compile them, else triton; CPU: torch_native)",
     )
     max_running_requests: int | None = option(
         None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"
