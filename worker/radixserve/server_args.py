@@ -14,7 +14,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+# the --model forms that name no files: the bundled model, and random weights from a preset
 BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
+RANDOM_PREFIX = "random:"
 # Where the keys come from when their flags are not given: the operator passes the API key from
 # a Secret as an environment variable, never as a command-line argument anyone can read.
 API_KEY_ENV = "RADIXSERVE_API_KEY"
@@ -211,6 +213,6 @@ def flag_of(name: str) -> str:
 def _default_served_name(model: str) -> str:
     if model == BUILTIN_SMOLLM2:
         return "smollm2-135m"
-    if model.startswith("random:"):
+    if model.startswith(RANDOM_PREFIX):
         return model
     return model.rstrip("/").split("/")[-1].removesuffix(".gguf")

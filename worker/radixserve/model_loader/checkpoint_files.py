@@ -22,6 +22,7 @@ from pathlib import Path
 
 from radixserve.host_memory import available_memory_bytes
 from radixserve.model_loader.hub import resolve_hub_model
+from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX
 
 logger = logging.getLogger(__name__)
 
@@ -75,7 +76,7 @@ def local_weight_files(model: str) -> list[Path]:
     """The weight files the loader will read for `model` where they are already on this
     machine: a directory's shards, a GGUF file, a Hub repository's cached snapshot. Empty for
     anything else (random weights, a repository not in the cache: nothing to read ahead)."""
-    if model.startswith(("random:", "builtin:")):
+    if model == BUILTIN_SMOLLM2 or model.startswith(RANDOM_PREFIX):
         return []
     path = local_path(model, cached_only=True)
     if is_hf_directory(path):

@@ -30,15 +30,13 @@ from radixserve.model_loader.tokenizer import (
     load_directory_tokenizer,
     load_gguf_tokenizer,
 )
-from radixserve.server_args import ServerArgs
+from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX, ServerArgs
 
-BUILTIN_SMOLLM2 = "builtin:smollm2-135m"
-RANDOM_PREFIX = "random:"
 ACCEPTED_FORMS = (
-    "builtin:smollm2-135m, a path to a .gguf file, a Hugging Face directory "
+    f"{BUILTIN_SMOLLM2}, a path to a .gguf file, a Hugging Face directory "
     "(config.json + *.safetensors), a Hugging Face Hub repository (org/name or hf://org/name), "
-    "random:<preset> (presets: "
-    f"{', '.join(random_init.PRESETS)}) or random:/path/to/config.json"
+    f"{RANDOM_PREFIX}<preset> (presets: "
+    f"{', '.join(random_init.PRESETS)}) or {RANDOM_PREFIX}/path/to/config.json"
 )
 
 WeightIterator = Iterator[tuple[str, torch.Tensor]]
