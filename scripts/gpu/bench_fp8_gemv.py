@@ -1,9 +1,9 @@
 """Batch-1 FP8 projections of the Llama-3-8B shape, each timed as CUDA graph replays: the
-FP8 GEMV (weight-only, layers/gemv.py with channel scales; the shipped block config and a few
-others) against torch._scaled_mm at M = 1 (with its per-token activation quantization) and
-against the bf16 GEMV the unquantized model runs. Decides whether batch 1 takes the GEMV
-(layers/quantization/fp8.py routes it there); prints microseconds and the share of copy
-bandwidth of the FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [OUT.json]"""
+FP8 GEMV (weight-only, layers/gemv.py with channel scales) over a sweep of block configs,
+against torch._scaled_mm at M = 1 (with its per-token activation quantization) and against the
+bf16 GEMV the unquantized model runs. gate_up runs gated, as the model runs it. Decides the batch-1 path and its tiles
+(layers/gemv.py's block_config); prints microseconds and the share of copy bandwidth of the
+FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [OUT.json]"""
 
 import json
 import sys
@@ -21,7 +21,15 @@ SHAPES = {
     "8b.down": (4096, 14336),
 }
 BANDWIDTH = 4.25e12  # measured copy bandwidth of the H200 (docs/benchmarks.md)
-FP8_CONFIGS = [(2, 1024, 2), (2, 2048, 2), (4, 1024, 4), (2, 4096, 4)]
+FP8_CONFIGS = [
+    (2, 512, 2),
+    (2, 1024, 2),
+    (2, 2048, 2),
+    (4, 1024, 4),
+    (4, 2048, 4),
+    (8, 1024, 4),
+    (4, 512, 4),
+]
 
 
 def scaled_mm(x, values, scale):
@@ -31,27 +39,28 @@ def scaled_mm(x, values, scale):
     )
 
 
-def measure(n: int, k: int) -> dict:
+def measure(n: int, k: int, gated: bool) -> dict:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     values, scale = quantize_rows(w)
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
-    shipped = block_config(n, k)
+    shipped = block_config(n, k, fp8=True)
+    bf16 = block_config(n, k)
     row = {
         "shipped": str(shipped),
         "fp8_floor_us": n * k / BANDWIDTH * 1e6,
-        "bf16_gemv_us": do_bench_cudagraph(lambda: gemv(x, w, None, *shipped)) * 1e3,
+        "bf16_gemv_us": do_bench_cudagraph(lambda: gemv(x, w, None, *bf16, gated=gated)) * 1e3,
         "fp8_scaled_mm_us": do_bench_cudagraph(lambda: scaled_mm(x, values, scale)) * 1e3,
         "fp8_gemv_us": {},
     }
-    for config in [shipped, *FP8_CONFIGS]:
-        run = lambda c=config: gemv(x, values, None, *c, scale=scale)  # noqa: E731
+    for config in dict.fromkeys([shipped, *FP8_CONFIGS]):
+        run = lambda c=config: gemv(x, values, None, *c, gated=gated, scale=scale)  # noqa: E731
         row["fp8_gemv_us"][str(config)] = do_bench_cudagraph(run) * 1e3
     return row
 
 
 results = {}
 for name, (n, k) in SHAPES.items():
-    row = measure(n, k)
+    row = measure(n, k, gated=name.endswith("gate_up"))
     results[name] = row
     fp8 = row["fp8_gemv_us"][row["shipped"]]
     best = min(row["fp8_gemv_us"].items(), key=lambda kv: kv[1])

@@ -123,7 +123,7 @@ def fp8_linear(
 ) -> torch.Tensor:
     """F.linear(x, weight * scale[:, None], bias) for an FP8 weight [N, K] with channel scales."""
     if uses_gemv(x, weight):
-        return gemv(x, weight, bias, *block_config(*weight.shape), scale=scale)
+        return gemv(x, weight, bias, *block_config(*weight.shape, fp8=True), scale=scale)
     if _uses_scaled_mm(x, weight):
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
@@ -162,7 +162,7 @@ class Fp8Linear(nn.Module):
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this [gate; up] projection of x (one gated GEMV at batch 1)."""
         if uses_gemv(x, self.weight):
-            config = block_config(*self.weight.shape)
+            config = block_config(*self.weight.shape, fp8=True)
             return gemv(x, self.weight, self.bias, *config, gated=True, scale=self.weight_scale)
         return silu_and_mul(self.forward(x))
 
