@@ -24,7 +24,8 @@ ARG OPERATOR_BASE=python:3.11-slim-bookworm
 # and the bundled SmolLM2-135M-Instruct, so `builtin:smollm2-135m` serves with no download.
 # A runtime base has no nvcc, which FlashInfer needs to compile its kernels at first use, so
 # `--attention-backend auto` serves on triton here (and logs why); FlashInfer is taken where
-# its prebuilt kernels (flashinfer-jit-cache) or a CUDA toolkit are added to the image.
+# its prebuilt kernels (flashinfer-jit-cache) are added to the image, or with a CUDA toolkit
+# from the start after the one that built them into the model-cache volume.
 FROM ${WORKER_BASE} AS worker
 # The pip extras of the project, brackets included; empty for the CPU variant.
 ARG WORKER_EXTRAS=[gpu]

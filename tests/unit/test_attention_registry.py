@@ -1,6 +1,7 @@
-"""`--attention-backend auto` picks a backend that can run here: FlashInfer only where it can
-have its kernels (prebuilt, or nvcc to compile them), so a CUDA runtime image without a
-toolkit serves on triton instead of dying at its first kernel compile."""
+"""`--attention-backend auto` picks a backend that can run here without waiting for a compile:
+FlashInfer only when every module the model needs is built (prebuilt or in its JIT cache);
+otherwise triton, with a background build for the next start where nvcc exists, and a warning
+that says why where it does not (a CUDA runtime image)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from radixserve.layers.attention import registry
-from radixserve.layers.attention.registry import flashinfer_kernels_problem, resolve_backend_name
+from radixserve.layers.attention.registry import flashinfer_compiler_problem, resolve_backend_name
 
 
 def package(root: Path, name: str, body: str = "") -> None:
@@ -50,6 +51,19 @@ def machine(tmp_path, monkeypatch) -> Iterator[Path]:
     sys.modules.update(real)
 
 
+@pytest.fixture
+def modules(monkeypatch) -> dict:
+    """FlashInfer's modules for the model, as a test sets them (`missing`), and the background
+    builds started (`builds`): the real ones need a GPU and FlashInfer (tests/gpu)."""
+    state: dict = {"missing": [], "builds": []}
+    monkeypatch.setattr(registry, "missing_flashinfer_modules", lambda ctx: state["missing"])
+    monkeypatch.setattr(registry, "start_flashinfer_build", state["builds"].append)
+    return state
+
+
+CONTEXT = object()  # stands for the model's AttentionContext, which the seams above receive
+
+
 def test_the_cpu_takes_torch_native_and_refuses_gpu_backends():
     assert resolve_backend_name("auto", "cpu") == "torch_native"
     with pytest.raises(ValueError, match="needs a CUDA device"):
@@ -58,22 +72,44 @@ def test_the_cpu_takes_torch_native_and_refuses_gpu_backends():
         resolve_backend_name("flash", "cuda")
 
 
-def test_without_flashinfer_auto_is_triton(machine):
-    assert resolve_backend_name("auto", "cuda") == "triton"
+def test_without_flashinfer_auto_is_triton(machine, modules):
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
 
 
-def test_a_runtime_image_without_nvcc_serves_on_triton_and_says_why(machine, caplog):
+def test_a_runtime_image_without_nvcc_serves_on_triton_and_says_why(machine, modules, caplog):
     package(machine / "site", "flashinfer")
-    problem = flashinfer_kernels_problem()
+    modules["missing"] = ["batch_prefill_fa3"]
+    problem = flashinfer_compiler_problem()
     assert problem is not None and "no nvcc" in problem and "flashinfer_jit_cache" in problem
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
-        assert resolve_backend_name("auto", "cuda") == "triton"
+        assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
     assert "triton, not FlashInfer" in caplog.text and "flashinfer-jit-cache" in caplog.text
+    assert "batch_prefill_fa3" in caplog.text
+    assert modules["builds"] == []  # nothing could build them
+
+
+def test_modules_in_the_cache_make_auto_flashinfer_even_without_nvcc(machine, modules):
+    """A warm JIT cache (the model-cache volume) needs no compiler."""
+    package(machine / "site", "flashinfer")
+    assert flashinfer_compiler_problem() is not None
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "flashinfer"
+    assert modules["builds"] == []
+
+
+def test_auto_on_cuda_with_flashinfer_needs_the_model(machine, modules):
+    package(machine / "site", "flashinfer")
+    with pytest.raises(ValueError, match="attention context"):
+        resolve_backend_name("auto", "cuda")
 
 
 @pytest.mark.parametrize("where", ["CUDA_HOME", "CUDA_PATH", "PATH", "default", "FLASHINFER_NVCC"])
-def test_nvcc_where_flashinfer_finds_it_makes_auto_flashinfer(machine, monkeypatch, where):
+def test_nvcc_where_flashinfer_finds_it_builds_in_the_background_and_serves_triton(
+    machine, modules, monkeypatch, caplog, where
+):
+    """No start waits for FlashInfer's compiler: this one serves on triton while its modules
+    build, and the next (same cache, now holding them) is FlashInfer's."""
     package(machine / "site", "flashinfer")
+    modules["missing"] = ["batch_prefill_fa2", "batch_prefill_fa3"]
     toolkit = machine / "toolkit"
     if where in ("CUDA_HOME", "CUDA_PATH"):
         executable(toolkit / "bin" / "nvcc")
@@ -85,39 +121,52 @@ def test_nvcc_where_flashinfer_finds_it_makes_auto_flashinfer(machine, monkeypat
         monkeypatch.setattr(registry, "DEFAULT_CUDA_HOME", str(toolkit))
     else:
         monkeypatch.setenv(where, str(executable(toolkit / "nvcc-13")))
-    assert flashinfer_kernels_problem() is None
-    assert resolve_backend_name("auto", "cuda") == "flashinfer"
+    assert flashinfer_compiler_problem() is None
+    with caplog.at_level(logging.INFO, logger=registry.__name__):
+        assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
+    assert modules["builds"] == [CONTEXT]
+    assert "batch_prefill_fa2, batch_prefill_fa3" in caplog.text and "next start" in caplog.text
+    modules["missing"] = []
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "flashinfer"
+    assert modules["builds"] == [CONTEXT]
 
 
-def test_cuda_home_without_nvcc_in_it_is_a_problem(machine, monkeypatch):
+def test_cuda_home_without_nvcc_in_it_is_a_problem(machine, modules, monkeypatch):
     """FlashInfer compiles with $CUDA_HOME/bin/nvcc: a CUDA_HOME that has none (a runtime
     image's /usr/local/cuda) cannot compile, whatever else is on PATH."""
     package(machine / "site", "flashinfer")
     (machine / "runtime-only").mkdir()
     monkeypatch.setenv("CUDA_HOME", str(machine / "runtime-only"))
-    problem = flashinfer_kernels_problem()
+    problem = flashinfer_compiler_problem()
     assert problem is not None and str(machine / "runtime-only") in problem
-    assert resolve_backend_name("auto", "cuda") == "triton"
+    modules["missing"] = ["batch_decode"]
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
+    assert modules["builds"] == []
 
 
-def test_prebuilt_kernels_need_no_nvcc(machine):
+def test_a_module_the_prebuilt_package_lacks_sends_auto_to_triton_without_nvcc(machine, modules):
+    """The prebuilt package holds the common modules (they count as built, tests/gpu); one it
+    lacks (an unusual head dim) cannot be built here, so this start is triton's, for good."""
     package(machine / "site", "flashinfer")
     package(machine / "site", registry.FLASHINFER_PREBUILT)
-    assert flashinfer_kernels_problem() is None
-    assert resolve_backend_name("auto", "cuda") == "flashinfer"
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "flashinfer"
+    modules["missing"] = ["batch_decode_head_dim_96"]
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
+    assert modules["builds"] == []
 
 
-def test_a_flashinfer_that_does_not_import_leaves_auto_on_triton(machine, caplog):
+def test_a_flashinfer_that_does_not_import_leaves_auto_on_triton(machine, modules, caplog):
     package(machine / "site", "flashinfer", "raise ImportError('no tvm_ffi')\n")
     package(machine / "site", registry.FLASHINFER_PREBUILT)
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
-        assert resolve_backend_name("auto", "cuda") == "triton"
+        assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
     assert "no tvm_ffi" in caplog.text
 
 
-def test_asking_for_flashinfer_without_its_kernels_warns_and_keeps_the_choice(machine, caplog):
-    """A warm kernel cache may hold every kernel it needs, so an explicit choice stands."""
+def test_asking_for_flashinfer_stands_and_starts_no_background_build(machine, modules, caplog):
+    """FlashInfer's own start builds what it lacks, or fails then (test_flashinfer_modules)."""
     package(machine / "site", "flashinfer")
+    modules["missing"] = ["batch_decode"]
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
-        assert resolve_backend_name("flashinfer", "cuda") == "flashinfer"
-    assert "no nvcc" in caplog.text
+        assert resolve_backend_name("flashinfer", "cuda", CONTEXT) == "flashinfer"
+    assert caplog.text == "" and modules["builds"] == []

@@ -61,8 +61,9 @@ class ServerArgs:
     )
     attention_backend: str = option(
         "auto",
-        "attention kernels (auto: flashinfer if installed with its kernels prebuilt or nvcc "
-        "to compile them, else triton; CPU: torch_native)",
+        "attention kernels (auto: flashinfer if installed and this model's kernels are built, "
+        "else triton while a background process builds them for the next start, where nvcc "
+        "exists; CPU: torch_native)",
     )
     max_running_requests: int | None = option(
         None, "requests decoded together at most (default: 256 on CUDA, 64 on the CPU)"

@@ -23,6 +23,7 @@ PHASES = (
     "weight_read",  # reading the checkpoint (disk to host or device buffers)
     "host_to_device",  # copying the weights into the model's parameters
     "kv_allocation",  # the KV pool and request table
+    "attention_backend",  # choosing and creating it: FlashInfer's import and module builds
     "cuda_graph_capture",
     "kernel_warmup",  # compiling and planning kernels for serving's shapes
     "ready",  # the scheduler is up until /ready answers 200

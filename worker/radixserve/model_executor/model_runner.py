@@ -134,12 +134,12 @@ class ModelRunner:
                 for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
                     self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
             self.allocator = TokenSlotAllocator(self.max_total_tokens)
-        self.attention_backend_name = resolve_backend_name(
-            server_args.attention_backend, self.device.type
-        )
-        self.attn_backend = create_attention_backend(
-            self.attention_backend_name, self.attention_context()
-        )
+        with self.startup.timed("attention_backend"):
+            context = self.attention_context()
+            self.attention_backend_name = resolve_backend_name(
+                server_args.attention_backend, self.device.type, context
+            )
+            self.attn_backend = create_attention_backend(self.attention_backend_name, context)
         self.sampler = Sampler()
         self.future_tokens = FutureTokens(self.max_running_requests + 2, self.device)
         self.cuda_graph_runner: CudaGraphRunner | None = None

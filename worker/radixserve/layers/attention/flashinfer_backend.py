@@ -18,11 +18,13 @@ the wrapper of its variant. An FP8 pool is planned as such and run with its scal
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.layers.attention import flashinfer_kernels
 from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 from radixserve.layers.attention.triton_backend import split_heads
 from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices
@@ -34,9 +36,8 @@ if TYPE_CHECKING:
     from radixserve.layers.radix_attention import RadixAttention
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
-# From this many query heads per kv head on, FlashInfer's tensor-core (prefill-style) decode
-# beats its CUDA-core decode.
-_TENSOR_CORE_DECODE_MIN_GROUP = 4
+
+logger = logging.getLogger(__name__)
 
 
 def _import_flashinfer() -> Any:
@@ -48,6 +49,22 @@ def _import_flashinfer() -> Any:
             "(pip install 'radixserve[gpu]'); or use --attention-backend triton"
         ) from exc
     return flashinfer
+
+
+def _build_missing_modules(context: AttentionContext) -> None:
+    """Every module this backend's plans will load, built now and side by side (FlashInfer
+    would build each at its first plan, one after another, inside graph capture and warm-up).
+    Without a compiler, missing modules fail the start here, in one line."""
+    from radixserve.layers.attention.registry import flashinfer_compiler_problem
+
+    todo = flashinfer_kernels.missing(flashinfer_kernels.KernelSignature.of(context).specs())
+    if not todo:
+        return
+    names = ", ".join(spec.name for spec in todo)
+    if problem := flashinfer_compiler_problem():
+        raise RuntimeError(f"--attention-backend flashinfer needs the modules {names}: {problem}")
+    logger.info("building %d FlashInfer modules side by side: %s", len(todo), names)
+    logger.info("built them in %.1fs", flashinfer_kernels.build(todo))
 
 
 @dataclass
@@ -87,9 +104,10 @@ class FlashInferAttnBackend(AttentionBackend):
         self.req_to_token = context.req_to_token
         self.variants = context.planned_variants()
         self._variant_index = {variant: i for i, variant in enumerate(self.variants)}
-        self.use_tensor_core_decode = (
-            self.num_heads // self.num_kv_heads >= _TENSOR_CORE_DECODE_MIN_GROUP
+        self.use_tensor_core_decode = flashinfer_kernels.uses_tensor_core_decode(
+            self.num_heads, self.num_kv_heads
         )
+        _build_missing_modules(context)
         # one float workspace for every wrapper: their runs follow each other on one stream
         self.workspace = torch.zeros(_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
         self.decode_wrappers = [

@@ -32,9 +32,14 @@ DEFAULT_CUDA_HOME = "/usr/local/cuda"
 logger = logging.getLogger(__name__)
 
 
-def resolve_backend_name(requested: str, device: str) -> str:
-    """`auto`: flashinfer on CUDA when it is importable and can have its kernels (see
-    `flashinfer_kernels_problem`), else triton on CUDA; torch_native on the CPU."""
+def resolve_backend_name(
+    requested: str, device: str, context: AttentionContext | None = None
+) -> str:
+    """`auto`: flashinfer on CUDA when it imports and every module it needs for this model
+    (`context`) is already built; else triton on CUDA, and where FlashInfer could build them
+    (see `flashinfer_compiler_problem`) a background process does, for the next start.
+    torch_native on the CPU. A named backend stands as asked (FlashInfer's own start then
+    builds what it lacks, or fails in one line)."""
     if requested != "auto":
         if requested not in BACKENDS:
             raise ValueError(f"unknown attention backend {requested!r}; one of {BACKEND_CHOICES}")
@@ -42,47 +47,71 @@ def resolve_backend_name(requested: str, device: str) -> str:
             raise ValueError(
                 f"--attention-backend {requested} needs a CUDA device; use torch_native on the CPU"
             )
-        if requested == "flashinfer" and (problem := flashinfer_kernels_problem()):
-            logger.warning(
-                "--attention-backend flashinfer: %s; it starts only if its kernel cache "
-                "already holds every kernel it needs",
-                problem,
-            )
         return requested
     if device == "cpu":
         return "torch_native"
     if importlib.util.find_spec("flashinfer") is None:
-        return "triton"
-    if problem := flashinfer_kernels_problem():
-        logger.warning(
-            "attention backend auto: triton, not FlashInfer: %s. Install flashinfer-jit-cache "
-            "for the installed flashinfer and CUDA, or a CUDA toolkit, to use FlashInfer",
-            problem,
-        )
         return "triton"
     try:
         importlib.import_module("flashinfer")
     except ImportError as error:
         logger.warning("attention backend auto: triton, FlashInfer does not import: %s", error)
         return "triton"
-    return "flashinfer"
+    if context is None:
+        raise ValueError("attention backend auto on CUDA needs the model's attention context")
+    todo = missing_flashinfer_modules(context)
+    if not todo:
+        return "flashinfer"
+    if problem := flashinfer_compiler_problem():
+        logger.warning(
+            "attention backend auto: triton, not FlashInfer, whose modules for this model "
+            "(%s) %s. Install flashinfer-jit-cache for the installed flashinfer and CUDA, or a "
+            "CUDA toolkit, to use FlashInfer",
+            ", ".join(todo),
+            problem,
+        )
+        return "triton"
+    start_flashinfer_build(context)
+    logger.info(
+        "attention backend auto: triton for this start. FlashInfer's modules for this model "
+        "are not built yet (%s); a background process builds them into its cache "
+        "(FLASHINFER_WORKSPACE_BASE), and the next start with that cache uses FlashInfer",
+        ", ".join(todo),
+    )
+    return "triton"
 
 
-def flashinfer_kernels_problem() -> str | None:
-    """Why FlashInfer could not get its kernels on this machine, or None when it can.
+def missing_flashinfer_modules(context: AttentionContext) -> list[str]:
+    """Names of the FlashInfer modules this model needs that are neither prebuilt nor in
+    FlashInfer's JIT cache."""
+    from radixserve.layers.attention import flashinfer_kernels
 
-    FlashInfer loads prebuilt kernels from the flashinfer-jit-cache package and compiles any
-    other at first use with nvcc, found as FlashInfer itself finds it (FLASHINFER_NVCC; else
+    specs = flashinfer_kernels.KernelSignature.of(context).specs()
+    return [spec.name for spec in flashinfer_kernels.missing(specs)]
+
+
+def start_flashinfer_build(context: AttentionContext) -> None:
+    """Build this model's FlashInfer modules in a background process (see flashinfer_kernels)."""
+    from radixserve.layers.attention import flashinfer_kernels
+
+    flashinfer_kernels.build_in_background(flashinfer_kernels.KernelSignature.of(context))
+
+
+def flashinfer_compiler_problem() -> str | None:
+    """Why FlashInfer could not compile a module on this machine, or None when it can.
+
+    FlashInfer compiles with nvcc, found as FlashInfer itself finds it (FLASHINFER_NVCC; else
     CUDA_HOME or CUDA_PATH, nvcc on PATH, /usr/local/cuda). A CUDA runtime image, ours by
-    default, has no nvcc: without this check `auto` picked FlashInfer there and the server
-    died compiling its first kernel."""
-    if importlib.util.find_spec(FLASHINFER_PREBUILT) is not None:
-        return None
+    default, has none: there only modules prebuilt (flashinfer-jit-cache) or already in the
+    JIT cache can load."""
     nvcc = _nvcc_path()
     if nvcc is not None and os.access(nvcc, os.X_OK):
         return None
     where = nvcc or "PATH and " + DEFAULT_CUDA_HOME
-    return f"its kernels are neither prebuilt (no {FLASHINFER_PREBUILT}) nor compilable (no nvcc in {where})"
+    return (
+        f"they are neither prebuilt ({FLASHINFER_PREBUILT}) nor in its cache, and no nvcc "
+        f"in {where} can compile them"
+    )
 
 
 def _nvcc_path() -> str | None:

@@ -1,0 +1,106 @@
+"""FlashInfer's modules for a model, built before they are needed: side by side at an explicit
+FlashInfer start (or one clear error without a compiler), and in a background process for
+`auto`'s next start. FlashInfer's own specs need it and a GPU (tests/gpu checks that the
+modules named here are the ones its plans load); these fakes stand in for them."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+
+import pytest
+
+from radixserve.layers.attention import flashinfer_backend, flashinfer_kernels, registry
+from radixserve.layers.attention.flashinfer_kernels import KernelSignature
+
+SIGNATURE = KernelSignature(
+    q_dtype="bfloat16",
+    kv_dtype="float8_e4m3fn",
+    head_dim=128,
+    tensor_core_decode=True,
+    prefill_backend="fa3",
+    variants=((False, False), (True, True)),
+    cuda_arch="9.0a",
+)
+
+
+class FakeSpec:
+    """A FlashInfer JitSpec's surface: a name, whether it is prebuilt or compiled, build()."""
+
+    def __init__(self, name: str, built: bool = False, barrier: threading.Barrier | None = None):
+        self.name = name
+        self.is_aot = False
+        self.is_compiled = built
+        self.barrier = barrier
+        self.builds = 0
+
+    def build(self, verbose: bool) -> None:
+        assert verbose is False
+        if self.barrier is not None:  # every build must be running at once to get past this
+            self.barrier.wait(timeout=10)
+        self.builds += 1
+        self.is_compiled = True
+
+
+def test_missing_is_what_is_neither_prebuilt_nor_compiled():
+    prebuilt, compiled, absent = FakeSpec("a"), FakeSpec("b", built=True), FakeSpec("c")
+    prebuilt.is_aot = True
+    assert flashinfer_kernels.missing([prebuilt, compiled, absent]) == [absent]
+
+
+def test_build_runs_every_module_side_by_side():
+    barrier = threading.Barrier(3)
+    specs = [FakeSpec(name, barrier=barrier) for name in ("decode", "prefill", "window")]
+    seconds = flashinfer_kernels.build(specs)
+    assert [spec.builds for spec in specs] == [1, 1, 1] and seconds >= 0
+    assert flashinfer_kernels.build([]) >= 0
+
+
+@pytest.fixture
+def model_specs(monkeypatch) -> list[FakeSpec]:
+    specs = [FakeSpec("batch_prefill_fa2"), FakeSpec("batch_prefill_fa3", built=True)]
+    monkeypatch.setattr(KernelSignature, "of", classmethod(lambda cls, ctx: SIGNATURE))
+    monkeypatch.setattr(KernelSignature, "specs", lambda self: specs)
+    return specs
+
+
+def test_an_explicit_flashinfer_start_builds_what_is_missing(model_specs, monkeypatch):
+    monkeypatch.setattr(registry, "flashinfer_compiler_problem", lambda: None)
+    flashinfer_backend._build_missing_modules(object())
+    assert [spec.builds for spec in model_specs] == [1, 0]
+    flashinfer_backend._build_missing_modules(object())  # nothing left to build
+    assert [spec.builds for spec in model_specs] == [1, 0]
+
+
+def test_an_explicit_flashinfer_start_without_a_compiler_fails_in_one_line(
+    model_specs, monkeypatch
+):
+    monkeypatch.setattr(registry, "flashinfer_compiler_problem", lambda: "no nvcc in PATH")
+    with pytest.raises(RuntimeError, match=r"needs the modules batch_prefill_fa2: no nvcc"):
+        flashinfer_backend._build_missing_modules(object())
+    assert model_specs[0].builds == 0
+
+
+def test_the_background_build_runs_apart_without_the_gpu(model_specs, monkeypatch, caplog):
+    """The builder is a separate process given the signature as JSON and the GPU target in
+    FLASHINFER_CUDA_ARCH_LIST (so FlashInfer never asks CUDA); run here in-process, it rebuilds
+    the same signature and builds what is missing, niced."""
+    started = {}
+    monkeypatch.setattr(
+        flashinfer_kernels.subprocess, "Popen", lambda argv, **kw: started.update(argv=argv, **kw)
+    )
+    niced = []
+    monkeypatch.setattr(os, "nice", niced.append)
+    flashinfer_kernels.build_in_background(SIGNATURE)
+    argv = started["argv"]
+    assert argv[1:3] == ["-m", "radixserve.layers.attention.flashinfer_kernels"]
+    assert started["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"
+    assert json.loads(argv[3])["variants"] == [[False, False], [True, True]]
+    rebuilt = []
+    monkeypatch.setattr(KernelSignature, "specs", lambda self: rebuilt.append(self) or model_specs)
+    with caplog.at_level("INFO", logger=flashinfer_kernels.__name__):
+        assert flashinfer_kernels._main(argv[3:]) == 0
+    assert rebuilt == [SIGNATURE] and niced == [10]
+    assert [spec.builds for spec in model_specs] == [1, 0]
+    assert "built 1 FlashInfer modules" in caplog.text and "batch_prefill_fa2" in caplog.text

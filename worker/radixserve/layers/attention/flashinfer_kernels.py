@@ -1,0 +1,149 @@
+"""FlashInfer's compiled modules for one model: which ones its plans load, whether they are
+built, and building them, side by side or in a background process.
+
+FlashInfer compiles a module per (kind, dtypes, head dim, window, soft-cap) at the first plan
+that needs it, one at a time. On the H200 an 8B model's tensor-core decode module took 27.7 s
+inside CUDA graph capture and its FA3 prefill module 57.4 s in warm-up: a first-ever pod was
+ready after 111 s. Here those modules are named up front, with the arguments the wrappers'
+plans pass (flashinfer 0.5's decode.py and prefill.py), so that
+- `--attention-backend flashinfer` builds the missing ones side by side before its first plan
+  (`build`), and fails at start with one line where it cannot;
+- `auto` takes FlashInfer only when all are built (the prebuilt package, or the JIT cache on
+  the model-cache volume), and otherwise serves this start with triton while a niced background
+  process builds them (`build_in_background`), so the next start on that cache is FlashInfer's.
+
+Imported only where flashinfer is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixserve.layers.attention.base import AttentionContext
+
+logger = logging.getLogger(__name__)
+
+# From this many query heads per kv head on, FlashInfer's tensor-core (prefill-style) decode
+# beats its CUDA-core decode.
+TENSOR_CORE_DECODE_MIN_GROUP = 4
+# FlashInfer's PosEncodingMode.NONE: rotary is applied before the cache, never in the kernel
+_NO_POS_ENCODING = 0
+# the background build yields the CPU to the serving process beside it
+_BACKGROUND_NICE = 10
+
+
+def uses_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
+    return num_heads // num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """What decides FlashInfer's modules for a model, in plain values (it travels as JSON to
+    the background builder, which must not touch the GPU)."""
+
+    q_dtype: str  # torch dtype names
+    kv_dtype: str
+    head_dim: int
+    tensor_core_decode: bool
+    prefill_backend: str  # "fa3" or "fa2", as FlashInfer's `auto` picks for this GPU
+    variants: tuple[tuple[bool, bool], ...]  # (sliding window, soft-cap) of each variant
+    cuda_arch: str  # FLASHINFER_CUDA_ARCH_LIST for the builder, e.g. "9.0a"
+
+    @classmethod
+    def of(cls, context: AttentionContext) -> KernelSignature:
+        from flashinfer.utils import determine_attention_backend
+
+        major, minor = torch.cuda.get_device_capability(context.device)
+        variants = {(v.windowed, v.logit_cap > 0) for v in context.planned_variants()}
+        return cls(
+            q_dtype=str(context.dtype).removeprefix("torch."),
+            kv_dtype=str(context.kv_dtype).removeprefix("torch."),
+            head_dim=context.head_dim,
+            tensor_core_decode=uses_tensor_core_decode(context.num_heads, context.num_kv_heads),
+            prefill_backend=determine_attention_backend(
+                context.device, _NO_POS_ENCODING, False, False, context.dtype, context.kv_dtype
+            ),
+            variants=tuple(sorted(variants)),
+            # FlashInfer builds for the "a" (arch-specific) target from Hopper on
+            cuda_arch=f"{major}.{minor}{'a' if major >= 9 else ''}",
+        )
+
+    def specs(self) -> list[Any]:
+        """FlashInfer's JitSpec of each module the backend's decode and prefill plans load."""
+        from flashinfer.jit.attention.modules import (
+            gen_batch_decode_module,
+            gen_batch_prefill_module,
+        )
+
+        q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
+        dims = (q, kv, q, torch.int32, self.head_dim, self.head_dim, _NO_POS_ENCODING)
+        specs = {}
+        for window, soft_cap in self.variants:
+            if self.tensor_core_decode:
+                decode = gen_batch_prefill_module("fa2", *dims, window, soft_cap, False)
+            else:
+                decode = gen_batch_decode_module(*dims, window, soft_cap)
+            prefill = gen_batch_prefill_module(self.prefill_backend, *dims, window, soft_cap, False)
+            specs[decode.name], specs[prefill.name] = decode, prefill
+        return list(specs.values())
+
+
+def missing(specs: list[Any]) -> list[Any]:
+    """The specs neither prebuilt (flashinfer-jit-cache) nor in the JIT cache."""
+    return [spec for spec in specs if not (spec.is_aot or spec.is_compiled)]
+
+
+def build(specs: list[Any]) -> float:
+    """Build every spec at once (each one's ninja compiles its sources in parallel too, and
+    FlashInfer's per-module file lock keeps two processes from building one module); the
+    seconds it took."""
+    start = time.perf_counter()
+    if specs:
+        with ThreadPoolExecutor(len(specs)) as pool:
+            for done in pool.map(lambda spec: spec.build(verbose=False), specs):
+                del done
+    return time.perf_counter() - start
+
+
+def build_in_background(signature: KernelSignature) -> subprocess.Popen:
+    """Start a niced process that builds the signature's modules into the JIT cache and exits;
+    it logs to this process's stderr. It never initialises CUDA (the target comes from the
+    signature), so it takes no GPU memory from the server beside it."""
+    env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": signature.cuda_arch}
+    return subprocess.Popen(
+        [sys.executable, "-m", __name__, json.dumps(asdict(signature))],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+
+
+def _main(argv: list[str]) -> int:
+    os.nice(_BACKGROUND_NICE)  # its compilers inherit it
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    fields = json.loads(argv[0])
+    fields["variants"] = tuple(tuple(v) for v in fields["variants"])
+    todo = missing(KernelSignature(**fields).specs())
+    seconds = build(todo)
+    logger.info(
+        "built %d FlashInfer modules in %.1fs for the next start: %s",
+        len(todo),
+        seconds,
+        ", ".join(spec.name for spec in todo),
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
