@@ -66,14 +66,21 @@ def check_model(server_args: ServerArgs) -> None:
     """Refuse, before any weights load, a model that cannot be served: an architecture or a
     quantization method the worker does not have (the error names it and lists what is
     supported), or a --model that names nothing loadable. The Engine runs it while the
-    scheduler process imports, and stops that process when the model is refused."""
-    from radixserve.model_loader.loader import load_hf_config_for
-    from radixserve.models.registry import check_servable
+    scheduler process imports, and stops that process when the model is refused. A checkpoint
+    directory is checked on its raw config.json, with neither torch nor transformers imported
+    (the scheduler waits for this verdict); other forms through the loader's config."""
+    from radixserve.model_loader.checkpoint_files import hf_directory_config
+    from radixserve.models.servable import check_servable
 
     try:
-        hf_config = load_hf_config_for(server_args.model)
-        if hf_config is not None:
-            check_servable(hf_config, server_args.quantization)
+        config = hf_directory_config(server_args.model)
+        if config is None:
+            from radixserve.model_loader.loader import load_hf_config_for
+
+            hf_config = load_hf_config_for(server_args.model)
+            config = None if hf_config is None else hf_config.to_dict()
+        if config is not None:
+            check_servable(config, server_args.quantization)
     except ValueError as exc:
         raise EngineStartupError(str(exc)) from None
 

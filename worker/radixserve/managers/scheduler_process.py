@@ -150,6 +150,8 @@ def run_scheduler_process(
     startup = StartupPhases()
     if spawned_at is not None:
         startup.add("imports", time.time() - spawned_at)
+    if server_args.resolved_device() == "cuda":
+        _start_cuda_context(tp_rank)
     if ready_conn is not None:
         with startup.timed("model_check"):
             if not _model_approved(ready_conn):
@@ -221,6 +223,17 @@ def run_scheduler_process(
         sock.close(linger=0)
     ctx.term()
     destroy_tensor_parallel()
+
+
+def _start_cuda_context(device_index: int) -> None:
+    """Create this rank's CUDA context on a thread, beside the wait for the front end's model
+    check: context creation is seconds of a cold start, and the model setup that follows
+    needs it first (a refused model's process exits with the context unused)."""
+    threading.Thread(
+        target=lambda: torch.empty(1, device=f"cuda:{device_index}"),
+        name="cuda-context",
+        daemon=True,
+    ).start()
 
 
 def _model_approved(conn: Any) -> bool:

@@ -63,6 +63,17 @@ def local_path(model: str, cached_only: bool = False) -> Path:
     return hub or Path(model.removeprefix("file://")).expanduser()
 
 
+def hf_directory_config(model: str) -> dict | None:
+    """The raw config.json of `model` where it is a checkpoint directory (a local one or a Hub
+    snapshot, fetched if need be), else None (the bundled model, random weights, GGUF)."""
+    if model == BUILTIN_SMOLLM2 or model.startswith(RANDOM_PREFIX):
+        return None
+    path = local_path(model)
+    if not is_hf_directory(path):
+        return None
+    return json.loads((path / "config.json").read_text())
+
+
 def gguf_file(path: Path) -> Path | None:
     """The GGUF file `path` names, or the one GGUF file in the directory it names."""
     if path.is_file() and path.suffix == ".gguf":

@@ -26,7 +26,8 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
-from radixserve.model_loader.config import as_id_set, check_architecture
+from radixserve.model_loader.architectures import check_architecture
+from radixserve.model_loader.config import as_id_set
 
 # parallel preads per shard: enough to keep an NVMe queue full
 READ_THREADS = 16

@@ -17,12 +17,7 @@ import torch
 from torch import nn
 
 from radixserve.layers.gemv import Linear
-from radixserve.layers.quantization.registry import (
-    QUANTIZATION_METHODS,
-    UnsupportedQuantizationError,
-    check_method,
-    method_for_checkpoint,
-)
+from radixserve.layers.quantization.registry import QUANTIZATION_METHODS, check_quantization
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
 
@@ -65,18 +60,12 @@ def resolve_quantization(hf_config: Any, requested: str | None) -> QuantizationC
     """The method a model is served with: the checkpoint's own when it is quantized (and
     `--quantization` names the same method or nothing), else `--quantization`'s, applied
     at load time, else None. Raises UnsupportedQuantizationError naming what is supported."""
-    if requested is not None:
-        check_method(requested)
     checkpoint = checkpoint_quantization(hf_config)
+    method = check_quantization(checkpoint, requested)
+    if method is None:
+        return None
     if checkpoint is None:
-        return None if requested is None else _method_class(requested).at_load()
-    quant_method = str(checkpoint.get("quant_method", "")).lower()
-    method = method_for_checkpoint(quant_method)
-    if requested is not None and requested != method:
-        raise UnsupportedQuantizationError(
-            f"--quantization {requested} cannot serve a checkpoint quantized with "
-            f"{quant_method!r} (served by --quantization {method})"
-        )
+        return _method_class(method).at_load()
     return _method_class(method).from_checkpoint(checkpoint)
 
 

@@ -30,7 +30,6 @@ from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.fused_ops import jit, tl, triton
 from radixserve.layers.gemv import block_config, gemv, uses_gemv
 from radixserve.layers.quantization.base import QuantizationConfig, WeightStream
-from radixserve.layers.quantization.registry import UnsupportedQuantizationError
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = torch.finfo(FP8_DTYPE).max
@@ -224,8 +223,7 @@ class Fp8Config(QuantizationConfig):
         if method == "fp8":
             block = qc.get("weight_block_size")
             return cls("fp8", tuple(block) if block else None)
-        _check_compressed_tensors(qc)
-        return cls("compressed-tensors")
+        return cls("compressed-tensors")  # its schemes checked by registry.check_quantization
 
     def describe(self) -> str:
         if self.checkpoint_format is None:
@@ -277,20 +275,3 @@ def _apply_block_scales(weights: WeightStream, block: tuple[int, int]) -> Iterat
             "FP8 checkpoint with block scales has unpaired tensors: "
             f"{sorted(pending)[:4]} (every FP8 weight needs its weight_scale_inv)"
         )
-
-
-def _check_compressed_tensors(qc: dict[str, Any]) -> None:
-    """Accept the float-quantized 8-bit schemes: FP8 weights with tensor or channel scales
-    (activations, whatever the checkpoint says, are quantized per token at run time)."""
-    groups = qc.get("config_groups") or {}
-    if not groups:
-        raise UnsupportedQuantizationError("compressed-tensors checkpoint without config_groups")
-    for name, group in groups.items():
-        weights = group.get("weights") or {}
-        scheme = (weights.get("num_bits"), weights.get("type"), weights.get("strategy"))
-        if scheme not in ((8, "float", "tensor"), (8, "float", "channel")):
-            raise UnsupportedQuantizationError(
-                f"compressed-tensors group {name!r}: weights {scheme[0]}-bit {scheme[1]} with "
-                f"{scheme[2]} scales are not supported; supported: 8-bit float weights with "
-                "tensor or channel scales"
-            )

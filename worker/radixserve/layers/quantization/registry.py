@@ -8,6 +8,8 @@ chosen method's module.
 
 from __future__ import annotations
 
+from typing import Any
+
 # --quantization NAME -> the QuantizationConfig class that builds its layers
 QUANTIZATION_METHODS: dict[str, str] = {
     "fp8": "radixserve.layers.quantization.fp8:Fp8Config",
@@ -39,3 +41,42 @@ def method_for_checkpoint(quant_method: str) -> str:
             f"{', '.join(CHECKPOINT_METHODS)}"
         )
     return CHECKPOINT_METHODS[quant_method]
+
+
+def check_quantization(checkpoint: dict[str, Any] | None, requested: str | None) -> str | None:
+    """The method a model is served with (None: unquantized), from its checkpoint's
+    `quantization_config` (a plain dict, None if it has none) and `--quantization`; raises
+    UnsupportedQuantizationError naming what is supported. Torch-free: the front end runs it on
+    the raw config.json before anything loads, and `base.resolve_quantization` before building
+    the method's layers."""
+    if requested is not None:
+        check_method(requested)
+    if checkpoint is None:
+        return requested
+    quant_method = str(checkpoint.get("quant_method", "")).lower()
+    method = method_for_checkpoint(quant_method)
+    if requested is not None and requested != method:
+        raise UnsupportedQuantizationError(
+            f"--quantization {requested} cannot serve a checkpoint quantized with "
+            f"{quant_method!r} (served by --quantization {method})"
+        )
+    if quant_method == "compressed-tensors":
+        _check_compressed_tensors(checkpoint)
+    return method
+
+
+def _check_compressed_tensors(qc: dict[str, Any]) -> None:
+    """Accept the float-quantized 8-bit schemes: FP8 weights with tensor or channel scales
+    (activations, whatever the checkpoint says, are quantized per token at run time)."""
+    groups = qc.get("config_groups") or {}
+    if not groups:
+        raise UnsupportedQuantizationError("compressed-tensors checkpoint without config_groups")
+    for name, group in groups.items():
+        weights = group.get("weights") or {}
+        scheme = (weights.get("num_bits"), weights.get("type"), weights.get("strategy"))
+        if scheme not in ((8, "float", "tensor"), (8, "float", "channel")):
+            raise UnsupportedQuantizationError(
+                f"compressed-tensors group {name!r}: weights {scheme[0]}-bit {scheme[1]} with "
+                f"{scheme[2]} scales are not supported; supported: 8-bit float weights with "
+                "tensor or channel scales"
+            )
