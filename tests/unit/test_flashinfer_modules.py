@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import pytest
 
@@ -95,12 +96,23 @@ def test_the_background_build_runs_apart_without_the_gpu(model_specs, monkeypatc
     FLASHINFER_CUDA_ARCH_LIST (so FlashInfer never asks CUDA); run here in-process, it rebuilds
     the same signature and builds what is missing, niced."""
     started = {}
-    monkeypatch.setattr(
-        flashinfer_kernels.subprocess, "Popen", lambda argv, **kw: started.update(argv=argv, **kw)
-    )
+
+    class FakeProcess:
+        def __init__(self, argv, **kw):
+            started.update(argv=argv, **kw)
+
+        def wait(self):
+            started["reaped"] = True
+
+    monkeypatch.setattr(flashinfer_kernels.subprocess, "Popen", FakeProcess)
     niced = []
     monkeypatch.setattr(os, "nice", niced.append)
     flashinfer_kernels.build_in_background(SIGNATURE)
+    for _ in range(100):  # the reaper thread waits on the child
+        if started.get("reaped"):
+            break
+        time.sleep(0.01)
+    assert started.get("reaped")
     argv = started["argv"]
     assert argv[1:3] == ["-m", "radixserve.layers.attention.flashinfer_kernels"]
     assert started["env"]["FLASHINFER_CUDA_ARCH_LIST"] == "9.0a"

@@ -22,6 +22,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -124,14 +125,17 @@ def _build_jit_specs(specs: list[Any]) -> None:
 def build_in_background(signature: KernelSignature) -> subprocess.Popen:
     """Start a niced process that builds the signature's modules into the JIT cache and exits;
     it logs to this process's stderr. It never initialises CUDA (the target comes from the
-    signature), so it takes no GPU memory from the server beside it."""
+    signature), so it takes no GPU memory from the server beside it. A daemon thread reaps it,
+    so a long-running server keeps no defunct child."""
     env = {**os.environ, "FLASHINFER_CUDA_ARCH_LIST": signature.cuda_arch}
-    return subprocess.Popen(
+    process = subprocess.Popen(
         [sys.executable, "-m", __name__, json.dumps(asdict(signature))],
         env=env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
     )
+    threading.Thread(target=process.wait, name="flashinfer-build", daemon=True).start()
+    return process
 
 
 def _main(argv: list[str]) -> int:
