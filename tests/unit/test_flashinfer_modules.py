@@ -5,9 +5,12 @@ modules named here are the ones its plans load); these fakes stand in for them."
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import sys
 import time
+import types
 
 import pytest
 
@@ -124,3 +127,41 @@ def test_the_background_build_runs_apart_without_the_gpu(model_specs, monkeypatc
     assert rebuilt == [SIGNATURE] and niced == [10]
     assert [spec.builds for spec in model_specs] == [1, 0]
     assert "built 1 FlashInfer modules" in caplog.text and "batch_prefill_fa2" in caplog.text
+
+
+def test_specs_name_each_plans_module_once_per_process(monkeypatch):
+    """Tensor-core decode loads FA2's prefill module, CUDA-core decode the decode module; the
+    prefill takes the signature's backend; variants sharing flags share modules. Generated
+    once a process (FlashInfer writes sources for each): auto's choice and the backend ask."""
+    made = []
+
+    def gen_prefill(backend, q, kv, o, idx, d_qk, d_vo, pos, window, cap, fp16_qk):
+        made.append(("prefill", backend, window, cap))
+        return FakeSpec(f"prefill_{backend}_{window}_{cap}")
+
+    def gen_decode(q, kv, o, idx, d_qk, d_vo, pos, window, cap):
+        made.append(("decode", window, cap))
+        return FakeSpec(f"decode_{window}_{cap}")
+
+    fake = types.ModuleType("flashinfer.jit.attention.modules")
+    fake.gen_batch_prefill_module, fake.gen_batch_decode_module = gen_prefill, gen_decode
+    for name in ("flashinfer", "flashinfer.jit", "flashinfer.jit.attention"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, fake.__name__, fake)
+    flashinfer_kernels._specs.cache_clear()
+    try:
+        names = [spec.name for spec in SIGNATURE.specs()]
+        assert names == [
+            "prefill_fa2_False_False",
+            "prefill_fa3_False_False",
+            "prefill_fa2_True_True",
+            "prefill_fa3_True_True",
+        ]
+        assert SIGNATURE.specs() is SIGNATURE.specs() and len(made) == 4
+        mha = dataclasses.replace(SIGNATURE, tensor_core_decode=False, variants=((False, False),))
+        assert [spec.name for spec in mha.specs()] == [
+            "decode_False_False",
+            "prefill_fa3_False_False",
+        ]
+    finally:
+        flashinfer_kernels._specs.cache_clear()

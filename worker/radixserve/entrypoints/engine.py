@@ -68,16 +68,16 @@ def check_model(server_args: ServerArgs) -> None:
     supported), or a --model that names nothing loadable. The Engine runs it while the
     scheduler process imports, and stops that process when the model is refused. A checkpoint
     directory is checked on its raw config.json, with neither torch nor transformers imported
-    (the scheduler waits for this verdict); other forms through the loader's config."""
+    (the scheduler waits for this verdict); other forms through the loader's derived config."""
     from radixserve.model_loader.checkpoint_files import hf_directory_config
     from radixserve.models.servable import check_servable
 
     try:
         config = hf_directory_config(server_args.model)
         if config is None:
-            from radixserve.model_loader.loader import load_hf_config_for
+            from radixserve.model_loader.loader import derived_hf_config
 
-            hf_config = load_hf_config_for(server_args.model)
+            hf_config = derived_hf_config(server_args.model)
             config = None if hf_config is None else hf_config.to_dict()
         if config is not None:
             check_servable(config, server_args.quantization)

@@ -94,17 +94,17 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
     return load_gguf_tokenizer(_gguf_file(model, path))
 
 
-def load_hf_config_for(model: str) -> transformers.PretrainedConfig | None:
-    """The config `--model` names, read without any weights (None for the bundled model):
-    what a process checks before it starts anything for the model. Raises ValueError for a
-    model it cannot load (an architecture we do not serve among them, UnsupportedModelError)."""
+def derived_hf_config(model: str) -> transformers.PretrainedConfig | None:
+    """The config of a `--model` that has no config.json, read without any weights: a random
+    preset's, a GGUF file's metadata; None for the bundled model. What the front end checks
+    for those forms (a checkpoint directory's raw config.json is checked torch-free, through
+    checkpoint_files.hf_directory_config). Raises ValueError for a model it cannot load (an
+    architecture we do not serve among them, UnsupportedModelError)."""
     if model == BUILTIN_SMOLLM2:
         return None
     if model.startswith(RANDOM_PREFIX):
         return random_init.random_hf_config(model[len(RANDOM_PREFIX) :])
     path = checkpoint_files.local_path(model)
-    if checkpoint_files.is_hf_directory(path):
-        return hf_dir.load_hf_config(path)
     return GGUFFile(_gguf_file(model, path)).hf_config
 
 

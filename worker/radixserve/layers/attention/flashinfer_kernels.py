@@ -17,6 +17,7 @@ Imported only where flashinfer is installed.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -81,22 +82,31 @@ class KernelSignature:
 
     def specs(self) -> list[Any]:
         """FlashInfer's JitSpec of each module the backend's decode and prefill plans load."""
-        from flashinfer.jit.attention.modules import (
-            gen_batch_decode_module,
-            gen_batch_prefill_module,
-        )
+        return _specs(self)
 
-        q, kv = getattr(torch, self.q_dtype), getattr(torch, self.kv_dtype)
-        dims = (q, kv, q, torch.int32, self.head_dim, self.head_dim, _NO_POS_ENCODING)
-        specs = {}
-        for window, soft_cap in self.variants:
-            if self.tensor_core_decode:
-                decode = gen_batch_prefill_module("fa2", *dims, window, soft_cap, False)
-            else:
-                decode = gen_batch_decode_module(*dims, window, soft_cap)
-            prefill = gen_batch_prefill_module(self.prefill_backend, *dims, window, soft_cap, False)
-            specs[decode.name], specs[prefill.name] = decode, prefill
-        return list(specs.values())
+
+@functools.cache
+def _specs(signature: KernelSignature) -> list[Any]:
+    """`KernelSignature.specs`, generated once a process: `auto`'s choice and the backend's
+    start both ask, and each generation writes FlashInfer's sources."""
+    from flashinfer.jit.attention.modules import (
+        gen_batch_decode_module,
+        gen_batch_prefill_module,
+    )
+
+    q, kv = getattr(torch, signature.q_dtype), getattr(torch, signature.kv_dtype)
+    dims = (q, kv, q, torch.int32, signature.head_dim, signature.head_dim, _NO_POS_ENCODING)
+    specs = {}
+    for window, soft_cap in signature.variants:
+        if signature.tensor_core_decode:
+            decode = gen_batch_prefill_module("fa2", *dims, window, soft_cap, False)
+        else:
+            decode = gen_batch_decode_module(*dims, window, soft_cap)
+        prefill = gen_batch_prefill_module(
+            signature.prefill_backend, *dims, window, soft_cap, False
+        )
+        specs[decode.name], specs[prefill.name] = decode, prefill
+    return list(specs.values())
 
 
 def missing(specs: list[Any]) -> list[Any]:

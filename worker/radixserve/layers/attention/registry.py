@@ -32,9 +32,7 @@ DEFAULT_CUDA_HOME = "/usr/local/cuda"
 logger = logging.getLogger(__name__)
 
 
-def resolve_backend_name(
-    requested: str, device: str, context: AttentionContext | None = None
-) -> str:
+def resolve_backend_name(requested: str, device: str, context: AttentionContext) -> str:
     """`auto`: flashinfer on CUDA when it imports and every module it needs for this model
     (`context`) is already built; else triton on CUDA, and where FlashInfer could build them
     (see `flashinfer_compiler_problem`) a background process does, for the next start.
@@ -57,8 +55,6 @@ def resolve_backend_name(
     except ImportError as error:
         logger.warning("attention backend auto: triton, FlashInfer does not import: %s", error)
         return "triton"
-    if context is None:
-        raise ValueError("attention backend auto on CUDA needs the model's attention context")
     todo = missing_flashinfer_modules(context)
     if not todo:
         return "flashinfer"
