@@ -3,7 +3,8 @@ FP8 GEMV (weight-only, layers/gemv.py with channel scales) over a sweep of block
 against torch._scaled_mm at M = 1 (with its per-token activation quantization) and against the
 bf16 GEMV the unquantized model runs. gate_up runs gated, as the model runs it. Decides the batch-1 path and its tiles
 (layers/gemv.py's block_config); prints microseconds and the share of copy bandwidth of the
-FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [OUT.json]"""
+FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [--grid] [OUT.json] (--grid: 60 tiles
+instead of 7)."""
 
 import json
 import sys
@@ -30,6 +31,15 @@ FP8_CONFIGS = [
     (8, 1024, 4),
     (4, 512, 4),
 ]
+if "--grid" in sys.argv:  # every tile whose accumulator keeps 8-128 floats a thread (60)
+    sys.argv.remove("--grid")
+    FP8_CONFIGS = [
+        (rows, chunk, warps)
+        for rows in (1, 2, 4, 8)
+        for chunk in (256, 512, 1024, 2048, 4096)
+        for warps in (1, 2, 4, 8)
+        if 8 <= rows * chunk // (32 * warps) <= 128
+    ]
 
 
 def scaled_mm(x, values, scale):

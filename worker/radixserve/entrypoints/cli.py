@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(str(exc))
         configure_logging(server_args.log_level, server_args.log_format)
         from radixserve.entrypoints.engine import EngineStartupError
-        from radixserve.entrypoints.http_server import run_server
+        from radixserve.entrypoints.server_launch import run_server
 
         try:
             run_server(server_args)

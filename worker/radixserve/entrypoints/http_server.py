@@ -9,8 +9,8 @@ and cancellation closes the generation stream, which aborts the request in the s
 frees its KV slots (`request_log` notes the disconnect in one debug line and, with
 `--log-requests`, logs each finished request).
 
-Lifecycle: the listening port is bound before the model loads (a port in use fails at once,
-and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
+Lifecycle (`server_launch.run_server` starts it): the listening port is bound before the model
+loads (a port in use fails at once, and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
 once and new generation requests get 503 + Retry-After, while requests already in flight run
 to completion for at most `--drain-timeout` seconds; then the rest are aborted, the scheduler
 process is stopped and the process exits 0.
@@ -57,7 +57,6 @@ from radixserve.managers.tokenizer_manager import (
     TokenizerManager,
 )
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
-from radixserve.metrics.startup import process_started_at
 from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS
 from radixserve.server_args import ServerArgs
 
@@ -478,45 +477,3 @@ async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
-
-
-def bind_listener(host: str, port: int) -> socket.socket:
-    """The server's listening socket, bound before anything slow starts: a port in use fails
-    in a second, not after the model has loaded, and nobody can take it meanwhile."""
-    family, _, _, _, address = socket.getaddrinfo(
-        host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-    )[0]
-    return socket.create_server(address, family=family)
-
-
-def run_server(server_args: ServerArgs) -> None:
-    """Claim the port, load the model (blocking), then serve on a fresh event loop."""
-    try:
-        listener = bind_listener(server_args.host, server_args.port)
-    except OSError as exc:
-        logger.error(
-            "cannot listen on %s:%d: %s; is another server running there? choose another --port",
-            server_args.host,
-            server_args.port,
-            exc.strerror or exc,
-        )
-        raise SystemExit(1) from None
-    # Until the loop's own handler takes over, SIGTERM during the model load exits cleanly
-    # (the Engine stops the half-started scheduler on the way out).
-    signal.signal(signal.SIGTERM, _exit_during_startup)
-    with listener:
-        engine = Engine(
-            server_args,
-            event_loop_thread=False,
-            enforce_queue_limit=True,
-            process_started_at=process_started_at(),
-        )
-        try:
-            asyncio.run(serve(engine, server_args, listener))
-        finally:
-            engine.shutdown()
-
-
-def _exit_during_startup(signum: int, frame: object) -> None:
-    logger.info("SIGTERM while loading the model; exiting")
-    raise SystemExit(0)

@@ -59,10 +59,18 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         inv_freq, scaling = compute_inv_freq(config, head_dim, layer_type)
-        positions = torch.arange(max_position, dtype=torch.float)  # on the ambient device
-        freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
-        self.register_buffer("cos_cache", freqs.cos() * scaling, persistent=False)
-        self.register_buffer("sin_cache", freqs.sin() * scaling, persistent=False)
+        if torch.empty(0).device.type == "meta":
+            # a model built to be sized has no values to compute, and the meta device's
+            # arange imports torch._dynamo (0.7 s of a start); float32, as computed below
+            cos, sin = (
+                torch.empty(max_position, inv_freq.numel(), dtype=torch.float) for _ in range(2)
+            )
+        else:
+            positions = torch.arange(max_position, dtype=torch.float)  # on the ambient device
+            freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
+            cos, sin = freqs.cos() * scaling, freqs.sin() * scaling
+        self.register_buffer("cos_cache", cos, persistent=False)
+        self.register_buffer("sin_cache", sin, persistent=False)
         self.head_dim = head_dim
 
     def forward(

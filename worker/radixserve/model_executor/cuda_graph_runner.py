@@ -33,10 +33,13 @@ logger = logging.getLogger(__name__)
 
 
 def capture_batch_sizes(max_bs: int) -> list[int]:
-    """1, 2, 4, 8, then steps of 8 up to max_bs (the architecture's list)."""
+    """1, 2, 4, 8, steps of 8 up to 64, then steps of 16 up to max_bs (the architecture's
+    list). Each size costs a warm-up pass and a capture at start (tens of ms each for an 8B
+    model); above 64 rows a decode step still reads every weight once, so the padding of the
+    coarser steps costs little, and 23 sizes instead of 35 take a second off a start."""
     sizes = [s for s in (1, 2, 4, 8) if s <= max_bs]
-    sizes += list(range(16, max_bs + 1, 8))
-    if sizes[-1] != max_bs and max_bs > 8:
+    sizes += list(range(16, min(max_bs, 64) + 1, 8)) + list(range(80, max_bs + 1, 16))
+    if sizes[-1] != max_bs:
         sizes.append(max_bs)
     return sizes
 
@@ -112,9 +115,8 @@ class CudaGraphRunner:
             self.backend.init_forward_metadata_capture_cuda_graph(
                 bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
             )
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # warm-up: autotuning and lazy init stay out of the graph
-                    self._run_model(fb)
+            with torch.cuda.stream(stream):  # one warm-up pass: Triton's compiles and
+                self._run_model(fb)  # autotuning, cuBLAS's lazy loads stay out of the graph
             stream.synchronize()
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool, stream=stream):
