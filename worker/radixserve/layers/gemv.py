@@ -89,12 +89,13 @@ def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int]:
     class on the H200 (FP8 weights: bench_fp8_gemv.py's, where they differ). Large matrices
     want long chunks and few warps; small ones more warps per row."""
     if fp8 and k >= 4096 and n >= 4096:
-        # 8B shapes, 2026-12-01: gated gate_up 32.1 us (86% of bandwidth) at (2, 512, 2)
-        # against 41.3 at bf16's (2, 2048, 2); qkv and o 8.5 and 5.7 us at (4, 1024, 4)
-        # against 9.3 and 6.1 at (2, 512, 2); down (K 14336) keeps (2, 2048, 2), 20.0 us
-        if k >= 8192:
-            return 2, 2048, 2
-        return (2, 512, 2) if n * k >= 32 << 20 else (4, 1024, 4)
+        # 8B shapes, 2026-12-01, a sweep of 60 tiles (bench_fp8_gemv.py --grid): gated
+        # gate_up 31.9 us (87% of bandwidth) at (2, 512, 2) against 41.3 at bf16's
+        # (2, 2048, 2); one warp a program for the rest: qkv 7.5, o 5.4 and down 18.2 us at
+        # (2, 1024, 1) against 8.6, 5.7 and 20.0 at the 7-tile sweep's best
+        if n * k >= 32 << 20 and k < 8192:
+            return 2, 512, 2
+        return 2, 1024, 1
     if n * k >= 32 << 20:  # gate/up, down (8B), LM heads
         return 2, 2048, 2
     if k >= 4096 and n >= 4096:  # 8B qkv and o

@@ -27,11 +27,13 @@ from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX
 logger = logging.getLogger(__name__)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-# Few reads in flight: the imports running meanwhile fault their libraries in from the same
-# disk, and each of their misses queues behind what is outstanding (8 readers of 32 MB made
-# the H200 host's imports 7 s slower; the weights need only finish before the loader starts)
+# The imports running meanwhile fault their libraries in from the same disk. On the H200 host
+# they were as much slower beside 8 readers of 32 MB as beside 2 of 8 MB (docs/benchmarks.md,
+# 2026-12-01 afternoon): not the queue depth. With the imports and the model setup down to
+# about 13 s, 2 readers (1.0-1.3 GB/s) left the loader waiting up to 2.5 s for the last
+# shard there; 8 readers read at the disk's rate.
 CHUNK_BYTES = 8 << 20
-READ_THREADS = 2
+READ_THREADS = 8
 # at most this share of the memory available at start is filled: a checkpoint that does not
 # fit would evict its own first files before the loader reached them
 MEMORY_SHARE = 0.6
