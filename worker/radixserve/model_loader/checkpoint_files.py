@@ -27,13 +27,13 @@ from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX
 logger = logging.getLogger(__name__)
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
-# The imports running meanwhile fault their libraries in from the same disk. On the H200 host
-# they were as much slower beside 8 readers of 32 MB as beside 2 of 8 MB (docs/benchmarks.md,
-# 2026-12-01 afternoon): not the queue depth. With the imports and the model setup down to
-# about 13 s, 2 readers (1.0-1.3 GB/s) left the loader waiting up to 2.5 s for the last
-# shard there; 8 readers read at the disk's rate.
+# Few reads in flight: the imports running meanwhile fault their libraries in from the same
+# disk, and on the H200 host (gVisor) they slow down with every reader beside them. 8 readers
+# of 8 MB read no faster there than 2 (1.13-1.37 against 0.97-1.35 GB/s: the host's disk
+# path is the cap) and made the imports 9.4-14.1 s against 6.0-9.8 (docs/benchmarks.md,
+# 2026-12-01 night).
 CHUNK_BYTES = 8 << 20
-READ_THREADS = 8
+READ_THREADS = 2
 # at most this share of the memory available at start is filled: a checkpoint that does not
 # fit would evict its own first files before the loader reached them
 MEMORY_SHARE = 0.6
