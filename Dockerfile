@@ -48,7 +48,9 @@ RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
       && rm -rf /var/lib/apt/lists/*; \
     fi \
     && useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent radixserve
-# Python and torch first: the largest layer, cached across changes to the sources.
+# Python and torch first: the largest layer, cached across changes to the sources. pip compiles
+# every module's bytecode as it installs (never --no-compile): the root filesystem is read-only
+# in the pod, and an image without it compiles about a thousand modules at every start.
 # hadolint ignore=DL3013
 RUN python3 -m venv /opt/radixserve \
     && pip install --upgrade pip \

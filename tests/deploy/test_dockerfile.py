@@ -257,6 +257,15 @@ def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
 ) -> None:
     stage = STAGES["worker"]
     env = build_outside_docker(stage, tmp_path, CPU_WORKER_ARGS)
+    # the image carries the bytecode of what a start imports (pip compiles at install): a
+    # read-only root filesystem keeps nothing a process compiles, and the modules transformers'
+    # config pulls in (torch._dynamo, sympy) alone took 4.4 s to compile at every start on an
+    # image without it (docs/benchmarks.md, 2026-12-01 night)
+    tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
+    (site,) = (tmp_path / "venv" / "lib").glob("python3*/site-packages")
+    for module in ("torch/_dynamo/utils", "transformers/activations", "sympy/core/expr"):
+        package, name = module.rsplit("/", 1)
+        assert (site / package / "__pycache__" / f"{name}.{tag}.pyc").exists(), module
     port = free_port()
     command = [
         str(tmp_path / "venv" / "bin" / stage.entrypoint[0]),
