@@ -125,6 +125,23 @@ def test_nvcc_where_flashinfer_finds_it_builds_in_the_background_and_serves_trit
     assert modules["builds"] == [CONTEXT]
 
 
+def test_only_tensor_parallel_rank_0_starts_the_build(machine, modules, monkeypatch, caplog):
+    """Every rank needs the same modules: rank 0 builds them once for all, and says so once
+    (two builds side by side in one cache clobber each other's dependency log)."""
+    from radixserve.distributed import parallel_state
+
+    package(machine / "site", "flashinfer")
+    modules["missing"] = ["batch_prefill_fa3"]
+    executable(machine / "bin" / "nvcc")
+    monkeypatch.setattr(parallel_state, "tp_rank", lambda: 1)
+    with caplog.at_level(logging.INFO, logger=registry.__name__):
+        assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
+    assert modules["builds"] == [] and caplog.text == ""
+    monkeypatch.setattr(parallel_state, "tp_rank", lambda: 0)
+    assert resolve_backend_name("auto", "cuda", CONTEXT) == "triton"
+    assert modules["builds"] == [CONTEXT]
+
+
 def test_cuda_home_without_nvcc_in_it_is_a_problem(machine, modules, monkeypatch):
     """FlashInfer compiles with $CUDA_HOME/bin/nvcc: a CUDA_HOME that has none (a runtime
     image's /usr/local/cuda) cannot compile, whatever else is on PATH."""

@@ -85,6 +85,21 @@ def test_an_explicit_flashinfer_start_builds_what_is_missing(model_specs, monkey
     assert ninja_runs == [["batch_prefill_fa2"]]
 
 
+def test_with_tensor_parallelism_rank_0_builds_and_every_rank_waits_for_it(
+    model_specs, monkeypatch, ninja_runs
+):
+    """Ranks need the same modules: one ninja run in the shared cache, not one per rank."""
+    events: list[str] = []
+    monkeypatch.setattr(registry, "flashinfer_compiler_problem", lambda: None)
+    monkeypatch.setattr(flashinfer_backend, "barrier", lambda: events.append("barrier"))
+    monkeypatch.setattr(flashinfer_backend, "tp_rank", lambda: 1)
+    flashinfer_backend._build_missing_modules(object())
+    assert ninja_runs == [] and events == ["barrier"]
+    monkeypatch.setattr(flashinfer_backend, "tp_rank", lambda: 0)
+    flashinfer_backend._build_missing_modules(object())
+    assert ninja_runs == [["batch_prefill_fa2"]] and events == ["barrier", "barrier"]
+
+
 def test_an_explicit_flashinfer_start_without_a_compiler_fails_in_one_line(
     model_specs, monkeypatch
 ):

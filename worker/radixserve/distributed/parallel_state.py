@@ -79,6 +79,12 @@ def broadcast_from_first(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def barrier() -> None:
+    """Every rank waits here for the others (on the CPU group): for work one rank does for all."""
+    if _state.size > 1:
+        dist.barrier(group=_state.cpu_group)
+
+
 def min_across_ranks(value: int) -> int:
     if _state.size == 1:
         return value

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from radixserve.distributed.parallel_state import barrier, tp_rank
 from radixserve.layers.attention import flashinfer_kernels
 from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 from radixserve.layers.attention.triton_backend import split_heads
@@ -52,19 +53,21 @@ def _import_flashinfer() -> Any:
 
 
 def _build_missing_modules(context: AttentionContext) -> None:
-    """Every module this backend's plans will load, built now and side by side (FlashInfer
+    """Every module this backend's plans will load, built now in one ninja run (FlashInfer
     would build each at its first plan, one after another, inside graph capture and warm-up).
-    Without a compiler, missing modules fail the start here, in one line."""
+    Without a compiler, missing modules fail the start here, in one line. With tensor
+    parallelism, rank 0 builds for all (every rank needs the same modules, and builds side by
+    side in one cache clobber each other's dependency log) while the others wait."""
     from radixserve.layers.attention.registry import flashinfer_compiler_problem
 
     todo = flashinfer_kernels.missing(flashinfer_kernels.KernelSignature.of(context).specs())
-    if not todo:
-        return
     names = ", ".join(spec.name for spec in todo)
-    if problem := flashinfer_compiler_problem():
+    if todo and (problem := flashinfer_compiler_problem()):
         raise RuntimeError(f"--attention-backend flashinfer needs the modules {names}: {problem}")
-    logger.info("building %d FlashInfer modules side by side: %s", len(todo), names)
-    logger.info("built them in %.1fs", flashinfer_kernels.build(todo))
+    if todo and tp_rank() == 0:
+        logger.info("building %d FlashInfer modules in one run: %s", len(todo), names)
+        logger.info("built them in %.1fs", flashinfer_kernels.build(todo))
+    barrier()
 
 
 @dataclass

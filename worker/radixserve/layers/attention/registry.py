@@ -35,8 +35,9 @@ logger = logging.getLogger(__name__)
 def resolve_backend_name(requested: str, device: str, context: AttentionContext) -> str:
     """`auto`: flashinfer on CUDA when it imports and every module it needs for this model
     (`context`) is already built; else triton on CUDA, and where FlashInfer could build them
-    (see `flashinfer_compiler_problem`) a background process does, for the next start.
-    torch_native on the CPU. A named backend stands as asked (FlashInfer's own start then
+    (see `flashinfer_compiler_problem`) a background process does, for the next start: one,
+    started by tensor-parallel rank 0 for all ranks (their modules are the same, and builds side
+    by side in one cache clobber each other's dependency log). torch_native on the CPU. A named backend stands as asked (FlashInfer's own start then
     builds what it lacks, or fails in one line)."""
     if requested != "auto":
         if requested not in BACKENDS:
@@ -58,7 +59,11 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
     todo = missing_flashinfer_modules(context)
     if not todo:
         return "flashinfer"
+    from radixserve.distributed.parallel_state import tp_rank  # torch: not for the CLI's import
+
     if problem := flashinfer_compiler_problem():
+        if tp_rank() != 0:  # said once, by rank 0
+            return "triton"
         logger.warning(
             "attention backend auto: triton, not FlashInfer, whose modules for this model "
             "(%s) %s. Install flashinfer-jit-cache for the installed flashinfer and CUDA, or a "
@@ -67,6 +72,8 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
             problem,
         )
         return "triton"
+    if tp_rank() != 0:
+        return "triton"  # rank 0 builds for every rank (side by side, builds clobber each other)
     start_flashinfer_build(context)
     logger.info(
         "attention backend auto: triton for this start. FlashInfer's modules for this model "
