@@ -1,11 +1,12 @@
 """Where a warm GPU start's seconds go, function by function: the scheduler's start (model
 setup, weights, KV, backend, graph capture, warm-up) replayed in one process under cProfile,
 on the cold-start checkpoint (cold_start.py writes it and compiles the bytecode into
-PYTHONPYCACHEPREFIX, which this must be given to see what a pod's image pays), with the CUDA context created on a
-thread as the scheduler process does. The phase times of `radixserve_startup_seconds` come
-with it, and the context's own time. Imports are apart: `python -X importtime` beside it.
+PYTHONPYCACHEPREFIX, which this must be given to see what a pod's image pays), with the CUDA
+context created on a thread as the scheduler process does. The phase times of
+`radixserve_startup_seconds` come with it, and the context's own time. Imports are apart:
+`python -X importtime` beside it. Writes the report (.txt) and pstats' binary (.prof).
 
-Usage on the device: python3 scripts/gpu/profile_start.py OUT_DIR [backend]
+Usage on the device: PYTHONPYCACHEPREFIX=... python3 scripts/gpu/profile_start.py OUT_DIR [backend]
 """
 
 from __future__ import annotations

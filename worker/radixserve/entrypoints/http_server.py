@@ -10,10 +10,10 @@ frees its KV slots (`request_log` notes the disconnect in one debug line and, wi
 `--log-requests`, logs each finished request).
 
 Lifecycle (`server_launch.run_server` starts it): the listening port is bound before the model
-loads (a port in use fails at once, and nothing can take the port meanwhile). SIGTERM (or SIGINT) makes `/ready` answer 503 at
-once and new generation requests get 503 + Retry-After, while requests already in flight run
-to completion for at most `--drain-timeout` seconds; then the rest are aborted, the scheduler
-process is stopped and the process exits 0.
+loads (a port in use fails at once, and nothing can take the port meanwhile). SIGTERM (or
+SIGINT) makes `/ready` answer 503 at once and new generation requests get 503 + Retry-After,
+while requests already in flight run to completion for at most `--drain-timeout` seconds; then
+the rest are aborted, the scheduler process is stopped and the process exits 0.
 """
 
 from __future__ import annotations

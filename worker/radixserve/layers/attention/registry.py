@@ -36,9 +36,10 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
     """`auto`: flashinfer on CUDA when it imports and every module it needs for this model
     (`context`) is already built; else triton on CUDA, and where FlashInfer could build them
     (see `flashinfer_compiler_problem`) a background process does, for the next start: one,
-    started by tensor-parallel rank 0 for all ranks (their modules are the same, and builds side
-    by side in one cache clobber each other's dependency log). torch_native on the CPU. A named backend stands as asked (FlashInfer's own start then
-    builds what it lacks, or fails in one line)."""
+    started by tensor-parallel rank 0 for all ranks (their modules are the same, and builds
+    side by side in one cache clobber each other's dependency log). torch_native on the CPU.
+    A named backend stands as asked (FlashInfer's own start then builds what it lacks, or
+    fails in one line)."""
     if requested != "auto":
         if requested not in BACKENDS:
             raise ValueError(f"unknown attention backend {requested!r}; one of {BACKEND_CHOICES}")
