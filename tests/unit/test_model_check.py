@@ -28,8 +28,10 @@ def checkpoint(root: Path, config: dict) -> str:
     return str(root)
 
 
-def test_a_checkpoint_directory_is_checked_without_torch_or_transformers(tmp_path):
-    model = checkpoint(tmp_path / "llama", LLAMA)
+@pytest.mark.parametrize("form", ["directory", "bundled"])
+def test_checked_without_torch_or_transformers(tmp_path, form):
+    """A checkpoint directory and the bundled model: the scheduler waits for this verdict."""
+    model = checkpoint(tmp_path / "llama", LLAMA) if form == "directory" else "builtin:smollm2-135m"
     probe = textwrap.dedent(
         f"""
         import sys

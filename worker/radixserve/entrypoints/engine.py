@@ -35,7 +35,7 @@ from radixserve.metrics.collectors import ServerMetrics
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_loader.checkpoint_files import start_prefetch
 from radixserve.sampling.sampling_params import SamplingParams
-from radixserve.server_args import ServerArgs
+from radixserve.server_args import BUILTIN_SMOLLM2, ServerArgs
 
 logger = logging.getLogger(__name__)
 
@@ -68,19 +68,20 @@ def check_model(server_args: ServerArgs) -> None:
     supported), or a --model that names nothing loadable. The Engine runs it while the
     scheduler process imports, and stops that process when the model is refused. A checkpoint
     directory is checked on its raw config.json, with neither torch nor transformers imported
-    (the scheduler waits for this verdict); other forms through the loader's derived config."""
+    (the scheduler waits for this verdict), and so is the bundled model, which is servable by
+    construction; other forms through the loader's derived config."""
     from radixserve.model_loader.checkpoint_files import hf_directory_config
     from radixserve.models.servable import check_servable
 
+    if server_args.model == BUILTIN_SMOLLM2:
+        return
     try:
         config = hf_directory_config(server_args.model)
         if config is None:
             from radixserve.model_loader.loader import derived_hf_config
 
-            hf_config = derived_hf_config(server_args.model)
-            config = None if hf_config is None else hf_config.to_dict()
-        if config is not None:
-            check_servable(config, server_args.quantization)
+            config = derived_hf_config(server_args.model).to_dict()
+        check_servable(config, server_args.quantization)
     except ValueError as exc:
         raise EngineStartupError(str(exc)) from None
 

@@ -94,14 +94,13 @@ def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
     return load_gguf_tokenizer(_gguf_file(model, path))
 
 
-def derived_hf_config(model: str) -> transformers.PretrainedConfig | None:
+def derived_hf_config(model: str) -> transformers.PretrainedConfig:
     """The config of a `--model` that has no config.json, read without any weights: a random
-    preset's, a GGUF file's metadata; None for the bundled model. What the front end checks
-    for those forms (a checkpoint directory's raw config.json is checked torch-free, through
-    checkpoint_files.hf_directory_config). Raises ValueError for a model it cannot load (an
-    architecture we do not serve among them, UnsupportedModelError)."""
-    if model == BUILTIN_SMOLLM2:
-        return None
+    preset's, a GGUF file's metadata. What the front end checks for those forms (a checkpoint
+    directory's raw config.json is checked torch-free, through
+    checkpoint_files.hf_directory_config, and the bundled model needs no check). Raises
+    ValueError for a model it cannot load (an architecture we do not serve among them,
+    UnsupportedModelError)."""
     if model.startswith(RANDOM_PREFIX):
         return random_init.random_hf_config(model[len(RANDOM_PREFIX) :])
     path = checkpoint_files.local_path(model)
