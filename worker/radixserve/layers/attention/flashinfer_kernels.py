@@ -1,13 +1,14 @@
 """FlashInfer's compiled modules for one model: which ones its plans load, whether they are
-built, and building them, side by side or in a background process.
+built, and building them, in one ninja run here or in a background process.
 
 FlashInfer compiles a module per (kind, dtypes, head dim, window, soft-cap) at the first plan
 that needs it, one at a time. On the H200 an 8B model's tensor-core decode module took 27.7 s
 inside CUDA graph capture and its FA3 prefill module 57.4 s in warm-up: a first-ever pod was
 ready after 111 s. Here those modules are named up front, with the arguments the wrappers'
 plans pass (flashinfer 0.5's decode.py and prefill.py), so that
-- `--attention-backend flashinfer` builds the missing ones side by side before its first plan
-  (`build`), and fails at start with one line where it cannot;
+- `--attention-backend flashinfer` builds the missing ones in one ninja run before its first
+  plan (`build`; tensor-parallel rank 0 for every rank), and fails at start with one line
+  where it cannot;
 - `auto` takes FlashInfer only when all are built (the prebuilt package, or the JIT cache on
   the model-cache volume), and otherwise serves this start with triton while a niced background
   process builds them (`build_in_background`), so the next start on that cache is FlashInfer's.

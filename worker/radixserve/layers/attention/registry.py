@@ -62,9 +62,9 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
         return "flashinfer"
     from radixserve.distributed.parallel_state import tp_rank  # torch: not for the CLI's import
 
+    if tp_rank() != 0:
+        return "triton"  # rank 0 says why, and builds for every rank
     if problem := flashinfer_compiler_problem():
-        if tp_rank() != 0:  # said once, by rank 0
-            return "triton"
         logger.warning(
             "attention backend auto: triton, not FlashInfer, whose modules for this model "
             "(%s) %s. Install flashinfer-jit-cache for the installed flashinfer and CUDA, or a "
@@ -73,8 +73,6 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
             problem,
         )
         return "triton"
-    if tp_rank() != 0:
-        return "triton"  # rank 0 builds for every rank (side by side, builds clobber each other)
     start_flashinfer_build(context)
     logger.info(
         "attention backend auto: triton for this start. FlashInfer's modules for this model "
