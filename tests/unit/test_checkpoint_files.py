@@ -73,3 +73,23 @@ def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
     assert prefetch(str(directory)) == 4000
     monkeypatch.setattr(checkpoint_files, "available_memory_bytes", lambda: 0)
     assert prefetch(str(directory)) == 0
+
+
+def test_the_weight_read_reserve_is_one_shard_and_working_copies_of_its_largest_tensor(tmp_path):
+    """What the KV sizing leaves free for a read after the graphs are captured, from the shards'
+    headers (safetensors' own writer made them)."""
+    import torch
+    from safetensors.torch import save_file
+
+    from radixserve.model_loader.hf_dir import load_device_bytes
+
+    save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16)}, tmp_path / "one.safetensors")
+    save_file(
+        {"b": torch.zeros(40, 2, dtype=torch.bfloat16), "c": torch.zeros(7)},
+        tmp_path / "two.safetensors",
+        metadata={"format": "pt"},
+    )
+    files = [tmp_path / "one.safetensors", tmp_path / "two.safetensors"]
+    assert checkpoint_files.largest_tensor_elements(files) == 80
+    largest_shard = (tmp_path / "two.safetensors").stat().st_size
+    assert load_device_bytes(files) == largest_shard + 3 * 4 * 80

@@ -1,5 +1,7 @@
 """A model too large for the device fails before loading, with a message that says what to do;
-the CPU's default KV pool is a bounded share of the available memory."""
+the CPU's default KV pool is a bounded share of the available memory; the KV pool, allocated
+before the weights are read, leaves the read room; the read writes into the parameters it
+found (graphs captured before it hold their addresses)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from radixserve.mem_cache.memory_pool import TokenToKVPool
 from radixserve.model_executor import model_runner
 from radixserve.model_executor.model_runner import (
     CPU_DEFAULT_KV_BYTES,
+    LOAD_MARGIN_BYTES,
     GiB,
     MiB,
     ModelRunner,
+    device_kv_budget,
     weight_bytes,
     weights_fit_problem,
 )
@@ -91,3 +95,36 @@ def test_cpu_kv_pool_defaults_to_a_bounded_share_of_available_memory(monkeypatch
     assert small.max_total_tokens < runner.max_total_tokens
     # an explicit capacity is taken as given
     assert _cpu_runner(max_total_tokens=512).max_total_tokens == 512
+
+
+def test_the_weight_read_fits_in_the_headroom_or_the_pool_gives_up_the_rest():
+    free, total = 120 * GiB, 140 * GiB
+    headroom = 140 * GiB * (1 - 0.85)  # 21 GiB for serving's activations
+    # nothing read after the pool is allocated, or a read that fits the headroom: as before
+    assert device_kv_budget(free, total, 0.85, 0) == free - headroom
+    assert device_kv_budget(free, total, 0.85, 5 * GiB) == free - headroom
+    # a read larger than the headroom (plus the margin) takes the difference from the pool
+    budget = device_kv_budget(free, total, 0.95, 10 * GiB)
+    assert budget == free - 10 * GiB - LOAD_MARGIN_BYTES
+    assert budget < free - total * (1 - 0.95)
+
+
+def test_loading_writes_into_the_parameters_in_place():
+    runner = _cpu_runner()
+    embedding = runner.model.model.embed_tokens.weight
+    assert embedding.abs().sum() > 0  # loaded: the random weights are not the zeros built
+    assert runner.model.model.embed_tokens.weight.data_ptr() == embedding.data_ptr()
+
+
+def test_a_load_that_replaces_a_parameter_fails_the_start(monkeypatch):
+    """Graphs captured before the read would replay over freed memory: refuse, loudly."""
+    model_cls = get_model_class("LlamaForCausalLM")
+    load = model_cls.load_weights
+
+    def load_then_replace(self, weights):
+        load(self, weights)
+        self.lm_head.weight = torch.nn.Parameter(self.lm_head.weight.clone())
+
+    monkeypatch.setattr(model_cls, "load_weights", load_then_replace)
+    with pytest.raises(RuntimeError, match="replaced 1 parameters.*lm_head.weight"):
+        _cpu_runner()

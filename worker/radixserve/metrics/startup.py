@@ -20,11 +20,11 @@ PHASES = (
     "imports",  # spawning the scheduler process and importing torch and the engine
     "model_check",  # the scheduler waiting for the front end's model check (past its imports)
     "model_setup",  # config and tokenizer of the checkpoint, the network built on the device
-    "weight_read",  # reading the checkpoint (disk to host or device buffers)
-    "host_to_device",  # copying the weights into the model's parameters
     "kv_allocation",  # the KV pool and request table
     "attention_backend",  # choosing and creating it: FlashInfer's import and module builds
-    "cuda_graph_capture",
+    "cuda_graph_capture",  # before the weights: graphs hold the parameters' addresses
+    "weight_read",  # reading the checkpoint (disk to host or device buffers)
+    "host_to_device",  # copying the weights into the model's parameters
     "kernel_warmup",  # compiling and planning kernels for serving's shapes
     "ready",  # the scheduler is up until /ready answers 200
 )

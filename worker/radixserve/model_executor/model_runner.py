@@ -1,8 +1,15 @@
 """ModelRunner: the model, its KV memory and its attention backend on one device.
 
 It turns a `ModelWorkerBatch` into a `ForwardBatch`, runs the model and samples. Memory is
-sized here, after the weights are in place, because only then is it known what is left:
+sized here once the network is allocated, because only then is it known what is left:
 `--max-total-tokens` if given, else a fraction of what the device has.
+
+The start runs in the order that keeps the disk busy: the network is allocated (zeroed), the KV
+pool sized and allocated, the attention backend created and the CUDA graphs captured, and only
+then are the weights read into the parameters. A captured graph holds the parameters'
+addresses, not their values, and a cold start is bound by the disk: the front end has been
+reading the weights into the page cache since the process started (checkpoint_files.py), so
+what runs before the load runs while the disk is still busy.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ MiB = 1 << 20
 # bundled model's server (both processes, weights and torch included) then stays under 2 GiB
 # of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
 CPU_DEFAULT_KV_BYTES = 256 * MiB
+# beside the weight read's own buffers while it runs after the graphs were captured: the graphs'
+# memory pool and the attention backend's workspace
+LOAD_MARGIN_BYTES = 1 * GiB
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
 
@@ -68,6 +78,10 @@ class TimedIterator:
             self.seconds += time.perf_counter() - start
 
 
+def parameter_addresses(model: torch.nn.Module) -> dict[str, int]:
+    return {name: p.data_ptr() for name, p in model.named_parameters()}
+
+
 def weight_bytes(model: torch.nn.Module) -> int:
     """Bytes of this rank's parameters and buffers (works on a meta-device model)."""
     tensors = [*model.parameters(), *model.buffers()]
@@ -86,6 +100,17 @@ def weights_fit_problem(need: int, free: int, total: int, device: str) -> str | 
         f"and {free / GiB:.2f} GiB of the device's {total / GiB:.2f} GiB are free; shard it over "
         "more GPUs with --tp-size, choose a smaller --dtype, or a smaller model"
     )
+
+
+def device_kv_budget(free: int, total: int, mem_fraction_static: float, load_reserve: int) -> float:
+    """Bytes of the `free` device memory the KV pool may take: all but the headroom that
+    `--mem-fraction-static` leaves for serving's activations, which must also hold the weight
+    read's `load_reserve` (plus a margin) when the weights are read after the pool is allocated;
+    only where that is more than the headroom does the pool give up the difference."""
+    headroom = total * (1.0 - mem_fraction_static)
+    if load_reserve:
+        headroom = max(headroom, load_reserve + LOAD_MARGIN_BYTES)
+    return free - headroom
 
 
 @dataclass
@@ -111,10 +136,17 @@ class ModelRunner:
         self.startup = startup or StartupPhases()
 
         self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
-        self.model = self._load_model(source)
+        with self.startup.timed("model_setup"):
+            self.model = self._build_model()
+        # An FP8 KV cache's per-layer scales come with the weights and are baked into the
+        # captured graphs as numbers: there the weights go first.
+        weights_first = self.kv_dtype != self.dtype
+        if weights_first:
+            self._load_weights(source)
         with self.startup.timed("kv_allocation"):
             # every rank must schedule identically: agree on the smallest capacity
-            self.max_total_tokens = min_across_ranks(self._kv_capacity())
+            reserve = 0 if weights_first else source.load_device_bytes
+            self.max_total_tokens = min_across_ranks(self._kv_capacity(reserve))
             self.max_running_requests = server_args.max_running_requests or (
                 256 if self.device.type == "cuda" else 64
             )
@@ -157,23 +189,33 @@ class ModelRunner:
                     self.future_tokens,
                     max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
                 )
+        if not weights_first:
+            self._load_weights(source)
 
-    def _load_model(self, source: ModelSource) -> torch.nn.Module:
-        with self.startup.timed("model_setup"):
-            model = self._build_model()
+    def _load_weights(self, source: ModelSource) -> None:
+        """Stream the checkpoint into the parameters, in place: anything captured or planned
+        before holds their addresses (this raises if the load moved one)."""
+        addresses = parameter_addresses(self.model)
         start = time.perf_counter()
         weights = TimedIterator(source.weights())
-        model.load_weights(weights)
+        self.model.load_weights(weights)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-            # the reader's transient buffers must not count as used when the KV pool is sized
+            # the reader's transient buffers go back to the device
             torch.cuda.empty_cache()
         self.startup.add("weight_read", weights.seconds)
         self.startup.add("host_to_device", time.perf_counter() - start - weights.seconds)
-        return model.eval()
+        moved = sorted(n for n, a in parameter_addresses(self.model).items() if addresses[n] != a)
+        if moved:
+            raise RuntimeError(
+                f"loading the weights replaced {len(moved)} parameters instead of writing into "
+                f"them (e.g. {moved[:3]}): CUDA graphs captured before would read freed memory"
+            )
 
     def _build_model(self) -> torch.nn.Module:
-        """The network on the device, its parameters not yet loaded."""
+        """The network on the device, its parameters allocated and zeroed (a pass over them
+        before the weights arrive, as graph capture runs, computes finite values), not yet
+        loaded."""
         model_cls = get_model_class(self.model_config.architecture)
         default_dtype = torch.get_default_dtype()
         torch.set_default_dtype(self.dtype)
@@ -188,7 +230,7 @@ class ModelRunner:
                 if problem is not None:
                     raise RuntimeError(problem)
             with torch.device(self.device):
-                return model_cls(self.model_config.hf_config, self.quantization)
+                return model_cls(self.model_config.hf_config, self.quantization).eval()
         finally:
             torch.set_default_dtype(default_dtype)
 
@@ -211,14 +253,19 @@ class ModelRunner:
         """KV heads this rank stores (all of them without tensor parallelism)."""
         return self.model.model.layers[0].self_attn.num_kv_heads
 
-    def _kv_capacity(self) -> int:
+    def _kv_capacity(self, load_reserve: int) -> int:
+        """KV tokens that fit. `load_reserve`: device bytes the weight read still needs beside
+        the parameters; it comes out of the headroom `--mem-fraction-static` leaves (which
+        serving's activations use only later), and out of the pool only where it exceeds it."""
         cfg = self.model_config
         per_token = TokenToKVPool.bytes_per_token(
             cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.kv_dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = free - total * (1.0 - self.server_args.mem_fraction_static)
+            budget = device_kv_budget(
+                free, total, self.server_args.mem_fraction_static, load_reserve
+            )
         else:
             budget = available_memory_bytes() * self.server_args.mem_fraction_static * 0.5
         fits = int(budget // per_token)

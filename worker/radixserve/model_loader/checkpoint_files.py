@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import queue
 import threading
@@ -56,6 +57,19 @@ def safetensors_files(directory: Path) -> list[Path]:
             "(convert .bin checkpoints with save_pretrained(safe_serialization=True))"
         )
     return files
+
+
+def largest_tensor_elements(files: list[Path]) -> int:
+    """Elements of the largest tensor in the shards, from their headers alone (an 8-byte
+    length, then JSON naming each tensor's shape)."""
+    largest = 0
+    for file in files:
+        with file.open("rb") as shard:
+            header = json.loads(shard.read(int.from_bytes(shard.read(8), "little")))
+        for name, entry in header.items():
+            if name != "__metadata__":
+                largest = max(largest, math.prod(entry["shape"]))
+    return largest
 
 
 def local_path(model: str, cached_only: bool = False) -> Path:

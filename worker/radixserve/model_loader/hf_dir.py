@@ -26,6 +26,7 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
+from radixserve.model_loader import checkpoint_files
 from radixserve.model_loader.architectures import check_architecture
 from radixserve.model_loader.config import as_id_set
 
@@ -59,6 +60,15 @@ def generation_eos_token_ids(directory: Path) -> set[int]:
     if not (directory / "generation_config.json").is_file():
         return set()
     return as_id_set(GenerationConfig.from_pretrained(str(directory)).eos_token_id)
+
+
+def load_device_bytes(files: list[Path]) -> int:
+    """What reading `files` onto a GPU holds there beside the parameters at its peak: one
+    shard (fastsafetensors' buffer, `queue_size=-1` below) and float32 working copies of its
+    largest tensor (a dtype conversion, or FP8 quantization at load: the tensor, its scaled
+    copy and the clamped one)."""
+    largest_shard = max(file.stat().st_size for file in files)
+    return largest_shard + 3 * 4 * checkpoint_files.largest_tensor_elements(files)
 
 
 def iter_safetensors(

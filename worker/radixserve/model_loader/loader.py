@@ -51,6 +51,8 @@ class ModelSource:
     tokenizer: transformers.PreTrainedTokenizerBase | None
     description: str
     weights_factory: Callable[[], WeightIterator] = field(repr=False)
+    # device memory the weight read holds beside the parameters while it runs
+    load_device_bytes: int = 0
 
     def weights(self) -> WeightIterator:
         """(HF parameter name, CPU tensor in `config.dtype`) pairs, read lazily; each call starts
@@ -185,6 +187,7 @@ def _from_hf_directory(
             f"{config.dtype})"
         ),
         weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype, device),
+        load_device_bytes=hf_dir.load_device_bytes(files) if device != "cpu" else 0,
     )
 
 

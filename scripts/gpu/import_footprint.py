@@ -1,0 +1,120 @@
+"""How much of a cold start's `imports` phase is the disk: the scheduler process's imports (the
+engine, torch, its CUDA context) timed in a fresh interpreter with the page cache warm, dropped
+with the disk idle, dropped with the weight read-ahead beside it (as a start runs them), and
+dropped after the shared libraries that import maps had been read ahead in whole files.
+
+Run on the device after cold_start.py (it reads the checkpoint cold_start.py wrote; export the
+same PYTHONPYCACHEPREFIX). This process imports no torch: the pages a live process maps stay
+in memory when the page cache is dropped. Usage: python3 scripts/gpu/import_footprint.py OUT_JSON
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+CHECKPOINT = Path("/tmp/cold-start/llama-3-8b")  # cold_start.py's
+
+# what the scheduler process imports before it loads a model, and its CUDA context; prints
+# the seconds, then its memory map (the shared libraries it mapped)
+IMPORT = (
+    "import time; t = time.perf_counter()\n"
+    "import radixserve.managers.scheduler_process, torch\n"
+    "torch.zeros(1, device='cuda')\n"
+    "print(time.perf_counter() - t)\n"
+    "print(open('/proc/self/maps').read())\n"
+)
+
+
+def drop_page_cache() -> None:
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+def timed_import() -> tuple[float, list[Path]]:
+    out = subprocess.run(
+        [sys.executable, "-c", IMPORT], capture_output=True, text=True, check=True
+    ).stdout
+    first, *maps = out.splitlines()
+    libraries = {Path(line.split()[-1]) for line in maps if ".so" in line.split()[-1]}
+    return float(first), sorted(p for p in libraries if p.is_file())
+
+
+def read_whole(files: list[Path], threads: int = 2) -> float:
+    """Read the files once, sequentially in 8 MB chunks, on `threads` threads; the seconds."""
+    started = time.perf_counter()
+    pending = list(files)
+    lock = threading.Lock()
+
+    def reader() -> None:
+        buffer = bytearray(8 << 20)
+        while True:
+            with lock:
+                if not pending:
+                    return
+                file = pending.pop(0)
+            with file.open("rb", buffering=0) as f:
+                while f.readinto(buffer):
+                    pass
+
+    workers = [threading.Thread(target=reader) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    results: dict = {}
+    results["warm_s"], libraries = timed_import()
+    results["libraries"] = {str(p): p.stat().st_size for p in libraries}
+    results["library_bytes"] = sum(results["libraries"].values())
+    print(
+        f"warm {results['warm_s']:.2f}s; {len(libraries)} libraries mapped, "
+        f"{results['library_bytes'] / 1e9:.2f} GB",
+        flush=True,
+    )
+    drop_page_cache()
+    results["cold_idle_s"], _ = timed_import()
+    print(f"cold, disk idle {results['cold_idle_s']:.2f}s", flush=True)
+    drop_page_cache()
+    read_ahead = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys; from radixserve.model_loader.checkpoint_files import prefetch; "
+         "prefetch(sys.argv[1])", str(CHECKPOINT)]
+    )  # fmt: skip
+    try:
+        results["cold_beside_read_ahead_s"], _ = timed_import()
+    finally:
+        read_ahead.kill()
+        read_ahead.wait()
+    print(f"cold, weights read beside {results['cold_beside_read_ahead_s']:.2f}s", flush=True)
+    # cold_start.py's own process imports torch: do the pages a live process maps survive
+    # the drop (then its starts' imports were partly warm)?
+    holder = subprocess.Popen([sys.executable, "-c", "import torch, time; time.sleep(600)"])
+    time.sleep(8)
+    drop_page_cache()
+    try:
+        results["cold_beside_torch_holder_s"], _ = timed_import()
+    finally:
+        holder.kill()
+        holder.wait()
+    print(f"cold, torch held by another process {results['cold_beside_torch_holder_s']:.2f}s")
+    drop_page_cache()
+    results["library_read_s"] = read_whole(libraries)
+    results["after_library_read_s"], _ = timed_import()
+    print(
+        f"libraries read in {results['library_read_s']:.2f}s, then import "
+        f"{results['after_library_read_s']:.2f}s",
+        flush=True,
+    )
+    Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
