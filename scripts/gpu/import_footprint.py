@@ -40,7 +40,9 @@ def timed_import() -> tuple[float, list[Path]]:
         [sys.executable, "-c", IMPORT], capture_output=True, text=True, check=True
     ).stdout
     first, *maps = out.splitlines()
-    libraries = {Path(line.split()[-1]) for line in maps if ".so" in line.split()[-1]}
+    # a mapping's line ends in its file's path; anonymous ones have five fields, no path
+    paths = [line.split()[5] for line in maps if len(line.split()) >= 6]
+    libraries = {Path(path) for path in paths if ".so" in Path(path).name}
     return float(first), sorted(p for p in libraries if p.is_file())
 
 
