@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-CHECKPOINT = Path("/tmp/cold-start/llama-3-8b")  # cold_start.py's
+from cold_start import CHECKPOINT  # torch-free
 
 # what the scheduler process imports before it loads a model, and its CUDA context; prints
 # the seconds, then its memory map (the shared libraries it mapped)
@@ -27,6 +27,16 @@ IMPORT = (
     "torch.zeros(1, device='cuda')\n"
     "print(time.perf_counter() - t)\n"
     "print(open('/proc/self/maps').read())\n"
+)
+
+
+READ_AHEAD_VARIANTS = ((2, 8), (1, 8), (2, 1))
+READ_AHEAD = (
+    "import sys, time\n"
+    "from radixserve.model_loader import checkpoint_files as c\n"
+    "c.READ_THREADS, c.CHUNK_BYTES = int(sys.argv[2]), int(sys.argv[3]) << 20\n"
+    "t = time.perf_counter()\n"
+    "print(c.prefetch(sys.argv[1]) / 1e9 / (time.perf_counter() - t))\n"
 )
 
 
@@ -84,18 +94,24 @@ def main() -> None:
     drop_page_cache()
     results["cold_idle_s"], _ = timed_import()
     print(f"cold, disk idle {results['cold_idle_s']:.2f}s", flush=True)
-    drop_page_cache()
-    read_ahead = subprocess.Popen(
-        [sys.executable, "-c",
-         "import sys; from radixserve.model_loader.checkpoint_files import prefetch; "
-         "prefetch(sys.argv[1])", str(CHECKPOINT)]
-    )  # fmt: skip
-    try:
-        results["cold_beside_read_ahead_s"], _ = timed_import()
-    finally:
-        read_ahead.kill()
-        read_ahead.wait()
-    print(f"cold, weights read beside {results['cold_beside_read_ahead_s']:.2f}s", flush=True)
+    # the weight read-ahead beside the import, as a start runs them: its readers and chunk
+    # size against the import's time and its own throughput (it reads to the end)
+    for threads, chunk_mb in READ_AHEAD_VARIANTS:
+        drop_page_cache()
+        read_ahead = subprocess.Popen(
+            [sys.executable, "-c", READ_AHEAD, str(CHECKPOINT), str(threads), str(chunk_mb)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        import_s, _ = timed_import()
+        gb_per_s = float(read_ahead.communicate(timeout=120)[0])
+        key = f"cold_beside_read_ahead_{threads}x{chunk_mb}MB"
+        results[key] = {"import_s": import_s, "read_ahead_gb_per_s": gb_per_s}
+        print(
+            f"cold, weights read beside ({threads} x {chunk_mb} MB): import {import_s:.2f}s, "
+            f"read-ahead {gb_per_s:.2f} GB/s",
+            flush=True,
+        )
     # cold_start.py's own process imports torch: do the pages a live process maps survive
     # the drop (then its starts' imports were partly warm)?
     holder = subprocess.Popen([sys.executable, "-c", "import torch, time; time.sleep(600)"])
