@@ -191,7 +191,7 @@ def main() -> None:
     print(f"bytecode compiled in {results['bytecode_compile_s']:.1f}s", flush=True)
     config = json.loads((CHECKPOINT / "config.json").read_text())
     results["checkpoint_gb"] = sum(f.stat().st_size for f in CHECKPOINT.iterdir()) / 1e9
-    results["architecture"] = config["architectures"][0]
+    results["architecture"] = config["model_type"]
     # COLD_START_WARM_RUNS warm starts per backend (default 1): machines differ widely
     warm_runs = int(os.environ.get("COLD_START_WARM_RUNS", "1"))
     kinds = ["first_ever", "warm_caches"] + [f"warm_caches_{i}" for i in range(2, warm_runs + 1)]
