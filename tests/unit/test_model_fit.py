@@ -20,6 +20,7 @@ from radixserve.model_executor.model_runner import (
     weight_bytes,
     weights_fit_problem,
 )
+from radixserve.model_loader import random_init
 from radixserve.model_loader.loader import load_model_source
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -128,3 +129,12 @@ def test_a_load_that_replaces_a_parameter_fails_the_start(monkeypatch):
     monkeypatch.setattr(model_cls, "load_weights", load_then_replace)
     with pytest.raises(RuntimeError, match="replaced 1 parameters.*lm_head.weight"):
         _cpu_runner()
+
+
+def test_a_random_model_read_onto_a_gpu_reserves_working_copies_of_its_largest_tensor():
+    """Nothing is drawn until the weights are read, so the source is built here without CUDA."""
+    gpu = load_model_source("random:tiny-llama", dtype="bfloat16", device="cuda")
+    shapes = random_init.parameter_shapes(random_init.random_hf_config("tiny-llama"))
+    largest = max(shape.numel() for _, shape in shapes)
+    assert gpu.load_device_bytes == 4 * 4 * largest > 0
+    assert load_model_source("random:tiny-llama", device="cpu").load_device_bytes == 0

@@ -210,6 +210,11 @@ def _from_random(
         description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
         f"{config.dtype})",
         weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype, device),
+        # on a GPU: the largest tensor's float32 draw, its cast, and FP8 quantization's
+        # working copies of it (see hf_dir.load_device_bytes)
+        load_device_bytes=(
+            4 * 4 * max(shape.numel() for _, shape in shapes) if device != "cpu" else 0
+        ),
     )
 
 
