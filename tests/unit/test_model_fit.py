@@ -1,7 +1,7 @@
 """A model too large for the device fails before loading, with a message that says what to do;
-the CPU's default KV pool is a bounded share of the available memory; the KV pool, allocated
-before the weights are read, leaves the read room; the read writes into the parameters it
-found (graphs captured before it hold their addresses)."""
+the CPU's default KV pool is a bounded share of the available memory; the weights are read
+after the pool and the graphs only where the read's buffers fit beside them, and the read
+writes into the parameters it found (graphs captured before it hold their addresses)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,10 @@ from radixserve.mem_cache.memory_pool import TokenToKVPool
 from radixserve.model_executor import model_runner
 from radixserve.model_executor.model_runner import (
     CPU_DEFAULT_KV_BYTES,
-    LOAD_MARGIN_BYTES,
     GiB,
     MiB,
     ModelRunner,
-    device_kv_budget,
+    reads_weights_last,
     weight_bytes,
     weights_fit_problem,
 )
@@ -98,16 +97,15 @@ def test_cpu_kv_pool_defaults_to_a_bounded_share_of_available_memory(monkeypatch
     assert _cpu_runner(max_total_tokens=512).max_total_tokens == 512
 
 
-def test_the_weight_read_fits_in_the_headroom_or_the_pool_gives_up_the_rest():
-    free, total = 120 * GiB, 140 * GiB
-    headroom = 140 * GiB * (1 - 0.85)  # 21 GiB for serving's activations
-    # nothing read after the pool is allocated, or a read that fits the headroom: as before
-    assert device_kv_budget(free, total, 0.85, 0) == free - headroom
-    assert device_kv_budget(free, total, 0.85, 5 * GiB) == free - headroom
-    # a read larger than the headroom (plus the margin) takes the difference from the pool
-    budget = device_kv_budget(free, total, 0.95, 10 * GiB)
-    assert budget == free - 10 * GiB - LOAD_MARGIN_BYTES
-    assert budget < free - total * (1 - 0.95)
+def test_the_weights_are_read_last_only_where_their_buffers_fit_beside_the_pool():
+    total = 140 * GiB  # at 0.85, 21 GiB of headroom for serving's activations
+    assert reads_weights_last(True, 10 * GiB, total, 0.85)
+    # a small GPU, or a read too large for the headroom: the weights first, the pool intact
+    assert not reads_weights_last(True, 10 * GiB, 24 * GiB, 0.85)
+    assert not reads_weights_last(True, 20.5 * GiB, total, 0.85)  # the margin does not fit
+    assert not reads_weights_last(True, 10 * GiB, total, 0.95)
+    # an FP8 KV cache bakes the checkpoint's scales into the graphs: always first
+    assert not reads_weights_last(False, 0, total, 0.85)
 
 
 def test_loading_writes_into_the_parameters_in_place():

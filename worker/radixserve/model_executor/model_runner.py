@@ -6,10 +6,11 @@ sized here once the network is allocated, because only then is it known what is 
 
 The start runs in the order that keeps the disk busy: the network is allocated (zeroed), the KV
 pool sized and allocated, the attention backend created and the CUDA graphs captured, and only
-then are the weights read into the parameters. A captured graph holds the parameters'
-addresses, not their values, and a cold start is bound by the disk: the front end has been
-reading the weights into the page cache since the process started (checkpoint_files.py), so
-what runs before the load runs while the disk is still busy.
+then are the weights read into the parameters (where the read's buffers fit beside the pool;
+see `reads_weights_last`). A captured graph holds the parameters' addresses, not their values,
+and a cold start is bound by the disk: the front end has been reading the weights into the page
+cache since the process started (checkpoint_files.py), so what runs before the load runs while
+the disk is still busy.
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ MiB = 1 << 20
 # bundled model's server (both processes, weights and torch included) then stays under 2 GiB
 # of RSS, with 5825 of its 45 KiB tokens (its prompts and answers, not its whole 8k context).
 CPU_DEFAULT_KV_BYTES = 256 * MiB
-# beside the weight read's own buffers while it runs after the graphs were captured: the graphs'
-# memory pool and the attention backend's workspace
+# what the headroom holds beside the weight read's own buffers when the read runs after the
+# graphs were captured: the graphs' memory pool and the attention backend's workspace
 LOAD_MARGIN_BYTES = 1 * GiB
 KV_CACHE_DTYPES = {"fp8_e4m3": torch.float8_e4m3fn}
 
@@ -102,15 +103,17 @@ def weights_fit_problem(need: int, free: int, total: int, device: str) -> str | 
     )
 
 
-def device_kv_budget(free: int, total: int, mem_fraction_static: float, load_reserve: int) -> float:
-    """Bytes of the `free` device memory the KV pool may take: all but the headroom that
-    `--mem-fraction-static` leaves for serving's activations, which must also hold the weight
-    read's `load_reserve` (plus a margin) when the weights are read after the pool is allocated;
-    only where that is more than the headroom does the pool give up the difference."""
+def reads_weights_last(
+    kv_in_model_dtype: bool, load_bytes: int, total: int, mem_fraction_static: float
+) -> bool:
+    """Whether the weights are read after the KV pool is allocated and the graphs captured
+    (while the disk is still busy with the read-ahead): where the read's buffers (`load_bytes`,
+    plus a margin) fit in the headroom `--mem-fraction-static` leaves beside weights and pool,
+    which serving's activations use only later. Elsewhere (a small GPU) the read goes first, as
+    the pool must not shrink for a faster start. An FP8 KV cache also reads first: its
+    checkpoint scales are baked into the captured graphs as numbers."""
     headroom = total * (1.0 - mem_fraction_static)
-    if load_reserve:
-        headroom = max(headroom, load_reserve + LOAD_MARGIN_BYTES)
-    return free - headroom
+    return kv_in_model_dtype and load_bytes + LOAD_MARGIN_BYTES <= headroom
 
 
 @dataclass
@@ -138,15 +141,17 @@ class ModelRunner:
         self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
         with self.startup.timed("model_setup"):
             self.model = self._build_model()
-        # An FP8 KV cache's per-layer scales come with the weights and are baked into the
-        # captured graphs as numbers: there the weights go first.
-        weights_first = self.kv_dtype != self.dtype
-        if weights_first:
+        weights_last = self.device.type != "cuda" or reads_weights_last(
+            self.kv_dtype == self.dtype,
+            source.load_device_bytes,
+            torch.cuda.mem_get_info(self.device)[1],
+            server_args.mem_fraction_static,
+        )
+        if not weights_last:
             self._load_weights(source)
         with self.startup.timed("kv_allocation"):
             # every rank must schedule identically: agree on the smallest capacity
-            reserve = 0 if weights_first else source.load_device_bytes
-            self.max_total_tokens = min_across_ranks(self._kv_capacity(reserve))
+            self.max_total_tokens = min_across_ranks(self._kv_capacity())
             self.max_running_requests = server_args.max_running_requests or (
                 256 if self.device.type == "cuda" else 64
             )
@@ -189,7 +194,7 @@ class ModelRunner:
                     self.future_tokens,
                     max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
                 )
-        if not weights_first:
+        if weights_last:
             self._load_weights(source)
 
     def _load_weights(self, source: ModelSource) -> None:
@@ -253,19 +258,14 @@ class ModelRunner:
         """KV heads this rank stores (all of them without tensor parallelism)."""
         return self.model.model.layers[0].self_attn.num_kv_heads
 
-    def _kv_capacity(self, load_reserve: int) -> int:
-        """KV tokens that fit. `load_reserve`: device bytes the weight read still needs beside
-        the parameters; it comes out of the headroom `--mem-fraction-static` leaves (which
-        serving's activations use only later), and out of the pool only where it exceeds it."""
+    def _kv_capacity(self) -> int:
         cfg = self.model_config
         per_token = TokenToKVPool.bytes_per_token(
             cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.kv_dtype
         )
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
-            budget = device_kv_budget(
-                free, total, self.server_args.mem_fraction_static, load_reserve
-            )
+            budget = free - total * (1.0 - self.server_args.mem_fraction_static)
         else:
             budget = available_memory_bytes() * self.server_args.mem_fraction_static * 0.5
         fits = int(budget // per_token)
