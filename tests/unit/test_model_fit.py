@@ -110,6 +110,9 @@ def test_the_weights_are_read_last_only_where_their_buffers_fit_beside_the_pool(
 
 def test_loading_writes_into_the_parameters_in_place():
     runner = _cpu_runner()
+    # the read comes last (the CPU has no graphs, but the same order)
+    phases = list(runner.startup.seconds)
+    assert phases.index("kv_allocation") < phases.index("weight_read")
     embedding = runner.model.model.embed_tokens.weight
     assert embedding.abs().sum() > 0  # loaded: the random weights are not the zeros built
     assert runner.model.model.embed_tokens.weight.data_ptr() == embedding.data_ptr()
