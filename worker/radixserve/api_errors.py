@@ -68,6 +68,15 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
+def http_exception_error(exc: web.HTTPException) -> APIError:
+    """One of aiohttp's own error replies (an unknown route, a wrong method, a body too large),
+    as every server here answers it: in OpenAI's shape, `not_found` for a 404, a server error
+    from 500 on."""
+    code = "not_found" if exc.status == 404 else None
+    kind = "invalid_request_error" if exc.status < 500 else "server_error"
+    return APIError(exc.reason, status=exc.status, type=kind, code=code)
+
+
 def error_response(error: APIError) -> web.Response:
     """`error` as an HTTP reply: its JSON body, its status, and Retry-After when it has one
     (aiohttp imported here: the layers that only raise never load it)."""

@@ -34,7 +34,13 @@ from typing import Any
 
 from aiohttp import web
 
-from radixserve.api_errors import RETRY_AFTER_S, APIError, InvalidParameterError, error_response
+from radixserve.api_errors import (
+    RETRY_AFTER_S,
+    APIError,
+    InvalidParameterError,
+    error_response,
+    http_exception_error,
+)
 from radixserve.entrypoints.engine import Engine
 from radixserve.entrypoints.openai.protocol import (
     FieldPolicy,
@@ -150,8 +156,7 @@ async def openai_errors(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = "not_found" if exc.status == 404 else None
-        return error_response(APIError(exc.reason, status=exc.status, code=code))
+        return error_response(http_exception_error(exc))
     except Exception as exc:
         error = as_api_error(exc)
         if error.status >= 500:

@@ -26,7 +26,7 @@ from collections.abc import Awaitable, Callable
 import aiohttp
 from aiohttp import web
 
-from radixserve.api_errors import APIError, error_response
+from radixserve.api_errors import APIError, error_response, http_exception_error
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
@@ -161,9 +161,7 @@ async def openai_errors(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = "not_found" if exc.status == 404 else None
-        kind = "invalid_request_error" if exc.status < 500 else "server_error"
-        return error_response(APIError(exc.reason, exc.status, kind, code=code or "error"))
+        return error_response(http_exception_error(exc))
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception:
