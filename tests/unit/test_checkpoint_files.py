@@ -75,21 +75,34 @@ def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
     assert prefetch(str(directory)) == 0
 
 
-def test_the_weight_read_reserve_is_one_shard_and_working_copies_of_its_largest_tensor(tmp_path):
-    """What the KV sizing leaves free for a read after the graphs are captured, from the shards'
-    headers (safetensors' own writer made them)."""
+def test_the_weight_read_holds_one_shard_and_the_largest_tensor_it_converts(tmp_path):
+    """What the read holds on the device beside the parameters, from the shards' headers
+    (safetensors' own writer made them): tensors already in the model dtype, FP8 weights and
+    scales are not converted."""
     import torch
     from safetensors.torch import save_file
 
     from radixserve.model_loader.hf_dir import load_device_bytes
 
-    save_file({"a": torch.zeros(3, 5, dtype=torch.bfloat16)}, tmp_path / "one.safetensors")
     save_file(
-        {"b": torch.zeros(40, 2, dtype=torch.bfloat16), "c": torch.zeros(7)},
+        {
+            "a.weight": torch.zeros(3, 5, dtype=torch.bfloat16),
+            "big.weight": torch.zeros(40, 40, dtype=torch.bfloat16),
+            "fp8.weight": torch.zeros(50, 50).to(torch.float8_e4m3fn),
+            "fp8.weight_scale": torch.zeros(50),
+        },
+        tmp_path / "one.safetensors",
+    )
+    save_file(
+        {"b.weight": torch.zeros(30, 2), "norm.weight": torch.zeros(7)},
         tmp_path / "two.safetensors",
         metadata={"format": "pt"},
     )
     files = [tmp_path / "one.safetensors", tmp_path / "two.safetensors"]
-    assert checkpoint_files.largest_tensor_elements(files) == 80
-    largest_shard = (tmp_path / "two.safetensors").stat().st_size
-    assert load_device_bytes(files) == largest_shard + 3 * 4 * 80
+    entries = {name: (dtype, n) for name, dtype, n in checkpoint_files.tensor_entries(files)}
+    assert entries["big.weight"] == ("BF16", 1600) and entries["b.weight"] == ("F32", 60)
+    largest_shard = (tmp_path / "one.safetensors").stat().st_size
+    # served in bf16: only the float32 tensors convert, the largest has 60 elements
+    assert load_device_bytes(files, torch.bfloat16) == largest_shard + 60 * 2
+    # served in float32: the bf16 ones convert (the FP8 weight and its scale never do)
+    assert load_device_bytes(files, torch.float32) == largest_shard + 1600 * 4

@@ -15,6 +15,7 @@ from radixserve.model_executor.model_runner import (
     GiB,
     MiB,
     ModelRunner,
+    quantization_working_bytes,
     reads_weights_last,
     weight_bytes,
     weights_fit_problem,
@@ -132,10 +133,20 @@ def test_a_load_that_replaces_a_parameter_fails_the_start(monkeypatch):
         _cpu_runner()
 
 
-def test_a_random_model_read_onto_a_gpu_reserves_working_copies_of_its_largest_tensor():
+def test_a_random_model_drawn_on_a_gpu_holds_its_largest_tensor_twice():
     """Nothing is drawn until the weights are read, so the source is built here without CUDA."""
     gpu = load_model_source("random:tiny-llama", dtype="bfloat16", device="cuda")
     shapes = random_init.parameter_shapes(random_init.random_hf_config("tiny-llama"))
     largest = max(shape.numel() for _, shape in shapes)
-    assert gpu.load_device_bytes == 4 * 4 * largest > 0
+    assert gpu.load_device_bytes == (4 + 2) * largest > 0  # the float32 draw, the bf16 cast
     assert load_model_source("random:tiny-llama", device="cpu").load_device_bytes == 0
+
+
+def test_fp8_quantization_at_load_works_in_float32_copies_of_one_matrix():
+    plain = _cpu_runner()
+    assert quantization_working_bytes(plain.model) == 0
+    fp8 = _cpu_runner(quantization="fp8")
+    matrices = [
+        p.shape[-2] * p.shape[-1] for p in fp8.model.parameters() if p.dtype == torch.float8_e4m3fn
+    ]
+    assert matrices and quantization_working_bytes(fp8.model) == 3 * 4 * max(matrices)

@@ -19,6 +19,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from radixserve.host_memory import available_memory_bytes
@@ -59,17 +60,15 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
-def largest_tensor_elements(files: list[Path]) -> int:
-    """Elements of the largest tensor in the shards, from their headers alone (an 8-byte
-    length, then JSON naming each tensor's shape)."""
-    largest = 0
+def tensor_entries(files: list[Path]) -> Iterator[tuple[str, str, int]]:
+    """(name, stored dtype as safetensors names it, elements) of every tensor in the shards,
+    from their headers alone (an 8-byte length, then JSON)."""
     for file in files:
         with file.open("rb") as shard:
             header = json.loads(shard.read(int.from_bytes(shard.read(8), "little")))
         for name, entry in header.items():
             if name != "__metadata__":
-                largest = max(largest, math.prod(entry["shape"]))
-    return largest
+                yield name, entry["dtype"], math.prod(entry["shape"])
 
 
 def local_path(model: str, cached_only: bool = False) -> Path:

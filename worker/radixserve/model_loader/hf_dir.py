@@ -36,6 +36,8 @@ READ_THREADS = 16
 _NON_PARAMETER_SUFFIXES = ("rotary_emb.inv_freq",)
 # Quantization scales: kept in float32 whatever the model dtype.
 SCALE_SUFFIXES = ("_scale", "_scale_inv")
+# the names safetensors headers give the model dtypes
+SAFETENSORS_DTYPES = {torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16"}
 
 
 def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
@@ -62,13 +64,21 @@ def generation_eos_token_ids(directory: Path) -> set[int]:
     return as_id_set(GenerationConfig.from_pretrained(str(directory)).eos_token_id)
 
 
-def load_device_bytes(files: list[Path]) -> int:
-    """What reading `files` onto a GPU holds there beside the parameters at its peak: one
-    shard (fastsafetensors' buffer, `queue_size=-1` below) and float32 working copies of its
-    largest tensor (a dtype conversion, or FP8 quantization at load: the tensor, its scaled
-    copy and the clamped one)."""
-    largest_shard = max(file.stat().st_size for file in files)
-    return largest_shard + 3 * 4 * checkpoint_files.largest_tensor_elements(files)
+def load_device_bytes(files: list[Path], dtype: torch.dtype) -> int:
+    """What reading `files` onto a GPU holds there beside the parameters at its peak: one shard
+    (fastsafetensors' buffer, `queue_size=-1` below) and the largest tensor `as_loaded`
+    converts to `dtype`, from the shards' headers."""
+    target = SAFETENSORS_DTYPES.get(dtype)
+    converted = max(
+        (
+            elements * dtype.itemsize
+            for name, stored, elements in checkpoint_files.tensor_entries(files)
+            if stored != target and not stored.startswith(("F8", "I8", "U8"))
+            and not name.endswith(SCALE_SUFFIXES)
+        ),
+        default=0,
+    )  # fmt: skip
+    return max(file.stat().st_size for file in files) + converted
 
 
 def iter_safetensors(

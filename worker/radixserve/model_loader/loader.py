@@ -51,7 +51,8 @@ class ModelSource:
     tokenizer: transformers.PreTrainedTokenizerBase | None
     description: str
     weights_factory: Callable[[], WeightIterator] = field(repr=False)
-    # device memory the weight read holds beside the parameters while it runs
+    # device memory the weight read holds beside the parameters while it runs (FP8
+    # quantization at load adds its own: model_runner.quantization_working_bytes)
     load_device_bytes: int = 0
 
     def weights(self) -> WeightIterator:
@@ -187,7 +188,7 @@ def _from_hf_directory(
             f"{config.dtype})"
         ),
         weights_factory=lambda: hf_dir.iter_safetensors(files, config.dtype, device),
-        load_device_bytes=hf_dir.load_device_bytes(files) if device != "cpu" else 0,
+        load_device_bytes=hf_dir.load_device_bytes(files, config.dtype) if device != "cpu" else 0,
     )
 
 
@@ -210,10 +211,11 @@ def _from_random(
         description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
         f"{config.dtype})",
         weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype, device),
-        # on a GPU: the largest tensor's float32 draw, its cast, and FP8 quantization's
-        # working copies of it (see hf_dir.load_device_bytes)
+        # on a GPU: the largest tensor's float32 draw and its cast (random_init.random_weights)
         load_device_bytes=(
-            4 * 4 * max(shape.numel() for _, shape in shapes) if device != "cpu" else 0
+            (4 + config.dtype.itemsize) * max(shape.numel() for _, shape in shapes)
+            if device != "cpu"
+            else 0
         ),
     )
 
