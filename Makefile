@@ -39,7 +39,7 @@ $(PROMETHEUS_STAMP): | $(STAMP)
 test: setup $(PROMETHEUS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	PATH="$(TEST_PATH)" $(BIN)/python -m pytest -q -ra tests
+	PATH="$(TEST_PATH)" $(BIN)/python -m pytest -q -ra --durations=20 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q -x tests/unit
