@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from cold_start import CHECKPOINT  # torch-free
+from cold_start import CHECKPOINT, drop_page_cache  # torch-free
 
 # what the scheduler process imports before it loads a model, and its CUDA context; prints
 # the seconds, then its memory map (the shared libraries it mapped)
@@ -28,8 +28,6 @@ IMPORT = (
     "print(time.perf_counter() - t)\n"
     "print(open('/proc/self/maps').read())\n"
 )
-
-
 READ_AHEAD_VARIANTS = ((2, 8), (1, 8), (2, 1))
 READ_AHEAD = (
     "import sys, time\n"
@@ -38,11 +36,6 @@ READ_AHEAD = (
     "t = time.perf_counter()\n"
     "print(c.prefetch(sys.argv[1]) / 1e9 / (time.perf_counter() - t))\n"
 )
-
-
-def drop_page_cache() -> None:
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
 def timed_import() -> tuple[float, list[Path]]:
