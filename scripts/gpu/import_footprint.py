@@ -28,6 +28,9 @@ IMPORT = (
     "print(time.perf_counter() - t)\n"
     "print(open('/proc/self/maps').read())\n"
 )
+
+# the weight read-ahead's (readers, chunk MB) settings tried beside the import; the script a
+# reader process runs: it prints its GB/s
 READ_AHEAD_VARIANTS = ((2, 8), (1, 8), (2, 1))
 READ_AHEAD = (
     "import sys, time\n"
