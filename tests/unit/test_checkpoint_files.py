@@ -99,8 +99,10 @@ def test_the_weight_read_holds_one_shard_and_the_largest_tensor_it_converts(tmp_
         metadata={"format": "pt"},
     )
     files = [tmp_path / "one.safetensors", tmp_path / "two.safetensors"]
-    entries = {name: (dtype, n) for name, dtype, n in checkpoint_files.tensor_entries(files)}
-    assert entries["big.weight"] == ("BF16", 1600) and entries["b.weight"] == ("F32", 60)
+    entries = {name: rest for name, *rest in checkpoint_files.tensor_entries(files)}
+    assert entries["big.weight"] == ["BF16", 1600, 3200]
+    assert entries["b.weight"] == ["F32", 60, 240]
+    assert entries["fp8.weight"] == ["F8_E4M3", 2500, 2500]
     largest_shard = (tmp_path / "one.safetensors").stat().st_size
     # served in bf16: only the float32 tensors convert, the largest has 60 elements
     assert load_device_bytes(files, torch.bfloat16) == largest_shard + 60 * 2

@@ -30,6 +30,7 @@ from radixserve.host_memory import available_memory_bytes
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
 from radixserve.layers.quantization.base import resolve_quantization
+from radixserve.layers.quantization.fp8 import FP8_DTYPE
 from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
@@ -109,7 +110,7 @@ def quantization_working_bytes(model: torch.nn.Module) -> int:
     quantizes at once (the weight, its scaled copy and the clamped one; layers/quantization/
     fp8.py), one expert's of stacked experts. An over-estimate for a checkpoint already in
     FP8, which is copied as stored."""
-    fp8 = [math.prod(p.shape[-2:]) for p in model.parameters() if p.dtype == torch.float8_e4m3fn]
+    fp8 = [math.prod(p.shape[-2:]) for p in model.parameters() if p.dtype == FP8_DTYPE]
     return 3 * 4 * max(fp8, default=0)
 
 

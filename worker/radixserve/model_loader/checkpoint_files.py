@@ -60,15 +60,16 @@ def safetensors_files(directory: Path) -> list[Path]:
     return files
 
 
-def tensor_entries(files: list[Path]) -> Iterator[tuple[str, str, int]]:
-    """(name, stored dtype as safetensors names it, elements) of every tensor in the shards,
-    from their headers alone (an 8-byte length, then JSON)."""
+def tensor_entries(files: list[Path]) -> Iterator[tuple[str, str, int, int]]:
+    """(name, stored dtype as safetensors names it, elements, bytes) of every tensor in the
+    shards, from their headers alone (an 8-byte length, then JSON)."""
     for file in files:
         with file.open("rb") as shard:
             header = json.loads(shard.read(int.from_bytes(shard.read(8), "little")))
         for name, entry in header.items():
             if name != "__metadata__":
-                yield name, entry["dtype"], math.prod(entry["shape"])
+                start, end = entry["data_offsets"]
+                yield name, entry["dtype"], math.prod(entry["shape"]), end - start
 
 
 def local_path(model: str, cached_only: bool = False) -> Path:

@@ -48,10 +48,16 @@ def load_hf_config(directory: Path) -> transformers.PretrainedConfig:
     return AutoConfig.from_pretrained(str(directory))
 
 
+def kept_as_stored(name: str, element_size: int) -> bool:
+    """One-byte (FP8) weights and quantization scales: what the model's quantization method
+    takes as stored, whatever the model dtype."""
+    return element_size == 1 or name.endswith(SCALE_SUFFIXES)
+
+
 def as_loaded(name: str, tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """A checkpoint tensor in the form the model loads: floating weights in the model dtype,
-    but one-byte (FP8) weights and quantization scales untouched."""
-    if tensor.element_size() == 1 or name.endswith(SCALE_SUFFIXES):
+    the rest as stored (`kept_as_stored`)."""
+    if kept_as_stored(name, tensor.element_size()):
         return tensor
     return tensor.to(dtype)
 
@@ -72,12 +78,11 @@ def load_device_bytes(files: list[Path], dtype: torch.dtype) -> int:
     converted = max(
         (
             elements * dtype.itemsize
-            for name, stored, elements in checkpoint_files.tensor_entries(files)
-            if stored != target and not stored.startswith(("F8", "I8", "U8"))
-            and not name.endswith(SCALE_SUFFIXES)
+            for name, stored, elements, size in checkpoint_files.tensor_entries(files)
+            if stored != target and not kept_as_stored(name, size // max(elements, 1))
         ),
         default=0,
-    )  # fmt: skip
+    )
     return max(file.stat().st_size for file in files) + converted
 
 
