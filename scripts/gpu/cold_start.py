@@ -53,6 +53,8 @@ def write_checkpoint() -> None:
 
 
 def write_checkpoint_here() -> None:
+    """The checkpoint itself: random bf16 weights in shards of SHARD_BYTES (torch is imported
+    here, in the child process only)."""
     import torch
     from safetensors.torch import save_file
 
@@ -64,28 +66,26 @@ def write_checkpoint_here() -> None:
     hf_config.save_pretrained(CHECKPOINT)
     shard: dict = {}
     weight_map: dict[str, str] = {}
-    size = index = 0
+
+    def flush() -> None:  # each shard written once full: one in host memory at a time
+        file = f"model-{len(set(weight_map.values())):05d}.safetensors"
+        save_file(shard, str(CHECKPOINT / file), metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(shard, file))
+        shard.clear()
+
+    size = 0
     for name, shape in random_init.parameter_shapes(hf_config):
-        tensor = (torch.randn(shape, dtype=torch.bfloat16, device=DEVICE) * 0.02).cpu()
-        shard[name] = tensor
-        size += tensor.numel() * 2
+        shard[name] = (torch.randn(shape, dtype=torch.bfloat16, device=DEVICE) * 0.02).cpu()
+        size += shape.numel() * 2
         if size >= SHARD_BYTES:
-            index = _flush(save_file, shard, index, weight_map)
-            shard, size = {}, 0
-    _flush(save_file, shard, index, weight_map)
+            flush()
+            size = 0
+    if shard:
+        flush()
     (CHECKPOINT / checkpoint_files.SAFETENSORS_INDEX).write_text(
         json.dumps({"weight_map": weight_map})
     )
     subprocess.run(["sync"], check=True)
-
-
-def _flush(save_file, shard: dict, index: int, weight_map: dict[str, str]) -> int:
-    if not shard:
-        return index
-    name = f"model-{index:05d}.safetensors"
-    save_file(shard, str(CHECKPOINT / name), metadata={"format": "pt"})
-    weight_map.update(dict.fromkeys(shard, name))
-    return index + 1
 
 
 def compile_bytecode() -> float:
