@@ -273,6 +273,9 @@ def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
         # argparse keeps the last value: the CMD's port and host are overridden for the test.
         *["--host", "127.0.0.1", "--port", str(port), "--max-total-tokens", "4096"],
     ]
+    # the model's conversions go with this test's files: the venv's path is new every run, so
+    # in the user's cache they would be kept for good
+    env["RADIXSERVE_CACHE_DIR"] = str(tmp_path / "cache")
     log = (tmp_path / "worker.log").open("w")
     server = subprocess.Popen(command, env=env, cwd=tmp_path, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -5,12 +5,19 @@ every time, for every process of a worker and every worker on a node (the operat
 cache on the model-cache volume). The first process to take a conversion's lock converts and
 writes into a staging directory that it renames into place, so no reader ever sees half of it;
 a process that starts meanwhile waits for the lock and reads what the first one wrote.
+
+Each conversion records the file it came from. A conversion of a file whose path now holds
+another file (a model re-downloaded or updated in place) can never be read again, so writing the
+new one removes it: without that, every update left a float32 copy seven times the GGUF's size
+on the model-cache volume for good. A conversion whose file is gone is kept, as the cache may be
+shared with pods that mount other volumes.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -18,9 +25,12 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from filelock import FileLock
+from filelock import FileLock, Timeout
 
 logger = logging.getLogger(__name__)
+
+# inside every conversion: the path, size and mtime of the file it was converted from
+SOURCE_RECORD = "source.json"
 
 
 def cache_root() -> Path:
@@ -28,41 +38,58 @@ def cache_root() -> Path:
     return Path(root)
 
 
-def cache_key(source: Path, *extra: str) -> str:
-    """A file's conversions are keyed by its path, size and mtime, and what else they depend
-    on (the converter's version)."""
+def source_record(source: Path) -> dict[str, object]:
+    """What identifies the file a conversion comes from: its path, size and mtime."""
     stat = source.stat()
-    key = ":".join([str(source.resolve()), str(stat.st_size), str(stat.st_mtime_ns), *extra])
+    return {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def cache_key(source: Path, *extra: str) -> str:
+    """A file's conversions are keyed by its `source_record` and what else they depend on
+    (the converter's version)."""
+    record = source_record(source)
+    key = ":".join([str(record["path"]), str(record["size"]), str(record["mtime_ns"]), *extra])
     return hashlib.sha256(key.encode()).hexdigest()[:16]
 
 
 def converted_once(
     cache_dir: Path,
+    source: Path,
     write: Callable[[Path], object],
     complete: Callable[[Path], bool],
     what: str,
 ) -> Path | None:
-    """`cache_dir` once it holds the conversion (`complete`), written by `write(directory)` if
-    it did not; None when the cache location cannot be written (the caller converts itself)."""
+    """`cache_dir` once it holds the conversion of `source` (`complete`), written by
+    `write(directory)` if it did not; None when the cache location cannot be written (the caller
+    converts itself)."""
     if complete(cache_dir):
         return cache_dir
     try:
         cache_dir.parent.mkdir(parents=True, exist_ok=True)
-        with FileLock(cache_dir.with_name(cache_dir.name + ".lock")):
+        with FileLock(_lock_path(cache_dir)):
             if not complete(cache_dir):  # not written while we waited
                 logger.info("converting %s (cached in %s after this time)", what, cache_dir)
-                _write_atomically(write, cache_dir)
+                record = source_record(source)
+                _write_atomically(write, record, cache_dir)
+                _remove_superseded(cache_dir, record)
             return cache_dir
     except OSError as exc:  # a read-only or missing cache location
         logger.info("not caching %s in %s: %s", what, cache_dir, exc)
         return None
 
 
-def _write_atomically(write: Callable[[Path], object], cache_dir: Path) -> None:
+def _lock_path(cache_dir: Path) -> Path:
+    return cache_dir.with_name(cache_dir.name + ".lock")
+
+
+def _write_atomically(
+    write: Callable[[Path], object], record: dict[str, object], cache_dir: Path
+) -> None:
     """Write into a staging directory beside the cache, then rename it into place."""
     staging = Path(tempfile.mkdtemp(prefix=f"{cache_dir.name}.", dir=cache_dir.parent))
     try:
         write(staging)
+        (staging / SOURCE_RECORD).write_text(json.dumps(record))
         staging.rename(cache_dir)
     except OSError as exc:
         # Already there: a writer the lock could not see (another machine on a shared volume).
@@ -70,3 +97,26 @@ def _write_atomically(write: Callable[[Path], object], cache_dir: Path) -> None:
             raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _remove_superseded(kept: Path, record: dict[str, object]) -> None:
+    """Remove the conversions beside `kept` of an earlier file at the same path (its size or
+    mtime differs from `record`'s). A process still reading one keeps its open files; one
+    converting it now holds its lock, and that conversion is left to it."""
+    for other in kept.parent.iterdir():
+        if other == kept or not other.is_dir():
+            continue
+        try:
+            earlier = json.loads((other / SOURCE_RECORD).read_text())
+        except (OSError, ValueError):
+            continue  # a staging directory, or a conversion that records no source
+        if earlier.get("path") != record["path"] or earlier == record:
+            continue
+        try:
+            with FileLock(_lock_path(other), timeout=0):
+                logger.info("removing %s: converted from an earlier %s", other, record["path"])
+                shutil.rmtree(other, ignore_errors=True)
+                # nobody asks for this key again: its file's size or mtime are gone for good
+                _lock_path(other).unlink(missing_ok=True)
+        except Timeout:
+            continue

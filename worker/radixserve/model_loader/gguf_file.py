@@ -224,6 +224,7 @@ def dequantized_checkpoint(path: Path) -> Path | None:
         return None
     return converted_once(
         cache_root() / "dequantized" / cache_key(path, DEQUANTIZED_FORMAT),
+        path,
         write=lambda staging: _write_checkpoint(GGUFFile(path), staging),
         complete=lambda d: (d / "model.safetensors").is_file(),
         what=f"the weights of {path.name}",

@@ -68,6 +68,7 @@ def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase
     seconds and both the front end and the scheduler process need it."""
     directory = converted_once(
         gguf_tokenizer_cache_path(gguf_path),
+        gguf_path,
         write=lambda staging: convert_gguf_tokenizer(gguf_path).save_pretrained(str(staging)),
         complete=lambda d: (d / "tokenizer_config.json").is_file(),
         what=f"the tokenizer of {gguf_path.name}",
