@@ -2,7 +2,7 @@
 # One device call for the session's last measurements, each stage under its own time limit cut
 # to what is left of BUDGET_S: constrained decoding and its host cost (issue 14), the router's
 # cost (issue 15) and cold start (issue 17, JSON written after each start; `import-footprint`
-# after it, not by default). Logs and JSON under $OUT.
+# and `setup-anatomy` after it, not by default). Logs and JSON under $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/final_checks.sh [stages...]
 set -u
 . "$(dirname "$0")/device_env.sh"
@@ -19,6 +19,8 @@ for stage in $stages; do
       timeout $(limit 420) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;
     import-footprint)  # after cold-start (its checkpoint): how much of `imports` is the disk
       timeout $(limit 120) python3 scripts/gpu/import_footprint.py "$OUT/import-footprint.json" 2>&1 | tail -8 ;;
+    setup-anatomy)  # after cold-start (its checkpoint): where model_setup goes, GIL included
+      timeout $(limit 120) python3 scripts/gpu/setup_anatomy.py "$OUT/setup-anatomy.json" 2>&1 | tail -8 ;;
     grammar-host)  # the host's share of a constrained step, piece by piece, on this CPU
       timeout $(limit 90) python3 scripts/gpu/grammar_host_scan.py \
         --tokenizer .whl/smollm2-tokenizer --json "$OUT/grammar-host.json" 2>&1 | tail -40 ;;
