@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+from radixserve.model_loader import conversion_cache
 from radixserve.model_loader.conversion_cache import SOURCE_RECORD, cache_key, converted_once
 
 
@@ -122,3 +123,26 @@ def test_directories_without_a_readable_record_are_left_alone(tmp_path: Path, ju
     rewrite(source, b"version two")
     convert(source, cache)
     assert stray.is_dir()
+
+
+def test_a_superseded_conversion_that_cannot_be_removed_leaves_the_new_one_served(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Removing is housekeeping: when it fails (a lock that cannot be taken, a file that will
+    not go), the conversion just written is still what the caller reads."""
+    cache = tmp_path / "cache"
+    source = tmp_path / "model.gguf"
+    source.write_bytes(b"version one")
+    old = convert(source, cache)
+    rewrite(source, b"version two")
+
+    rmtree = conversion_cache.shutil.rmtree
+
+    def refuse_the_old_one(path, *args, **kwargs):
+        if Path(path) == old:
+            raise PermissionError(f"{path}: read-only")
+        rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(conversion_cache.shutil, "rmtree", refuse_the_old_one)
+    new = convert(source, cache)  # convert() asserts it is not None
+    assert (new / "converted").read_bytes() == b"owt noisrev" and old.exists()
