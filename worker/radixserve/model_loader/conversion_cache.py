@@ -7,10 +7,11 @@ writes into a staging directory that it renames into place, so no reader ever se
 a process that starts meanwhile waits for the lock and reads what the first one wrote.
 
 Each conversion records the file it came from. A conversion of a file whose path now holds
-another file (a model re-downloaded or updated in place) can never be read again, so writing the
-new one removes it: without that, every update left a float32 copy seven times the GGUF's size
-on the model-cache volume for good. A conversion whose file is gone is kept, as the cache may be
-shared with pods that mount other volumes.
+another file (a model replaced in place, a package reinstalled into the same virtualenv) can
+never be read again, so writing the new one removes it: without that, every such update left a
+float32 copy seven times the GGUF's size in the cache for good. A conversion whose file is gone
+is kept, as the cache may be shared with pods that mount other volumes. (A Hub download's
+revisions are distinct files, each kept, as the Hub's own cache keeps them.)
 """
 
 from __future__ import annotations
