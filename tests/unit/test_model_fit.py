@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixserve.layers.quantization.fp8 import Fp8Config
 from radixserve.mem_cache.memory_pool import TokenToKVPool
 from radixserve.model_executor import model_runner
 from radixserve.model_executor.model_runner import (
@@ -16,7 +17,6 @@ from radixserve.model_executor.model_runner import (
     MiB,
     ModelRunner,
     parameter_addresses,
-    quantization_working_bytes,
     reads_weights_last,
     weight_bytes,
     weights_fit_problem,
@@ -154,9 +154,13 @@ def test_a_random_model_drawn_on_a_gpu_holds_its_largest_tensor_twice():
 
 def test_fp8_quantization_at_load_works_in_float32_copies_of_one_matrix():
     plain = _cpu_runner()
-    assert quantization_working_bytes(plain.model) == 0
+    assert plain.quantization is None
     fp8 = _cpu_runner(quantization="fp8")
     matrices = [
         p.shape[-2] * p.shape[-1] for p in fp8.model.parameters() if p.dtype == torch.float8_e4m3fn
     ]
-    assert matrices and quantization_working_bytes(fp8.model) == 3 * 4 * max(matrices)
+    assert matrices and fp8.quantization.load_working_bytes(fp8.model) == 3 * 4 * max(matrices)
+    # a per-channel FP8 checkpoint is copied as stored; a block-scaled one is dequantized first
+    assert Fp8Config("compressed-tensors").load_working_bytes(fp8.model) == 0
+    blocks = Fp8Config("fp8", (128, 128)).load_working_bytes(fp8.model)
+    assert blocks == 3 * 4 * max(matrices)

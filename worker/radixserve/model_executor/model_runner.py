@@ -16,7 +16,6 @@ the disk is still busy.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from radixserve.host_memory import available_memory_bytes
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
 from radixserve.layers.quantization.base import resolve_quantization
-from radixserve.layers.quantization.fp8 import FP8_DTYPE
 from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
@@ -105,15 +103,6 @@ def weights_fit_problem(need: int, free: int, total: int, device: str) -> str | 
     )
 
 
-def quantization_working_bytes(model: torch.nn.Module) -> int:
-    """Device bytes FP8 quantization at load works in: float32 copies of the largest matrix it
-    quantizes at once (the weight, its scaled copy and the clamped one; layers/quantization/
-    fp8.py), one expert's of stacked experts. An over-estimate for a checkpoint already in
-    FP8, which is copied as stored."""
-    fp8 = [math.prod(p.shape[-2:]) for p in model.parameters() if p.dtype == FP8_DTYPE]
-    return 3 * 4 * max(fp8, default=0)
-
-
 def reads_weights_last(
     kv_in_model_dtype: bool, load_bytes: int, total: int, mem_fraction_static: float
 ) -> bool:
@@ -154,7 +143,8 @@ class ModelRunner:
             self.model = self._build_model()
         weights_last = self.device.type != "cuda" or reads_weights_last(
             self.kv_dtype == self.dtype,
-            source.load_device_bytes + quantization_working_bytes(self.model),
+            source.load_device_bytes
+            + (self.quantization.load_working_bytes(self.model) if self.quantization else 0),
             torch.cuda.mem_get_info(self.device)[1],
             server_args.mem_fraction_static,
         )

@@ -52,7 +52,7 @@ class ModelSource:
     description: str
     weights_factory: Callable[[], WeightIterator] = field(repr=False)
     # device memory the weight read holds beside the parameters while it runs (FP8
-    # quantization at load adds its own: model_runner.quantization_working_bytes)
+    # quantization at load adds its own: QuantizationConfig.load_working_bytes)
     load_device_bytes: int = 0
 
     def weights(self) -> WeightIterator:

@@ -38,6 +38,11 @@ class QuantizationConfig(ABC):
         """The checkpoint's tensors as the layers load them (e.g. block scales folded in)."""
         return weights
 
+    def load_working_bytes(self, model: nn.Module) -> int:
+        """Device bytes the load works in beside the read's own buffers (quantizing at load),
+        so that the model runner knows whether the read fits after the KV pool."""
+        return 0
+
     def describe(self) -> str:
         return self.name
 

@@ -18,6 +18,7 @@ The products, by where they run:
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -237,6 +238,16 @@ class Fp8Config(QuantizationConfig):
     @property
     def quantize_experts(self) -> bool:
         return True
+
+    def load_working_bytes(self, model: nn.Module) -> int:
+        """float32 copies of the largest matrix quantized at once (the weight, its scaled copy
+        and the clamped one, `quantize_rows`; a block-scaled checkpoint's dequantized matrix
+        first, `dequantize_blocks`), one expert's of stacked experts. None for a per-tensor or
+        per-channel FP8 checkpoint, which is copied as stored."""
+        if self.checkpoint_format is not None and self.block_size is None:
+            return 0
+        fp8 = [math.prod(p.shape[-2:]) for p in model.parameters() if p.dtype == FP8_DTYPE]
+        return 3 * 4 * max(fp8, default=0)
 
     def adapt_checkpoint(self, weights: WeightStream) -> WeightStream:
         """Hugging Face FP8 names its (multiplicative) scale `weight_scale_inv`; with blocks
