@@ -211,12 +211,7 @@ def _from_random(
         description=f"{config.architecture} with random weights ({spec}, seed {seed}, "
         f"{config.dtype})",
         weights_factory=lambda: random_init.random_weights(shapes, seed, config.dtype, device),
-        # on a GPU: the largest tensor's float32 draw and its cast (random_init.random_weights)
-        load_device_bytes=(
-            (4 + config.dtype.itemsize) * max(shape.numel() for _, shape in shapes)
-            if device != "cpu"
-            else 0
-        ),
+        load_device_bytes=random_init.load_device_bytes(shapes, config.dtype, device),
     )
 
 

@@ -216,9 +216,21 @@ def random_tensor(name: str, shape: torch.Size, seed: int, device: str = "cpu") 
     return torch.zeros(shape, device=device)
 
 
+def _draws_on(device: str) -> str:
+    return "cuda" if str(device).startswith("cuda") else "cpu"
+
+
 def random_weights(
     shapes: list[tuple[str, torch.Size]], seed: int, dtype: torch.dtype, device: str = "cpu"
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    draw_on = "cuda" if str(device).startswith("cuda") else "cpu"
+    draw_on = _draws_on(device)
     for name, shape in shapes:
         yield name, random_tensor(name, shape, seed, draw_on).to(dtype)
+
+
+def load_device_bytes(shapes: list[tuple[str, torch.Size]], dtype: torch.dtype, device: str) -> int:
+    """What `random_weights` holds on a GPU beside the parameters at its peak: the largest
+    tensor's float32 draw and its cast to `dtype` (nothing where it draws on the CPU)."""
+    if _draws_on(device) == "cpu":
+        return 0
+    return (4 + dtype.itemsize) * max(shape.numel() for _, shape in shapes)
