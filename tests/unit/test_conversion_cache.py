@@ -12,19 +12,22 @@ import pytest
 from filelock import FileLock
 
 from radixserve.model_loader import conversion_cache
-from radixserve.model_loader.conversion_cache import SOURCE_RECORD, cache_key, converted_once
+from radixserve.model_loader.conversion_cache import SOURCE_RECORD, converted_once
 
 
-def convert(source: Path, cache: Path, *extra: str) -> Path:
-    """A stand-in conversion: the source's bytes reversed, cached under the source's key."""
-    done = converted_once(
-        cache / cache_key(source, *extra),
-        source,
-        write=lambda staging: (staging / "converted").write_bytes(source.read_bytes()[::-1]),
-        complete=lambda d: (d / "converted").is_file(),
-        what=source.name,
-    )
-    assert done is not None
+def convert(source: Path, cache: Path, version: str = "1") -> Path:
+    """A stand-in conversion: the source's bytes reversed, kept in `cache`."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RADIXSERVE_CACHE_DIR", str(cache.parent))
+        done = converted_once(
+            cache.name,
+            source,
+            version,
+            write=lambda staging: (staging / "converted").write_bytes(source.read_bytes()[::-1]),
+            complete=lambda d: (d / "converted").is_file(),
+            what=source.name,
+        )
+    assert done is not None and done.parent == cache
     return done
 
 

@@ -45,24 +45,30 @@ def source_record(source: Path) -> dict[str, object]:
     return {"path": str(source.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
 
 
-def cache_key(source: Path, *extra: str) -> str:
-    """A file's conversions are keyed by its `source_record` and what else they depend on
-    (the converter's version)."""
-    record = source_record(source)
-    key = ":".join([str(record["path"]), str(record["size"]), str(record["mtime_ns"]), *extra])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+def _directory(kind: str, record: dict[str, object], version: str) -> Path:
+    key = ":".join([str(record["path"]), str(record["size"]), str(record["mtime_ns"]), version])
+    return cache_root() / kind / hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def conversion_dir(kind: str, source: Path, version: str) -> Path:
+    """Where the `kind` conversion of `source` by converter `version` is kept: keyed by the
+    file's `source_record` and that version."""
+    return _directory(kind, source_record(source), version)
 
 
 def converted_once(
-    cache_dir: Path,
+    kind: str,
     source: Path,
+    version: str,
     write: Callable[[Path], object],
     complete: Callable[[Path], bool],
     what: str,
 ) -> Path | None:
-    """`cache_dir` once it holds the conversion of `source` (`complete`), written by
-    `write(directory)` if it did not; None when the cache location cannot be written (the caller
-    converts itself)."""
+    """The `kind` conversion of `source` (`conversion_dir`) once it is `complete`, written by
+    `write(directory)` if it was not; None when the cache location cannot be written (the
+    caller converts itself)."""
+    record = source_record(source)
+    cache_dir = _directory(kind, record, version)
     if complete(cache_dir):
         return cache_dir
     try:
@@ -70,7 +76,6 @@ def converted_once(
         with FileLock(_lock_path(cache_dir)):
             if not complete(cache_dir):  # not written while we waited
                 logger.info("converting %s (cached in %s after this time)", what, cache_dir)
-                record = source_record(source)
                 _write_atomically(write, record, cache_dir)
                 _remove_superseded(cache_dir, record)
             return cache_dir

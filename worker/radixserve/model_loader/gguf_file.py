@@ -23,7 +23,7 @@ from safetensors.torch import save_file
 from transformers import CONFIG_MAPPING
 
 from radixserve.model_loader.config import as_id_set
-from radixserve.model_loader.conversion_cache import cache_key, cache_root, converted_once
+from radixserve.model_loader.conversion_cache import converted_once
 
 logger = logging.getLogger(__name__)
 
@@ -223,8 +223,9 @@ def dequantized_checkpoint(path: Path) -> Path | None:
     if path.stat().st_size > DEQUANTIZED_CACHE_MAX_FILE_BYTES:
         return None
     return converted_once(
-        cache_root() / "dequantized" / cache_key(path, DEQUANTIZED_FORMAT),
+        "dequantized",
         path,
+        DEQUANTIZED_FORMAT,
         write=lambda staging: _write_checkpoint(GGUFFile(path), staging),
         complete=lambda d: (d / "model.safetensors").is_file(),
         what=f"the weights of {path.name}",

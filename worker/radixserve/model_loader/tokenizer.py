@@ -15,7 +15,7 @@ import gguf
 import transformers
 from transformers import AutoTokenizer
 
-from radixserve.model_loader.conversion_cache import cache_key, cache_root, converted_once
+from radixserve.model_loader.conversion_cache import conversion_dir, converted_once
 
 logger = logging.getLogger(__name__)
 
@@ -60,15 +60,16 @@ def convert_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerB
 
 def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
     """Keyed by the file and the transformers version that converts it."""
-    return cache_root() / "tokenizers" / cache_key(gguf_path, transformers.__version__)
+    return conversion_dir("tokenizers", gguf_path, transformers.__version__)
 
 
 def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
     """The GGUF's tokenizer, converted once and then reloaded from the cache: conversion takes
     seconds and both the front end and the scheduler process need it."""
     directory = converted_once(
-        gguf_tokenizer_cache_path(gguf_path),
+        "tokenizers",
         gguf_path,
+        transformers.__version__,
         write=lambda staging: convert_gguf_tokenizer(gguf_path).save_pretrained(str(staging)),
         complete=lambda d: (d / "tokenizer_config.json").is_file(),
         what=f"the tokenizer of {gguf_path.name}",
