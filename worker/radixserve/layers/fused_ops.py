@@ -58,6 +58,32 @@ def enabled_for(x: torch.Tensor) -> bool:
     return x.is_cuda and triton is not None
 
 
+@functools.cache
+def _has_dependent_launch(device_index: int) -> bool:
+    return torch.cuda.get_device_capability(device_index) >= (9, 0)
+
+
+def dependent_launch(x: torch.Tensor) -> dict[str, bool]:
+    """Launch options for a kernel on x's device: on Hopper and newer it launches as a
+    programmatic dependent of the kernel before it (PDL), so its programs are resident and
+    waiting (`wait_for_prior_kernel`) when that kernel finishes, instead of starting only then.
+    A batch-1 decode step is ~300 small kernels in a row, and the gap between two of them is a
+    launch's latency each time. Every kernel launched this way must call
+    `wait_for_prior_kernel` before it touches memory: that is what keeps stream order."""
+    on = x.is_cuda and triton is not None and _has_dependent_launch(x.device.index or 0)
+    return {"PDL": on, "launch_pdl": on}
+
+
+@jit
+def wait_for_prior_kernel(PDL: tl.constexpr):
+    """With PDL: wait until the kernel before has completed and its writes are visible (no
+    read or write of this kernel may come before), then let the next kernel's programs launch
+    as soon as all of this kernel's have started."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
 def _pow2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
@@ -89,11 +115,13 @@ def _rms_norm_kernel(
     UNIT_OFFSET: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """BLOCK_M rows of a [rows = A * inner, n_cols] view; row r sits at (r // inner) * stride_a
     + (r % inner) * stride_b, which covers per-head views of a fused qkv row.
 
     UNIT_OFFSET: Gemma's norm, x_normed * (1 + w) all in float32 and rounded once."""
+    wait_for_prior_kernel(PDL)
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
@@ -129,8 +157,9 @@ def gelu_tanh(x):
 
 @jit
 def _act_and_mul_kernel(
-    GateUp, Out, d, stride_g, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr
+    GateUp, Out, d, stride_g, stride_o, GELU: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr
 ):
+    wait_for_prior_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -169,10 +198,12 @@ def _rotary_store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     FP8_CACHE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One token, BLOCK_H of its heads in q | k | v order (all head_dim wide and adjacent in
     the qkv row): q and k heads are rotated in place, k and v heads are copied to the cache
     (an FP8 cache gets value / scale, saturated to the type's range)."""
+    wait_for_prior_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -267,6 +298,7 @@ def _launch_rms_norm(
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         num_warps=_warps(block_m * block_n, 16, 16),
+        **dependent_launch(x),
     )
 
 
@@ -329,6 +361,7 @@ def act_and_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = No
         GELU=gelu,
         BLOCK=block,
         num_warps=_warps(block, 4, 8),
+        **dependent_launch(gate_up),
     )
     return out
 
@@ -390,6 +423,7 @@ def rotary_and_store_kv(
         BLOCK_HALF=block_half,
         FP8_CACHE=k_cache.element_size() == 1,
         num_warps=_warps(2 * block_h * block_half, 4, 4),
+        **dependent_launch(qkv),
     )
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from radixserve.layers import fused_ops
 from radixserve.layers.activation import silu_and_mul
-from radixserve.layers.fused_ops import jit, tl, triton
+from radixserve.layers.fused_ops import dependent_launch, jit, tl, triton, wait_for_prior_kernel
 
 
 @jit
@@ -39,6 +39,7 @@ def _gemv_kernel(
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
     K loop and are reduced once at the end.
@@ -48,6 +49,7 @@ def _gemv_kernel(
     compute it; the up rows stream in the same loop, so the activation costs no launch.
 
     HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias)."""
+    wait_for_prior_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
@@ -209,5 +211,6 @@ def gemv(
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         num_warps=num_warps,
+        **dependent_launch(x),
     )
     return y

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.layers.fused_ops import dot_precision
+from radixserve.layers.fused_ops import dependent_launch, dot_precision, wait_for_prior_kernel
 
 # Smallest piece of KV a split gets: shorter splits would spend more on the merge than they save.
 _MIN_SPLIT_TOKENS = 64
@@ -99,7 +99,9 @@ def _decode_grouped_split_kernel(
     MIN_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_CAP: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    wait_for_prior_kernel(PDL)
     batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     split_id = tl.program_id(2)
@@ -185,10 +187,12 @@ def _decode_merge_splits_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """All of a (request, head)'s splits at once, as one [splits, head_dim] tile: a loop over
     the splits is a chain of dependent loads, and at batch 1 that chain is the kernel's time.
     Only the splits that hold tokens are read (a short sequence fills few of them)."""
+    wait_for_prior_kernel(PDL)
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -303,6 +307,7 @@ def decode_attention_fwd(
         HAS_CAP=logit_cap > 0,
         num_warps=4,
         num_stages=2,
+        **dependent_launch(q),
     )
     _decode_merge_splits_kernel[(bs, num_heads)](
         mid_o,
@@ -323,4 +328,5 @@ def decode_attention_fwd(
         BLOCK_S=triton.next_power_of_2(num_kv_splits),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         num_warps=4 if head_dim >= 128 else 2,
+        **dependent_launch(q),
     )

@@ -1,0 +1,130 @@
+"""The kernels launched as programmatic dependents (`fused_ops.dependent_launch`) keep stream
+order: compiled for Hopper, each one's first instruction that touches global memory comes after
+its grid-dependency wait. A kernel that read or wrote before it could see the kernel before it
+half done, and only on the GPU, only sometimes. Compiling needs no GPU (Triton ships ptxas)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+triton = pytest.importorskip("triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from radixserve.layers import fused_ops, gemv  # noqa: E402
+from radixserve.layers.attention.triton_ops import decode_attention  # noqa: E402
+
+HOPPER = GPUTarget("cuda", 90, 32)
+
+# kernel, its pointers' element types (others bf16), its float scalars (others i32), its
+# constexprs as the decode step of a Llama-3-8B shape launches them
+KERNELS = {
+    "gemv (FP8, gated)": (
+        gemv._gemv_kernel,
+        {"W": "fp8e4nv", "Bias": "fp8e4nv", "Scale": "fp32"},
+        set(),
+        {"HAS_BIAS": False, "HAS_SCALE": True, "GATED": True, "BLOCK_N": 2, "BLOCK_K": 512},
+    ),
+    "gemv (bf16)": (
+        gemv._gemv_kernel,
+        {},
+        set(),
+        {"HAS_BIAS": True, "HAS_SCALE": False, "GATED": False, "BLOCK_N": 2, "BLOCK_K": 2048},
+    ),
+    "rms_norm (with residual)": (
+        fused_ops._rms_norm_kernel,
+        {},
+        {"eps"},
+        {"HAS_RESIDUAL": True, "UNIT_OFFSET": False, "BLOCK_M": 1, "BLOCK_N": 4096},
+    ),
+    "act_and_mul": (fused_ops._act_and_mul_kernel, {}, set(), {"GELU": False, "BLOCK": 1024}),
+    "rotary_store_kv": (
+        fused_ops._rotary_store_kv_kernel,
+        {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
+        {"k_inv_scale", "v_inv_scale"},
+        {"HALF": 64, "BLOCK_H": 1, "BLOCK_HALF": 64, "FP8_CACHE": False},
+    ),
+    "decode split": (
+        decode_attention._decode_grouped_split_kernel,
+        {
+            "Req_to_token": "i32",
+            "Req_pool_indices": "i64",
+            "Seq_lens": "i64",
+            "Mid_O": "fp32",
+            "Mid_Lse": "fp32",
+        },
+        {"sm_scale", "logit_cap", "v_scale"},
+        {
+            "GROUP_SIZE": 4,
+            "HEAD_DIM": 128,
+            "BLOCK_D": 128,
+            "BLOCK_H": 16,
+            "BLOCK_N": 64,
+            "MIN_SPLIT": 64,
+            "DOT_PRECISION": "tf32",
+            "HAS_CAP": False,
+        },
+    ),
+    "decode merge": (
+        decode_attention._decode_merge_splits_kernel,
+        {"Mid_O": "fp32", "Mid_Lse": "fp32", "Seq_lens": "i64"},
+        set(),
+        {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "MIN_SPLIT": 64},
+    ),
+}
+
+UPPERCASE_SCALARS = {"N", "K"}  # the GEMV's sizes; other capitalised arguments are pointers
+MEMORY_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.global|red\.)")
+
+
+def hopper_ptx(name: str, pdl: bool) -> list[str]:
+    kernel, pointer_types, floats, constexprs = KERNELS[name]
+    signature = {}
+    for arg in kernel.arg_names:
+        if arg in constexprs or arg == "PDL":
+            signature[arg] = "constexpr"
+        elif arg[0].isupper() and arg not in UPPERCASE_SCALARS:
+            signature[arg] = "*" + pointer_types.get(arg, "bf16")
+        else:
+            signature[arg] = "fp32" if arg in floats else "i32"
+    source = ASTSource(fn=kernel, signature=signature, constexprs={**constexprs, "PDL": pdl})
+    return triton.compile(source, target=HOPPER, options={"num_warps": 4}).asm["ptx"].splitlines()
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_dependent_kernel_waits_before_it_touches_memory(name: str) -> None:
+    ptx = hopper_ptx(name, pdl=True)
+    waits = [i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line]
+    accesses = [i for i, line in enumerate(ptx) if MEMORY_ACCESS.match(line)]
+    assert waits and accesses, name
+    assert waits[0] < accesses[0], (name, ptx[accesses[0]])
+    assert any("griddepcontrol.launch_dependents" in line for line in ptx), name
+
+
+@pytest.mark.parametrize("name", ["gemv (bf16)", "decode merge"])
+def test_launched_plainly_a_kernel_has_no_grid_dependency_control(name: str) -> None:
+    """Before Hopper (and on the CPU's interpreter) the same kernels compile without it."""
+    assert not any("griddepcontrol" in line for line in hopper_ptx(name, pdl=False))
+
+
+def test_only_hopper_and_newer_cuda_devices_launch_dependents(monkeypatch) -> None:
+    import torch
+
+    cpu = torch.zeros(1)
+    assert fused_ops.dependent_launch(cpu) == {"PDL": False, "launch_pdl": False}
+
+    class FakeCudaTensor:
+        is_cuda = True
+        device = torch.device("cuda", 0)
+
+    for capability, expected in [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)]:
+        fused_ops._has_dependent_launch.cache_clear()
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
+        assert fused_ops.dependent_launch(FakeCudaTensor()) == {
+            "PDL": expected,
+            "launch_pdl": expected,
+        }, capability
+    fused_ops._has_dependent_launch.cache_clear()
