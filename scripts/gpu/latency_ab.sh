@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# A kernel change against its base in one device call: batch-1 decode of the Llama-3-8B shape,
+# bf16 and --quantization fp8, for each tree named ("." is this one), ROUNDS times (default 1;
+# 8B random init, capture and bench are ~20-45 s a run), trees interleaved (machines drift);
+# then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min).
+# The other trees travel untracked beside this one (add them to .git/info/exclude), e.g.:
+#   mkdir ab-base && git archive main worker | tar -x -C ab-base
+# Usage (device tool, carry [".whl"]): bash scripts/gpu/latency_ab.sh ab-base .
+set -u
+. "$(dirname "$0")/device_env.sh"
+trees=${*:?name the trees to compare, "." for this one}
+LAT="--context-length 4096 --attention-backend triton --input-len 512 --output-len 48"
+for round in $(seq 1 "${ROUNDS:-1}"); do
+  for tree in $trees; do
+    name=$([ "$tree" = . ] && echo head || basename "$tree")
+    for q in "" "--quantization fp8"; do
+      echo "=== $name ${q:-bf16} round $round $(date +%T)"
+      PYTHONPATH="$tree/worker:$SITE" timeout 90 python3 -m radixserve.entrypoints.cli bench \
+        latency --model random:llama-3-8b $LAT --batch-sizes 1 --transformers-output-len 0 $q \
+        --output-json "$OUT/latency-$name${q:+-fp8}-$round.json" 2>&1 | tail -2
+    done
+  done
+done
+[ "${TESTS:-1}" = 0 ] && exit 0
+echo "=== tests $(date +%T)"
+timeout 240 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_fused_ops.py \
+  tests/gpu/test_gemv.py tests/gpu/test_attention_backends.py tests/gpu/test_engine_gpu.py \
+  -k "not flashinfer" 2>&1 | tee "$OUT/kernel-tests.log" | tail -5
