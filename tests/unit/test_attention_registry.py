@@ -9,6 +9,7 @@ import importlib
 import logging
 import stat
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -181,3 +182,31 @@ def test_asking_for_flashinfer_stands_and_starts_no_background_build(machine, mo
     with caplog.at_level(logging.WARNING, logger=registry.__name__):
         assert resolve_backend_name("flashinfer", "cuda", CONTEXT) == "flashinfer"
     assert caplog.text == "" and modules["builds"] == []
+
+
+def test_flashinfer_is_imported_early_only_where_this_start_may_use_it(machine):
+    from radixserve.layers.attention.registry import library_to_import_early
+
+    assert library_to_import_early("auto", "cuda") is None  # not installed
+    package(machine / "site", "flashinfer")
+    assert library_to_import_early("auto", "cuda") == "flashinfer"
+    assert library_to_import_early("flashinfer", "cuda") == "flashinfer"
+    assert library_to_import_early("triton", "cuda") is None
+    assert library_to_import_early("auto", "cpu") is None
+
+
+def test_the_early_import_loads_the_module_and_leaves_a_failure_to_the_backend(
+    machine, monkeypatch
+):
+    from radixserve.managers.scheduler_process import import_on_thread
+
+    uncaught: list = []
+    monkeypatch.setattr(threading, "excepthook", uncaught.append)
+    package(machine / "site", "flashinfer", "LOADED = True\n")
+    import_on_thread("flashinfer").join(timeout=30)
+    assert sys.modules["flashinfer"].LOADED
+    package(machine / "site", "broken_kernels", "raise ImportError('no libcuda')\n")
+    import_on_thread("broken_kernels").join(timeout=30)  # nothing raised on the thread
+    assert "broken_kernels" not in sys.modules and not uncaught
+    with pytest.raises(ImportError, match="no libcuda"):
+        importlib.import_module("broken_kernels")

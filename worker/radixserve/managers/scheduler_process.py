@@ -9,6 +9,7 @@ each step, so every rank makes the same scheduling decisions and runs its shard 
 
 from __future__ import annotations
 
+import importlib
 import logging
 import multiprocessing
 import multiprocessing.process
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.layers.attention.registry import library_to_import_early
 from radixserve.logging_config import configure_logging
 from radixserve.managers.io_struct import (
     BatchReqOutput,
@@ -152,6 +154,10 @@ def run_scheduler_process(
         startup.add("imports", time.time() - spawned_at)
     if server_args.resolved_device() == "cuda":
         _start_cuda_context(tp_rank)
+    if library := library_to_import_early(
+        server_args.attention_backend, server_args.resolved_device()
+    ):
+        import_on_thread(library)
     if ready_conn is not None:
         with startup.timed("model_check"):
             if not _model_approved(ready_conn):
@@ -234,6 +240,22 @@ def _start_cuda_context(device_index: int) -> None:
         name="cuda-context",
         daemon=True,
     ).start()
+
+
+def import_on_thread(module: str) -> threading.Thread:
+    """Import `module` on a daemon thread, beside the model's setup: its file reads overlap the
+    setup's work, and the import the backend does later finds the module loaded (or waits for
+    this thread to finish it). A failure here is left for that import to raise and report."""
+
+    def run() -> None:
+        try:
+            importlib.import_module(module)
+        except Exception:  # noqa: BLE001 - the backend's own import reports it
+            logger.debug("importing %s ahead failed; the backend's import will say why", module)
+
+    thread = threading.Thread(target=run, name=f"import-{module}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _model_approved(conn: Any) -> bool:

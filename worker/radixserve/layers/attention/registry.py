@@ -83,6 +83,16 @@ def resolve_backend_name(requested: str, device: str, context: AttentionContext)
     return "triton"
 
 
+def library_to_import_early(requested: str, device: str) -> str | None:
+    """The kernel library the backend this start may take imports (FlashInfer, where installed,
+    for auto and flashinfer on CUDA), for the scheduler process to import on a thread while the
+    model is set up: `import flashinfer` is a few hundred milliseconds of Python modules and
+    shared libraries, on the start's critical path when `resolve_backend_name` imports it."""
+    if device != "cuda" or requested not in ("auto", "flashinfer"):
+        return None
+    return "flashinfer" if importlib.util.find_spec("flashinfer") is not None else None
+
+
 def missing_flashinfer_modules(context: AttentionContext) -> list[str]:
     """Names of the FlashInfer modules this model needs that are neither prebuilt nor in
     FlashInfer's JIT cache."""
