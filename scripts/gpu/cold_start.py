@@ -10,11 +10,13 @@ another (the first must be as fast as the tenth). Where `auto` served a start on
 FlashInfer's modules built in the background, the server is kept up until that build is done
 (its time recorded), so the next start finds them, as the next pod on the node would.
 
-When both triton and auto run (triton first), one more triton start with warm caches comes
-right after auto's first-ever start and its FlashInfer build, before auto's warm starts. Auto's
-first warm start, which used to follow the build directly, spent 2-5 s more than triton's in
-launch and imports (phases that run no backend code), and its second was faster: if the
-triton start in that place is the slow one, the machine was slower after the build, not auto.
+When both triton and auto run (triton first), the warm starts after auto's first-ever start
+and its FlashInfer build alternate, triton then auto: on 2026-12-02 a triton start in the
+place right after the build was as slow as auto's had been there (22.3 s against 18.0-19.5
+before the build, the extra in launch and imports, which run no backend code), so the machine
+is slower for minutes after the build. Before those starts the disk is synced and left
+COLD_START_SETTLE_S (default 60) to settle, as a node is long after an earlier pod's build;
+what /proc/meminfo says is dirty or under writeback is recorded before and after.
 
 Python's bytecode is compiled first, into PYTHONPYCACHEPREFIX (set here unless given), as a
 pod's image has it: `pip install` compiles every module it installs. The device's image ships
@@ -174,6 +176,23 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
     }
 
 
+def settle() -> dict:
+    """Sync the disk and wait COLD_START_SETTLE_S; what the kernel says is dirty or under
+    writeback (kB) before the sync, after it, and after the wait."""
+
+    def pending() -> dict:
+        fields = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return {name: fields.get(name, "?").strip() for name in ("Dirty", "Writeback")}
+
+    before = pending()
+    start = time.perf_counter()
+    subprocess.run(["sync"], check=True)
+    sync_s = time.perf_counter() - start
+    synced = pending()
+    time.sleep(float(os.environ.get("COLD_START_SETTLE_S", "60")))
+    return {"before": before, "sync_s": round(sync_s, 2), "synced": synced, "after": pending()}
+
+
 def wait_for_background_build(log: Path, timeout_s: float = 300.0) -> str | None:
     """The background build's closing line, once it is written (None if none was started)."""
     if "a background process builds them" not in log.read_text():
@@ -202,11 +221,18 @@ def main() -> None:
     warm_runs = int(os.environ.get("COLD_START_WARM_RUNS", "1"))
     kinds = ["first_ever", "warm_caches"] + [f"warm_caches_{i}" for i in range(2, warm_runs + 1)]
     starts = [(backend, kind) for backend in backends for kind in kinds]
-    if backends[:2] == ["triton", "auto"]:
-        starts.insert(len(kinds) + 1, ("triton", "warm_after_build"))
+    if backends == ["triton", "auto"]:
+        warm = [f"warm_caches_{i}" for i in range(1, warm_runs + 1)]
+        starts = [("triton", "first_ever"), ("triton", "warm_caches"), ("auto", "first_ever")]
+        starts += [("settle", "")]
+        starts += [(b, f"{k}_after_build") for k in warm for b in ("triton", "auto")]
     logs = CHECKPOINT.parent / "logs"  # on the machine: few files come back
     logs.mkdir(exist_ok=True)
     for backend, kind in starts:
+        if backend == "settle":
+            results["settle"] = settle()
+            print("settled", results["settle"], flush=True)
+            continue
         caches = KERNEL_CACHES / backend
         if kind == "first_ever":
             shutil.rmtree(caches, ignore_errors=True)
