@@ -39,8 +39,6 @@ def _gemv_kernel(
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    EVEN: tl.constexpr,
-    X_VEC: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
@@ -50,14 +48,7 @@ def _gemv_kernel(
     product rounded to the activation dtype first, as the GEMV followed by `silu_and_mul` would
     compute it; the up rows stream in the same loop, so the activation costs no launch.
 
-    HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias).
-
-    EVEN: N and K are multiples of BLOCK_N and BLOCK_K, and the loop loads unmasked: a masked
-    load costs a select per element. X_VEC: the elements of x in one 16-byte load; each thread
-    takes that many weights of a row at a time too, so that x and the weights share a layout.
-    An FP8 weight would otherwise come 16 to a load against x's 8, and every chunk of x would be
-    shuffled across the warp to meet it (the loop was 4.9 instructions a weight in Hopper SASS,
-    3.8 without the masks and the shuffles)."""
+    HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias)."""
     wait_for_prior_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
@@ -67,21 +58,14 @@ def _gemv_kernel(
         up_rows = w_rows + N.to(tl.int64) * stride_wn
         acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
-        ks = tl.max_contiguous(tl.multiple_of(k0 + tl.arange(0, BLOCK_K), X_VEC), X_VEC)
-        if EVEN:
-            x = tl.load(X + ks).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :])
-        else:
-            mask_k = ks < K
-            mask_w = mask_n[:, None] & mask_k[None, :]
-            x = tl.load(X + ks, mask=mask_k, other=0.0).to(tl.float32)
-            w = tl.load(w_rows + ks[None, :], mask=mask_w, other=0.0)
+        ks = k0 + tl.arange(0, BLOCK_K)
+        mask_k = ks < K
+        mask_w = mask_n[:, None] & mask_k[None, :]
+        x = tl.load(X + ks, mask=mask_k, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + ks[None, :], mask=mask_w, other=0.0)
         acc += w.to(tl.float32) * x[None, :]
         if GATED:
-            if EVEN:
-                w_up = tl.load(up_rows + ks[None, :])
-            else:
-                w_up = tl.load(up_rows + ks[None, :], mask=mask_w, other=0.0)
+            w_up = tl.load(up_rows + ks[None, :], mask=mask_w, other=0.0)
             acc_up += w_up.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_SCALE:
@@ -226,8 +210,6 @@ def gemv(
         GATED=gated,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
-        EVEN=n % block_n == 0 and k % block_k == 0,
-        X_VEC=16 // x.element_size(),
         num_warps=num_warps,
         **dependent_launch(x),
     )
