@@ -14,9 +14,10 @@ When both triton and auto run (triton first), the warm starts after auto's first
 and its FlashInfer build alternate, triton then auto: on 2026-12-02 a triton start in the
 place right after the build was as slow as auto's had been there (22.3 s against 18.0-19.5
 before the build, the extra in launch and imports, which run no backend code), so the machine
-is slower for minutes after the build. Before those starts the disk is synced and left
-COLD_START_SETTLE_S (default 60) to settle, as a node is long after an earlier pod's build;
-what /proc/meminfo says is dirty or under writeback is recorded before and after.
+is slower for minutes after the build. After auto's first-ever start (whatever the backends)
+the disk is synced and left COLD_START_SETTLE_S (default 60) to settle, as a node is long
+after an earlier pod's build; what /proc/meminfo says is dirty or under writeback is recorded
+before and after.
 
 Python's bytecode is compiled first, into PYTHONPYCACHEPREFIX (set here unless given), as a
 pod's image has it: `pip install` compiles every module it installs. The device's image ships
@@ -221,6 +222,8 @@ def main() -> None:
     warm_runs = int(os.environ.get("COLD_START_WARM_RUNS", "1"))
     kinds = ["first_ever", "warm_caches"] + [f"warm_caches_{i}" for i in range(2, warm_runs + 1)]
     starts = [(backend, kind) for backend in backends for kind in kinds]
+    if "auto" in backends:  # its first-ever start builds FlashInfer: let the machine settle
+        starts.insert(starts.index(("auto", "first_ever")) + 1, ("settle", ""))
     if backends == ["triton", "auto"]:
         warm = [f"warm_caches_{i}" for i in range(1, warm_runs + 1)]
         starts = [("triton", "first_ever"), ("triton", "warm_caches"), ("auto", "first_ever")]
