@@ -3,14 +3,15 @@ FP8 GEMV (weight-only, layers/gemv.py with channel scales) over a sweep of block
 against torch._scaled_mm at M = 1 (with its per-token activation quantization) and against the
 bf16 GEMV the unquantized model runs. gate_up runs gated, as the model runs it. Decides the batch-1 path and its tiles
 (layers/gemv.py's block_config); prints microseconds and the share of copy bandwidth of the
-FP8 bytes. Usage: python3 scripts/gpu/bench_fp8_gemv.py [--grid] [OUT.json] (--grid: 60 tiles
-instead of 7)."""
+FP8 bytes. The weights come from DRAM, as in a decode step (l2_cold.py; before 2026-12-02 qkv
+and o were timed partly from L2). Usage: python3 scripts/gpu/bench_fp8_gemv.py [--grid]
+[OUT.json] (--grid: 60 tiles instead of 7)."""
 
 import json
 import sys
 
 import torch
-from triton.testing import do_bench_cudagraph
+from l2_cold import copies, microseconds
 
 from radixserve.layers.gemv import block_config, gemv
 from radixserve.layers.quantization.fp8 import quantize_per_token, quantize_rows
@@ -55,16 +56,17 @@ def measure(n: int, k: int, gated: bool) -> dict:
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     shipped = block_config(n, k, fp8=True)
     bf16 = block_config(n, k)
+    fp8_weights, bf16_weights = copies(values, scale), copies(w)
     row = {
         "shipped": str(shipped),
         "fp8_floor_us": n * k / BANDWIDTH * 1e6,
-        "bf16_gemv_us": do_bench_cudagraph(lambda: gemv(x, w, None, *bf16, gated=gated)) * 1e3,
-        "fp8_scaled_mm_us": do_bench_cudagraph(lambda: scaled_mm(x, values, scale)) * 1e3,
+        "bf16_gemv_us": microseconds(lambda w: gemv(x, w, None, *bf16, gated=gated), bf16_weights),
+        "fp8_scaled_mm_us": microseconds(lambda v, s: scaled_mm(x, v, s), fp8_weights),
         "fp8_gemv_us": {},
     }
     for config in dict.fromkeys([shipped, *FP8_CONFIGS]):
-        run = lambda c=config: gemv(x, values, None, *c, gated=gated, scale=scale)  # noqa: E731
-        row["fp8_gemv_us"][str(config)] = do_bench_cudagraph(run) * 1e3
+        run = lambda v, s, c=config: gemv(x, v, None, *c, gated=gated, scale=s)  # noqa: E731
+        row["fp8_gemv_us"][str(config)] = microseconds(run, fp8_weights)
     return row
 
 

@@ -1,6 +1,8 @@
 """Batch-1 projections of the 1B and 8B Llama shapes: cuBLAS (F.linear, torch.mv) against the
 Triton GEMV (layers/gemv.py) over a sweep of block shapes, each timed as CUDA graph replays
-(as a decode step runs them). Prints microseconds and the share of copy bandwidth."""
+(as a decode step runs them), the weights coming from DRAM as in a decode step (l2_cold.py;
+before 2026-12-02 projections smaller than L2 were timed partly from it). Prints microseconds
+and the share of copy bandwidth."""
 
 import itertools
 import json
@@ -8,7 +10,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from triton.testing import do_bench_cudagraph
+from l2_cold import copies, microseconds
 
 from radixserve.layers.gemv import gemv
 
@@ -36,10 +38,11 @@ def measure(n: int, k: int) -> dict:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     x = torch.randn(1, k, dtype=torch.bfloat16, device="cuda")
     ref = F.linear(x.float(), w.float())
+    weights = copies(w)
     row = {
         "floor_us": n * k * 2 / BANDWIDTH * 1e6,
-        "cublas_linear": do_bench_cudagraph(lambda: F.linear(x, w)) * 1e3,
-        "cublas_mv": do_bench_cudagraph(lambda: torch.mv(w, x[0])) * 1e3,
+        "cublas_linear": microseconds(lambda w: F.linear(x, w), weights),
+        "cublas_mv": microseconds(lambda w: torch.mv(w, x[0]), weights),
     }
     best = None
     for bn, bk, warps in CONFIGS:
@@ -48,9 +51,9 @@ def measure(n: int, k: int) -> dict:
         y = gemv(x, w, None, bn, bk, warps)
         err = ((y.float() - ref).norm() / ref.norm()).item()
         assert err < 1e-2, (n, k, bn, bk, warps, err)
-        us = do_bench_cudagraph(lambda bn=bn, bk=bk, warps=warps: gemv(x, w, None, bn, bk, warps))
-        if best is None or us * 1e3 < best[0]:
-            best = (us * 1e3, bn, bk, warps)
+        us = microseconds(lambda w, c=(bn, bk, warps): gemv(x, w, None, *c), weights)
+        if best is None or us < best[0]:
+            best = (us, bn, bk, warps)
     row["triton_best"] = best
     return row
 
