@@ -2,7 +2,8 @@
 # A kernel change against its base in one device call: batch-1 decode of the Llama-3-8B shape,
 # bf16 and --quantization fp8, for each tree named ("." is this one), ROUNDS times (default 1;
 # 8B random init, capture and bench are ~20-45 s a run), trees interleaved (machines drift);
-# then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min).
+# then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min; GPU_TESTS
+# names others).
 # The other trees travel untracked beside this one (add them to .git/info/exclude), e.g.:
 #   mkdir ab-base && git archive main worker | tar -x -C ab-base
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/latency_ab.sh ab-base .
@@ -23,6 +24,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
 done
 [ "${TESTS:-1}" = 0 ] && exit 0
 echo "=== tests $(date +%T)"
-timeout 240 python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_fused_ops.py \
-  tests/gpu/test_gemv.py tests/gpu/test_attention_backends.py tests/gpu/test_engine_gpu.py \
-  -k "not flashinfer" 2>&1 | tee "$OUT/kernel-tests.log" | tail -5
+GPU_TESTS=${GPU_TESTS:-tests/gpu/test_fused_ops.py tests/gpu/test_gemv.py tests/gpu/test_fp8.py \
+  tests/gpu/test_attention_backends.py tests/gpu/test_engine_gpu.py}
+timeout 240 python3 -m pytest -q -rA -p no:cacheprovider $GPU_TESTS -k "not flashinfer" 2>&1 \
+  | tee "$OUT/kernel-tests.log" | tail -5
