@@ -122,6 +122,22 @@ def drop_page_cache() -> bool:
     return True
 
 
+def sm_clock_mhz() -> int | None:
+    """The GPU's SM clock now (nvidia-smi), None without one. The TTFTs of the 2026-12-02
+    starts moved between about 21 and 35 ms within a series; read before each request, this
+    says whether the slow ones ran at a lower clock."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout
+        return int(out.split()[0])
+    except (OSError, ValueError, IndexError, subprocess.SubprocessError):
+        return None
+
+
 def ttft_s(base_url: str, input_ids: list[int]) -> float:
     body = json.dumps(
         {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 1, "ignore_eos": True}}
@@ -157,7 +173,10 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         vocab = json.loads((CHECKPOINT / "config.json").read_text())["vocab_size"]
         prompt = [(7 * i) % (vocab - 1) + 1 for i in range(512)]
         # each prompt differs in its first token: no prefix hit, every one a full prefill
-        ttfts = [ttft_s(server.base_url, [i + 1] + prompt[1:]) for i in range(10)]
+        ttfts, clocks = [], []
+        for i in range(10):
+            clocks.append(sm_clock_mhz())
+            ttfts.append(ttft_s(server.base_url, [i + 1] + prompt[1:]))
         background = wait_for_background_build(log)
     finally:
         server.stop()
@@ -169,6 +188,7 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         "ready_s": ready_s,
         "phases": phases,
         "ttft_s": ttfts,
+        "sm_clock_mhz_before_each": clocks,
         "page_cache_dropped": dropped,
         "read_ahead": read_ahead[0] if read_ahead else None,
         "served_by": served_by[1] if served_by else None,
@@ -244,6 +264,7 @@ def main() -> None:
         print(backend, kind, f"ready {run['ready_s']:.1f}s", run["served_by"], flush=True)
         print("  ", run["phases"], run["flashinfer_built_at_start"], run["background_build"])
         print("  ttft ms", [round(t * 1e3, 1) for t in run["ttft_s"]], flush=True)
+        print("  sm clock MHz before each", run["sm_clock_mhz_before_each"], flush=True)
         # after every start: a run cut short by its time limit still brings these back
         (out / "cold-start.json").write_text(json.dumps(results, indent=1))
 
