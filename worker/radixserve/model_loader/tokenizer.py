@@ -58,18 +58,21 @@ def convert_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerB
     return tokenizer
 
 
+def _tokenizer_conversion(gguf_path: Path) -> tuple[str, Path, str]:
+    """The conversion's (kind, source, converter version): keyed by the file and the
+    transformers version that converts it."""
+    return "tokenizers", gguf_path, transformers.__version__
+
+
 def gguf_tokenizer_cache_path(gguf_path: Path) -> Path:
-    """Keyed by the file and the transformers version that converts it."""
-    return conversion_dir("tokenizers", gguf_path, transformers.__version__)
+    return conversion_dir(*_tokenizer_conversion(gguf_path))
 
 
 def load_gguf_tokenizer(gguf_path: Path) -> transformers.PreTrainedTokenizerBase:
     """The GGUF's tokenizer, converted once and then reloaded from the cache: conversion takes
     seconds and both the front end and the scheduler process need it."""
     directory = converted_once(
-        "tokenizers",
-        gguf_path,
-        transformers.__version__,
+        *_tokenizer_conversion(gguf_path),
         write=lambda staging: convert_gguf_tokenizer(gguf_path).save_pretrained(str(staging)),
         complete=lambda d: (d / "tokenizer_config.json").is_file(),
         what=f"the tokenizer of {gguf_path.name}",
