@@ -226,6 +226,24 @@ def wait_for_background_build(log: Path, timeout_s: float = 300.0) -> str | None
     return f"not done in {timeout_s:.0f}s"
 
 
+def start_order(backends: list[str], warm_runs: int) -> list[tuple[str, str]]:
+    """(backend, kind) of each start in turn, ("settle", "") where the machine settles."""
+    if backends == ["triton", "auto"]:  # auto's warm starts alternate with triton's
+        starts = [("triton", "first_ever"), ("triton", "warm_caches"), ("auto", "first_ever")]
+        starts.append(("settle", ""))
+        for i in range(1, warm_runs + 1):
+            starts += [
+                ("triton", f"warm_caches_{i}_after_build"),
+                ("auto", f"warm_caches_{i}_after_build"),
+            ]
+        return starts
+    kinds = ["first_ever", "warm_caches"] + [f"warm_caches_{i}" for i in range(2, warm_runs + 1)]
+    starts = [(backend, kind) for backend in backends for kind in kinds]
+    if "auto" in backends:  # its first-ever start builds FlashInfer: let the machine settle
+        starts.insert(starts.index(("auto", "first_ever")) + 1, ("settle", ""))
+    return starts
+
+
 def main() -> None:
     out = Path(sys.argv[1])
     backends = sys.argv[2:] or ["triton", "auto"]
@@ -239,16 +257,7 @@ def main() -> None:
     results["checkpoint_gb"] = sum(f.stat().st_size for f in CHECKPOINT.iterdir()) / 1e9
     results["architecture"] = config["model_type"]
     # COLD_START_WARM_RUNS warm starts per backend (default 1): machines differ widely
-    warm_runs = int(os.environ.get("COLD_START_WARM_RUNS", "1"))
-    kinds = ["first_ever", "warm_caches"] + [f"warm_caches_{i}" for i in range(2, warm_runs + 1)]
-    starts = [(backend, kind) for backend in backends for kind in kinds]
-    if "auto" in backends:  # its first-ever start builds FlashInfer: let the machine settle
-        starts.insert(starts.index(("auto", "first_ever")) + 1, ("settle", ""))
-    if backends == ["triton", "auto"]:
-        warm = [f"warm_caches_{i}" for i in range(1, warm_runs + 1)]
-        starts = [("triton", "first_ever"), ("triton", "warm_caches"), ("auto", "first_ever")]
-        starts += [("settle", "")]
-        starts += [(b, f"{k}_after_build") for k in warm for b in ("triton", "auto")]
+    starts = start_order(backends, int(os.environ.get("COLD_START_WARM_RUNS", "1")))
     logs = CHECKPOINT.parent / "logs"  # on the machine: few files come back
     logs.mkdir(exist_ok=True)
     for backend, kind in starts:
