@@ -1,0 +1,84 @@
+"""One batch-1 decode step's kernels in the order the captured graph runs them: each kernel's
+device time and the idle gap before it, summed by kernel. Says whether a step's time over its
+bandwidth floor is in the kernels' bodies (a kernel streaming below bandwidth) or between them
+(launch and dependency gaps, which fusing kernels removes).
+
+Usage: python3 scripts/gpu/decode_timeline.py MODEL [QUANTIZATION] [OUT.json]
+  (e.g. random:llama-3-8b fp8 $OUT/timeline-fp8.json; QUANTIZATION "none" for bf16)
+"""
+
+import json
+import os
+import sys
+import tempfile
+from collections import defaultdict
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from radixserve.entrypoints.bench_latency import run_batch
+from radixserve.managers.tp_worker import ModelWorker
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.model_loader.loader import load_model_source_for
+from radixserve.server_args import ServerArgs
+
+model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
+quantization = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
+out_path = sys.argv[3] if len(sys.argv) > 3 else None
+REPLAYS = 8
+args = ServerArgs(
+    model=model,
+    context_length=4096,
+    attention_backend="triton",
+    max_running_requests=8,
+    cuda_graph_max_bs=1,
+    quantization=quantization,
+)
+source = load_model_source_for(args)
+worker = ModelWorker(args, source)
+runner = worker.model_runner
+cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
+run_batch(worker, cache, 1, 512, 8, source.config.vocab_size)
+graph = runner.cuda_graph_runner.graphs[1]
+
+for _ in range(3):
+    graph.replay()
+torch.cuda.synchronize()
+with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    for _ in range(REPLAYS):
+        graph.replay()
+    torch.cuda.synchronize()
+trace = os.path.join(tempfile.mkdtemp(), "trace.json")
+prof.export_chrome_trace(trace)
+with open(trace) as f:
+    kernels = sorted(
+        (e for e in json.load(f)["traceEvents"] if e.get("cat") == "kernel"),
+        key=lambda e: e["ts"],
+    )
+per_step = len(kernels) // REPLAYS
+# the last full replay: every kernel's gap is then to a kernel of the same replay or the one before
+step = kernels[-per_step:]
+rows = []
+for before, kernel in zip(kernels[-per_step - 1 : -1], step, strict=True):
+    gap = kernel["ts"] - (before["ts"] + before["dur"])
+    rows.append({"name": kernel["name"][:60], "us": kernel["dur"], "gap_us": gap})
+by_name: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+for row in rows:
+    entry = by_name[row["name"]]
+    entry[0] += 1
+    entry[1] += row["us"]
+    entry[2] += row["gap_us"]
+busy = sum(r["us"] for r in rows)
+idle = sum(r["gap_us"] for r in rows)
+span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
+print(f"=== {model} {quantization or 'bf16'}: {per_step} kernels a step")
+print(f"kernel time {busy:.1f} us, gaps {idle:.1f} us, first start to last end {span:.1f} us")
+print(f"{'kernel':60} {'n':>4} {'us':>9} {'us each':>8} {'gap us':>8} {'gap each':>8}")
+for name, (n, us, gap) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
+    print(f"{name:60} {n:4d} {us:9.1f} {us / n:8.2f} {gap:8.1f} {gap / n:8.2f}")
+print("one layer, in order:")
+for row in rows[1:12]:
+    print(f"  {row['name']:60} {row['us']:7.2f} us, gap {row['gap_us']:5.2f} us")
+if out_path:
+    with open(out_path, "w") as f:
+        json.dump({"model": model, "quantization": quantization, "kernels": rows}, f, indent=1)
