@@ -43,7 +43,7 @@ def loop_body(sass: str) -> list[str]:
 
 
 def loop_count(weight_type: str, n: int, k: int, fp8: bool, gated: bool) -> tuple[float, list]:
-    rows, chunk, warps = gemv.block_config(n, k, fp8=fp8)
+    rows, chunk, warps, stages = gemv.block_config(n, k, fp8=fp8)
     if gated:
         rows = max(1, rows // 2)  # as gemv() launches the gated product
     kernel = gemv._gemv_kernel
@@ -53,6 +53,7 @@ def loop_count(weight_type: str, n: int, k: int, fp8: bool, gated: bool) -> tupl
         "GATED": gated,
         "BLOCK_N": rows,
         "BLOCK_K": chunk,
+        "NUM_STAGES": stages,
         "PDL": True,
     }
     pointers = {"W": weight_type, "Bias": weight_type, "Scale": "fp32"}

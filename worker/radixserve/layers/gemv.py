@@ -39,6 +39,7 @@ def _gemv_kernel(
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
@@ -48,7 +49,11 @@ def _gemv_kernel(
     product rounded to the activation dtype first, as the GEMV followed by `silu_and_mul` would
     compute it; the up rows stream in the same loop, so the activation costs no launch.
 
-    HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias)."""
+    HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias).
+
+    NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
+    chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
+    is used (Triton pipelines loads that feed no dot only when the loop asks)."""
     wait_for_prior_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
@@ -57,7 +62,7 @@ def _gemv_kernel(
     if GATED:
         up_rows = w_rows + N.to(tl.int64) * stride_wn
         acc_up = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
         mask_k = ks < K
         mask_w = mask_n[:, None] & mask_k[None, :]
@@ -86,23 +91,25 @@ def _gemv_kernel(
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
 
 
-def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int]:
-    """(rows per program, K chunk, warps): the fastest of bench_gemv.py's sweep per shape
-    class on the H200 (FP8 weights: bench_fp8_gemv.py's, where they differ). Large matrices
-    want long chunks and few warps; small ones more warps per row."""
+def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]:
+    """(rows per program, K chunk, warps, pipeline stages): the fastest of bench_gemv.py's
+    sweep per shape class on the H200 (FP8 weights: bench_fp8_gemv.py's, where they differ,
+    kept only where the decode step measured the gain). Large matrices want long chunks and
+    few warps; small ones more warps per row."""
     if fp8 and k >= 4096 and n >= 4096:
-        # 8B shapes, 2026-12-01, a sweep of 60 tiles (bench_fp8_gemv.py --grid): gated
-        # gate_up 31.9 us (87% of bandwidth) at (2, 512, 2) against 41.3 at bf16's
-        # (2, 2048, 2); one warp a program for the rest: qkv 7.5, o 5.4 and down 18.2 us at
-        # (2, 1024, 1) against 8.6, 5.7 and 20.0 at the 7-tile sweep's best
-        if n * k >= 32 << 20 and k < 8192:
-            return 2, 512, 2
-        return 2, 1024, 1
+        # 8B shapes, 2026-12-02, weights from DRAM: of 146 tiles and stages
+        # (bench_fp8_gemv.py --grid) a pipelined loop was the fastest alone for every shape,
+        # but in the decode step (decode_timeline.py) only qkv (9.95 -> 8.51 us) and gated
+        # gate_up (31.6 -> 30.9) kept it, at (8, 1024, 2, 3); down at its best alone,
+        # (8, 512, 2, 4), took 19.6 us after gate_up against 17.4 plain; o gained nothing
+        if n * k >= 24 << 20 and k < 8192:
+            return 8, 1024, 2, 3
+        return 2, 1024, 1, 1
     if n * k >= 32 << 20:  # gate/up, down (8B), LM heads
-        return 2, 2048, 2
+        return 2, 2048, 2, 1
     if k >= 4096 and n >= 4096:  # 8B qkv and o
-        return 2, 512, 2
-    return 2, 1024, 4  # 1B qkv, o, down
+        return 2, 512, 2, 1
+    return 2, 1024, 4, 1  # 1B qkv, o, down
 
 
 def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
@@ -180,6 +187,7 @@ def gemv(
     block_n: int = 4,
     block_k: int = 512,
     num_warps: int = 4,
+    num_stages: int = 1,
     out_dtype: torch.dtype | None = None,
     gated: bool = False,
     scale: torch.Tensor | None = None,
@@ -210,6 +218,7 @@ def gemv(
         GATED=gated,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
+        NUM_STAGES=num_stages,
         num_warps=num_warps,
         **dependent_launch(x),
     )
