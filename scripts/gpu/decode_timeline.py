@@ -14,32 +14,18 @@ import tempfile
 from collections import defaultdict
 
 import torch
+from batch1_worker import batch1_worker
 from torch.profiler import ProfilerActivity, profile
 
 from radixserve.entrypoints.bench_latency import run_batch
-from radixserve.managers.tp_worker import ModelWorker
-from radixserve.mem_cache.chunk_cache import ChunkCache
-from radixserve.model_loader.loader import load_model_source_for
-from radixserve.server_args import ServerArgs
 
 model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
 quantization = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
 out_path = sys.argv[3] if len(sys.argv) > 3 else None
 REPLAYS = 8
-args = ServerArgs(
-    model=model,
-    context_length=4096,
-    attention_backend="triton",
-    max_running_requests=8,
-    cuda_graph_max_bs=1,
-    quantization=quantization,
-)
-source = load_model_source_for(args)
-worker = ModelWorker(args, source)
-runner = worker.model_runner
-cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
-run_batch(worker, cache, 1, 512, 8, source.config.vocab_size)
-graph = runner.cuda_graph_runner.graphs[1]
+decode = batch1_worker(model, quantization)
+run_batch(decode.worker, decode.cache, 1, 512, 8, decode.vocab)
+graph = decode.runner.cuda_graph_runner.graphs[1]
 
 for _ in range(3):
     graph.replay()

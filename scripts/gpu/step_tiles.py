@@ -21,14 +21,11 @@ import sys
 from collections.abc import Callable
 
 import torch
+from batch1_worker import batch1_worker
 
 import radixserve.layers.gemv as gemv_module
 import radixserve.layers.quantization.fp8 as fp8_module
 from radixserve.entrypoints.bench_latency import run_batch
-from radixserve.managers.tp_worker import ModelWorker
-from radixserve.mem_cache.chunk_cache import ChunkCache
-from radixserve.model_loader.loader import load_model_source_for
-from radixserve.server_args import ServerArgs
 
 Tile = tuple[int, int, int, int]
 PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
@@ -51,19 +48,7 @@ BLOCKS, REPLAYS = 5, 50
 quantization = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "none" else None
 out_path = sys.argv[2] if len(sys.argv) > 2 else None
 fp8 = quantization == "fp8"
-args = ServerArgs(
-    model="random:llama-3-8b",
-    context_length=4096,
-    attention_backend="triton",
-    max_running_requests=8,
-    cuda_graph_max_bs=1,
-    quantization=quantization,
-)
-source = load_model_source_for(args)
-worker = ModelWorker(args, source)
-runner = worker.model_runner
-cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
-vocab = source.config.vocab_size
+decode = batch1_worker("random:llama-3-8b", quantization)
 shipped = gemv_module.block_config
 
 
@@ -71,9 +56,9 @@ def capture(pick: Callable[..., Tile]) -> torch.cuda.CUDAGraph:
     """The batch-1 step captured with `pick` as block_config; then a real 512-token request's
     decode inputs are left in the graphs' shared input buffer (a capture leaves padding rows)."""
     gemv_module.block_config = fp8_module.block_config = pick
-    runner.cuda_graph_runner.capture()
-    graph = runner.cuda_graph_runner.graphs[1]
-    run_batch(worker, cache, 1, 512, 4, vocab)
+    decode.runner.cuda_graph_runner.capture()
+    graph = decode.runner.cuda_graph_runner.graphs[1]
+    run_batch(decode.worker, decode.cache, 1, 512, 4, decode.vocab)
     return graph
 
 
