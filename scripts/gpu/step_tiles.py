@@ -28,8 +28,12 @@ import radixserve.layers.quantization.fp8 as fp8_module
 from radixserve.entrypoints.bench_latency import run_batch
 
 Tile = tuple[int, int, int, int]
-PROJECTIONS = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096)}
-PROJECTIONS["down"] = (4096, 14336)
+PROJECTIONS = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+}
 # the best of bench_fp8_gemv.py --grid alone (2026-12-02) and the plain tiles shipped before
 CANDIDATES: list[Tile] = [
     (2, 1024, 1, 1),
