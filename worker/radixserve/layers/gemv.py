@@ -97,15 +97,17 @@ def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]
     kept only where the decode step measured the gain). Large matrices want long chunks and
     few warps; small ones more warps per row."""
     if fp8 and k >= 4096 and n >= 4096:
-        # 8B shapes, 2026-12-02, weights from DRAM: of 146 tiles and stages
-        # (bench_fp8_gemv.py --grid) a pipelined loop was the fastest alone for every shape,
-        # but in the decode step (decode_timeline.py) only qkv (9.95 -> 8.51 us) and gated
-        # gate_up (31.6 -> 30.9) kept it, at (8, 1024, 2, 3); down at its best alone,
-        # (8, 512, 2, 4), took 19.6 us after gate_up against 17.4 plain; o gained nothing.
-        # So the projections with more rows than K (qkv, gate_up) pipeline; 70B's K (8192 and
-        # up) was not measured and stays plain.
-        if n > k and k < 8192:
-            return 8, 1024, 2, 3
+        # 8B shapes, chosen in the decode step, not alone (a tile's time alone is not its
+        # time there: down's best alone, 15.5 us, took 19.6 in the step). scripts/gpu/
+        # step_tiles.py, 2026-12-02 09:45 UTC, each candidate against the tiles before (qkv
+        # and gate_up (8, 1024, 2, 3), o and down the plain (2, 1024, 1, 1)), us a step: qkv
+        # (8, 512, 2, 4) -29.8, o (8, 1024, 4, 3) -7.1, down (8, 1024, 4, 3) -54.7; no
+        # candidate beat gate_up's. 70B's shapes (K 8192, rows 8192 and up) were not measured
+        # and stay plain.
+        if n > k and k < 8192:  # qkv, gate_up
+            return (8, 512, 2, 4) if n * k < 32 << 20 else (8, 1024, 2, 3)
+        if n <= k and n < 8192:  # o, down
+            return 8, 1024, 4, 3
         return 2, 1024, 1, 1
     if n * k >= 32 << 20:  # gate/up, down (8B), LM heads
         return 2, 2048, 2, 1
