@@ -19,7 +19,7 @@ from radixserve.layers.attention.flashinfer_kernels import KernelSignature
 
 SIGNATURE = KernelSignature(
     q_dtype="bfloat16",
-    kv_dtype="float8_e4m3fn",
+    kv_dtype="bfloat16",
     head_dim=128,
     tensor_core_decode=True,
     prefill_backend="fa3",
@@ -180,3 +180,28 @@ def test_specs_name_each_plans_module_once_per_process(monkeypatch):
         ]
     finally:
         flashinfer_kernels._specs.cache_clear()
+
+
+def test_fp8_kv_under_bf16_queries_prefills_on_fa2(monkeypatch):
+    """FA3 has no bf16 x e4m3 product on Hopper: an FP8 pool under bf16 queries takes FA2
+    (without asking FlashInfer), and same-dtype pools take what FlashInfer's `auto` picks."""
+    import torch
+
+    bf16, fp8 = torch.bfloat16, torch.float8_e4m3fn
+    context = types.SimpleNamespace(device="cuda:0", dtype=bf16, kv_dtype=fp8)
+    monkeypatch.setitem(sys.modules, "flashinfer.utils", None)  # importing it would fail
+    assert flashinfer_kernels.prefill_backend(context) == "fa2"
+
+    asked = []
+
+    def determine_attention_backend(device, pos_encoding, fp16_qk, custom_mask, q, kv):
+        asked.append((q, kv))
+        return "fa3"
+
+    fake = types.ModuleType("flashinfer.utils")
+    fake.determine_attention_backend = determine_attention_backend
+    monkeypatch.setitem(sys.modules, "flashinfer.utils", fake)
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    same = types.SimpleNamespace(device="cuda:0", dtype=bf16, kv_dtype=bf16)
+    assert flashinfer_kernels.prefill_backend(same) == "fa3"
+    assert asked == [(bf16, bf16)]

@@ -119,8 +119,11 @@ class FlashInferAttnBackend(AttentionBackend):
             )
             for _ in self.variants
         ]
+        backend = flashinfer_kernels.prefill_backend(context)
         self.prefill_wrappers = [
-            self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+            self._flashinfer.BatchPrefillWithPagedKVCacheWrapper(
+                self.workspace, "NHD", backend=backend
+            )
             for _ in self.variants
         ]
         self.forward_metadata: FlashInferMetadata | None = None

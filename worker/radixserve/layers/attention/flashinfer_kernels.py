@@ -49,6 +49,22 @@ def uses_tensor_core_decode(num_heads: int, num_kv_heads: int) -> bool:
     return num_heads // num_kv_heads >= TENSOR_CORE_DECODE_MIN_GROUP
 
 
+def prefill_backend(context: AttentionContext) -> str:
+    """The prefill wrappers' backend: what FlashInfer's `auto` picks on this GPU (FA3 on
+    Hopper), except FA2 where the KV dtype is not the query's. FA3 multiplies Q by K on
+    Hopper's wgmma, which has no bf16 x e4m3 form (CUTLASS's GMMA selector pairs f16, bf16 or
+    FP8 only with their own kind), so an FP8 KV pool under bf16 queries cannot build there;
+    `auto` does not see that and picked FA3, and the start failed. FA2 reads FP8 KV as it
+    multiplies (its tensor-core decode already runs that way here)."""
+    if context.kv_dtype != context.dtype:
+        return "fa2"
+    from flashinfer.utils import determine_attention_backend
+
+    return determine_attention_backend(
+        context.device, _NO_POS_ENCODING, False, False, context.dtype, context.kv_dtype
+    )
+
+
 @dataclass(frozen=True)
 class KernelSignature:
     """What decides FlashInfer's modules for a model, in plain values (it travels as JSON to
@@ -58,14 +74,12 @@ class KernelSignature:
     kv_dtype: str
     head_dim: int
     tensor_core_decode: bool
-    prefill_backend: str  # "fa3" or "fa2", as FlashInfer's `auto` picks for this GPU
+    prefill_backend: str  # "fa3" or "fa2": `prefill_backend`
     variants: tuple[tuple[bool, bool], ...]  # (sliding window, soft-cap) of each variant
     cuda_arch: str  # FLASHINFER_CUDA_ARCH_LIST for the builder, e.g. "9.0a"
 
     @classmethod
     def of(cls, context: AttentionContext) -> KernelSignature:
-        from flashinfer.utils import determine_attention_backend
-
         major, minor = torch.cuda.get_device_capability(context.device)
         variants = {(v.windowed, v.logit_cap > 0) for v in context.planned_variants()}
         return cls(
@@ -73,9 +87,7 @@ class KernelSignature:
             kv_dtype=str(context.kv_dtype).removeprefix("torch."),
             head_dim=context.head_dim,
             tensor_core_decode=uses_tensor_core_decode(context.num_heads, context.num_kv_heads),
-            prefill_backend=determine_attention_backend(
-                context.device, _NO_POS_ENCODING, False, False, context.dtype, context.kv_dtype
-            ),
+            prefill_backend=prefill_backend(context),
             variants=tuple(sorted(variants)),
             # FlashInfer builds for the "a" (arch-specific) target from Hopper on
             cuda_arch=f"{major}.{minor}{'a' if major >= 9 else ''}",
