@@ -34,8 +34,9 @@ PROJECTIONS = {
     "gate_up": (28672, 4096),
     "down": (4096, 14336),
 }
-# Round 2 (2026-12-02 09:54 UTC; none beat the picks by 5 us), around round 1's picks (qkv (8, 512, 2, 4), o and down
-# (8, 1024, 4, 3), gate_up (8, 1024, 2, 3)): more rows, warps, stages and longer chunks.
+# Round 2 (2026-12-02 09:54 UTC; none beat the picks by 5 us), around round 1's picks (qkv
+# (8, 512, 2, 4), o and down (8, 1024, 4, 3), gate_up (8, 1024, 2, 3)): more rows, warps,
+# stages and longer chunks.
 # Round 1 (09:45) tried the best tiles of bench_fp8_gemv.py --grid alone and the plain ones:
 # (2, 1024, 1, 1), (2, 512, 2, 1), (2, 2048, 2, 1), (8, 1024, 2, 3), (8, 512, 1, 3),
 # (4, 1024, 1, 2), (4, 512, 1, 4), (8, 512, 2, 4), (4, 512, 2, 3), (8, 1024, 4, 3).
