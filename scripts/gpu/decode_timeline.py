@@ -14,7 +14,7 @@ import tempfile
 from collections import defaultdict
 
 import torch
-from batch1_worker import batch1_worker
+from decode_worker import decode_worker
 from torch.profiler import ProfilerActivity, profile
 
 from radixserve.entrypoints.bench_latency import run_batch
@@ -23,7 +23,7 @@ model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
 quantization = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
 out_path = sys.argv[3] if len(sys.argv) > 3 else None
 REPLAYS = 8
-decode = batch1_worker(model, quantization)
+decode = decode_worker(model, quantization)
 run_batch(decode.worker, decode.cache, 1, 512, 8, decode.vocab)
 graph = decode.runner.cuda_graph_runner.graphs[1]
 

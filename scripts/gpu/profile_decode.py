@@ -10,29 +10,16 @@ import traceback
 import warnings
 
 import torch
+from decode_worker import decode_worker
 from torch.profiler import ProfilerActivity, profile
 
 from radixserve.entrypoints.bench_latency import run_batch
-from radixserve.managers.tp_worker import ModelWorker
-from radixserve.mem_cache.chunk_cache import ChunkCache
-from radixserve.model_loader.loader import load_model_source
-from radixserve.server_args import ServerArgs
 
 model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
 sizes = [int(s) for s in (sys.argv[2] if len(sys.argv) > 2 else "1").split(",")]
 backend = sys.argv[3] if len(sys.argv) > 3 else "triton"
-args = ServerArgs(
-    model=model,
-    context_length=4096,
-    attention_backend=backend,
-    max_running_requests=max(sizes + [8]),
-    cuda_graph_max_bs=max(sizes),
-)
-source = load_model_source(model, dtype="auto", device="cuda", context_length=4096)
-worker = ModelWorker(args, source)
-runner = worker.model_runner
-cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
-vocab = source.config.vocab_size
+decode = decode_worker(model, backend=backend, max_bs=max(sizes))
+worker, runner, cache, vocab = decode.worker, decode.runner, decode.cache, decode.vocab
 run_batch(worker, cache, 1, 128, 8, vocab)
 
 for bs in sizes:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 
 import torch
-from batch1_worker import batch1_worker
+from decode_worker import decode_worker
 
 import radixserve.layers.gemv as gemv_module
 import radixserve.layers.quantization.fp8 as fp8_module
@@ -59,7 +59,7 @@ BLOCKS, REPLAYS = 5, 50
 quantization = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "none" else None
 out_path = sys.argv[2] if len(sys.argv) > 2 else None
 fp8 = quantization == "fp8"
-decode = batch1_worker("random:llama-3-8b", quantization)
+decode = decode_worker("random:llama-3-8b", quantization)
 shipped = gemv_module.block_config
 
 
