@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from radixserve.layers import fused_ops
 from radixserve.layers.gemv import gemv, linear, linear_silu_and_mul
+from radixserve.layers.quantization.fp8 import quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -105,12 +106,7 @@ def test_a_pipelined_loop_sums_what_the_plain_loop_sums(fp8, gated, k):
     torch.manual_seed(k)
     w = torch.randn(2048, k, device="cuda") * 0.02
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
-    scale = None
-    if fp8:
-        scale = w.abs().amax(dim=1) / torch.finfo(torch.float8_e4m3fn).max
-        w = (w / scale[:, None]).to(torch.float8_e4m3fn)
-    else:
-        w = w.to(torch.bfloat16)
+    w, scale = quantize_rows(w) if fp8 else (w.to(torch.bfloat16), None)
     for rows, chunk, warps in ((8, 1024, 2), (4, 512, 1), (8, 512, 2)):
         plain = gemv(x, w, None, rows, chunk, warps, 1, gated=gated, scale=scale)
         for stages in (2, 3, 4):
