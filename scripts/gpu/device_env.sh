@@ -1,4 +1,5 @@
-# Sourced by the device scripts: $OUT, the carried wheels installed once per machine into
+# Sourced by the device scripts: $OUT, the carried wheels (scripts/gpu/fetch_wheels.sh fetches
+# them here) installed once per machine into
 # /tmp/site (runs on the GPUs of one machine share it), the worker and those wheels on
 # PYTHONPATH, unbuffered Python, NVLink multicast off, and `limit` for budgeted stages.
 OUT=${OUT:-/tmp/out}

@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The wheels the worker imports that the device machine lacks (it has Python 3.12, torch,
+# triton, transformers, aiohttp, prometheus-client: ../shared/GPU_NOTES.md), downloaded here
+# into .whl/ for Python 3.12; device_env.sh installs them there. Carry [".whl"] (about 16 MB).
+# A wheel missing there fails every run of the call at its first import, and the call is lost.
+# Usage (on this machine, from anywhere): bash scripts/gpu/fetch_wheels.sh
+set -eu
+cd "$(dirname "$0")/../.."
+mkdir -p .whl
+grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
+wheels() { pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl "$@"; }
+wheels flashinfer-python==0.5.3 xgrammar==0.2.8 gguf pydantic annotated-types \
+  typing-inspection python-json-logger jsonschema jsonschema-specifications referencing attrs
+core=$(unzip -p .whl/pydantic-[0-9]*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==//p')
+wheels --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+  'apache-tvm-ffi>=0.1,<0.2' pyzmq rpds-py "pydantic-core==$core"
+ls .whl
