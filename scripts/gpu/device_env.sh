@@ -1,7 +1,7 @@
 # Sourced by the device scripts: $OUT, the carried wheels (scripts/gpu/fetch_wheels.sh fetches
-# them here) installed once per machine into
-# /tmp/site (runs on the GPUs of one machine share it), the worker and those wheels on
-# PYTHONPATH, unbuffered Python, NVLink multicast off, and `limit` for budgeted stages.
+# them on this side) installed once per machine into /tmp/site (runs on the GPUs of one machine
+# share it), the worker and those wheels on PYTHONPATH, unbuffered Python, NVLink multicast
+# off, and `limit` for budgeted stages.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
