@@ -8,7 +8,7 @@ set -eu
 cd "$(dirname "$0")/../.."
 mkdir -p .whl
 grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/exclude
-wheels() { pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl "$@"; }
+wheels() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl "$@"; }
 wheels flashinfer-python==0.5.3 xgrammar==0.2.8 gguf pydantic annotated-types \
   typing-inspection python-json-logger jsonschema jsonschema-specifications referencing attrs
 core=$(unzip -p .whl/pydantic-[0-9]*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==//p')
