@@ -11,6 +11,16 @@ fi
 export SITE=/tmp/site PYTHONUNBUFFERED=1
 export PYTHONPATH="worker:$SITE"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+# Once a machine: the worker imports with what was carried. Without this a missing wheel fails
+# every run of the call at its first import, and the call's device time is lost.
+if [ ! -e /tmp/site/.imports ]; then
+  if ! python3 -c "import radixserve.entrypoints.cli" 2>"$OUT/imports.log"; then
+    echo "the worker does not import here (scripts/gpu/fetch_wheels.sh, carry .whl):"
+    tail -3 "$OUT/imports.log"
+    exit 3
+  fi
+  mkdir -p /tmp/site && touch /tmp/site/.imports
+fi
 
 limit() {  # the stage's own limit $1, or what is left of $BUDGET_S if less (at least 1 s:
   local left=$((BUDGET_S - SECONDS))  # timeout 0 would mean no limit at all)
