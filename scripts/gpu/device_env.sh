@@ -5,13 +5,14 @@
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
+  rm -f /tmp/site/.imports  # other wheels: check the imports again
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && ls .whl > /tmp/site/.wheels
 fi
 export SITE=/tmp/site PYTHONUNBUFFERED=1
 export PYTHONPATH="worker:$SITE"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Once a machine: the worker imports with what was carried. Without this a missing wheel fails
+# Once a machine (and wheel set): the worker imports with what was carried. Without this a missing wheel fails
 # every run of the call at its first import, and the call's device time is lost.
 if [ ! -e /tmp/site/.imports ]; then
   if ! python3 -c "import radixserve.entrypoints.cli" 2>"$OUT/imports.log"; then
