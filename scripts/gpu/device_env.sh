@@ -12,8 +12,8 @@ fi
 export SITE=/tmp/site PYTHONUNBUFFERED=1
 export PYTHONPATH="worker:$SITE"
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-# Once a machine (and wheel set): the worker imports with what was carried. Without this a missing wheel fails
-# every run of the call at its first import, and the call's device time is lost.
+# Once a machine and wheel set: the worker imports with what was carried. Without this check
+# a missing wheel fails every run of the call at its first import, and the call is lost.
 if [ ! -e /tmp/site/.imports ]; then
   if ! python3 -c "import radixserve.entrypoints.cli" 2>"$OUT/imports.log"; then
     echo "the worker does not import here (scripts/gpu/fetch_wheels.sh, carry .whl):"
