@@ -233,6 +233,14 @@ def test_the_router_follows_endpointslices_as_they_change(operator, api_server, 
             await wait_until(lambda: not router.pool.members())
             async with s.get(url + "/ready") as reply:
                 assert reply.status == 503
+        # Closing the router stopped the discovery; its watch thread ends at the next event.
+        # One more slice is that event: the thread closes its watch now, instead of leaving the
+        # stream open for the API server's shutdown to wait out (30 s, at module teardown).
+        await asyncio.to_thread(put, endpoint_slice("follow-c", c))
+        watcher = discovery._thread
+        assert watcher is not None
+        await asyncio.to_thread(watcher.join, 10)
+        assert not watcher.is_alive(), "the stopped discovery kept watching"
         for worker in (a, b, c):
             await worker.stop()
 
