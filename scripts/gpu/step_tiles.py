@@ -11,11 +11,14 @@ Each candidate's graph is timed in blocks of replays alternating with the shippe
 faster). About 5 s a candidate: one FP8 or bf16 pass of 36 takes 3-4 minutes.
 
 Usage: python3 scripts/gpu/step_tiles.py [fp8|none] [OUT.json]
+  (TILES="[(16, 1024, 2, 3), ...]" replaces the candidates below)
 """
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import statistics
 import sys
 from collections.abc import Callable
@@ -54,6 +57,8 @@ CANDIDATES: list[Tile] = [
     (4, 1024, 2, 4),
     (8, 512, 2, 6),
 ]
+if "TILES" in os.environ:
+    CANDIDATES = ast.literal_eval(os.environ["TILES"])
 BLOCKS, REPLAYS = 5, 50
 
 quantization = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "none" else None
