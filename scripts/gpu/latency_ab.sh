@@ -2,7 +2,8 @@
 # A kernel change against its base in one device call: batch-1 decode of MODEL (default the
 # Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8" for one), for each
 # tree named ("." is this one), ROUNDS times (default 1; 8B random init, capture and bench are
-# ~20-45 s a run), trees interleaved (machines drift);
+# ~20-45 s a run), trees interleaved (machines drift), on BACKEND's decode attention (default
+# triton; a first flashinfer run on a fresh machine builds its modules: RUN_TIMEOUT=300);
 # then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min; GPU_TESTS
 # names others).
 # The other trees travel untracked beside this one (add them to .git/info/exclude), e.g.:
@@ -12,16 +13,16 @@ set -u
 . "$(dirname "$0")/device_env.sh"
 trees=${*:?name the trees to compare, "." for this one}
 MODEL=${MODEL:-random:llama-3-8b}
-LAT="--context-length 4096 --attention-backend triton --input-len 512 --output-len 48"
+LAT="--context-length 4096 --attention-backend ${BACKEND:-triton} --input-len 512 --output-len 48"
 for round in $(seq 1 "${ROUNDS:-1}"); do
   for tree in $trees; do
     name=$([ "$tree" = . ] && echo head || basename "$tree")
     for weights in ${WEIGHTS:-bf16 fp8}; do
       q=$([ "$weights" = fp8 ] && echo "--quantization fp8")
       echo "=== $name $weights round $round $(date +%T)"
-      PYTHONPATH="$tree/worker:$SITE" timeout 90 python3 -m radixserve.entrypoints.cli bench \
+      PYTHONPATH="$tree/worker:$SITE" timeout "${RUN_TIMEOUT:-90}" python3 -m radixserve.entrypoints.cli bench \
         latency --model "$MODEL" $LAT --batch-sizes 1 --transformers-output-len 0 $q \
-        --output-json "$OUT/latency-$name${q:+-fp8}-$round.json" 2>&1 | tail -2
+        --output-json "$OUT/latency-$name${BACKEND:+-$BACKEND}${q:+-fp8}-$round.json" 2>&1 | tail -2
     done
   done
 done
