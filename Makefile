@@ -40,10 +40,14 @@ $(PROMETHEUS_STAMP): | $(STAMP)
 # fixtures (a server, Prometheus, an interpreter run) start once, and its tests stay in order.
 # Files are handed out in collection order (tests/conftest.py puts the longest first), not
 # xdist's default of the files with the most tests first, which left the longest to the end.
+# One torch thread a process (the servers and ranks the tests start inherit it): two pytest
+# processes with a thread per core each spun OpenMP threads against each other, and the suite
+# took 990 s on 2 cores against 723 s with one (2026-12-02).
+OMP_NUM_THREADS ?= 1
 test: setup $(PROMETHEUS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	PATH="$(TEST_PATH)" $(BIN)/python -m pytest -q -ra --durations=20 \
+	PATH="$(TEST_PATH)" OMP_NUM_THREADS=$(OMP_NUM_THREADS) $(BIN)/python -m pytest -q -ra --durations=20 \
 		-n 2 --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup
