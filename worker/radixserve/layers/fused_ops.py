@@ -76,9 +76,16 @@ def dependent_launch(x: torch.Tensor) -> dict[str, bool]:
 
 @jit
 def wait_for_prior_kernel(PDL: tl.constexpr):
-    """With PDL: wait until the kernel before has completed and its writes are visible (no
-    read or write of this kernel may come before), then let the next kernel's programs launch
-    as soon as all of this kernel's have started."""
+    """With PDL: wait until the kernel before has completed and its writes are visible, then
+    let the next kernel's programs launch as soon as all of this kernel's have started.
+
+    Nothing the kernels before write may be touched before it. Two kinds of reads may come
+    first, and save their latency: constants (weights, cos/sin tables), and the step's inputs
+    (positions, sequence lengths, KV slots). A kernel's programs start only once every program
+    of the kernel before has passed its own wait, so the kernel two launches back has
+    completed, and those inputs are written before the step's first kernel (host copies, or
+    kernels of the step before). tests/unit/test_dependent_launch.py checks each kernel's
+    early reads against the arguments it names."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -121,9 +128,11 @@ def _rms_norm_kernel(
     + (r % inner) * stride_b, which covers per-head views of a fused qkv row.
 
     UNIT_OFFSET: Gemma's norm, x_normed * (1 + w) all in float32 and rounded once."""
+    cols = tl.arange(0, BLOCK_N)
+    # the weight is a constant: read before the wait, it is here when the activations are
+    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     wait_for_prior_kernel(PDL)
     rows = (tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
     mask = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
     outer, head = rows // inner, rows % inner
     x_ptrs = X + (outer * stride_xa + head * stride_xb)[:, None] + cols[None, :]
@@ -137,7 +146,6 @@ def _rms_norm_kernel(
         tl.store(r_ptrs, x, mask=mask)
     xf = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=1) / n_cols + eps)
-    w = tl.load(W + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
     if UNIT_OFFSET:
         normed = xf * inv_rms[:, None]
         w = 1.0 + w
@@ -203,15 +211,17 @@ def _rotary_store_kv_kernel(
     """One token, BLOCK_H of its heads in q | k | v order (all head_dim wide and adjacent in
     the qkv row): q and k heads are rotated in place, k and v heads are copied to the cache
     (an FP8 cache gets value / scale, saturated to the type's range)."""
-    wait_for_prior_kernel(PDL)
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
     in_half = i < HALF
+    # Read before the wait (see `wait_for_prior_kernel`): the positions and KV slots are the
+    # step's inputs, cos and sin constants.
     pos = tl.load(Positions + token * stride_pos)
     loc = tl.load(Loc + token * stride_loc)
     cos = tl.load(Cos + pos * stride_cos + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(Sin + pos * stride_sin + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+    wait_for_prior_kernel(PDL)
 
     rotated_heads = num_heads + num_kv_heads
     rotated = (heads < rotated_heads)[:, None]

@@ -192,12 +192,12 @@ def _decode_merge_splits_kernel(
     """All of a (request, head)'s splits at once, as one [splits, head_dim] tile: a loop over
     the splits is a chain of dependent loads, and at batch 1 that chain is the kernel's time.
     Only the splits that hold tokens are read (a short sequence fills few of them)."""
-    wait_for_prior_kernel(PDL)
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
-    seq_len = tl.load(Seq_lens + batch).to(tl.int32)
+    seq_len = tl.load(Seq_lens + batch).to(tl.int32)  # a step input: read before the wait
+    wait_for_prior_kernel(PDL)
     kv_len = seq_len - _window_start(seq_len, window)
     split_len = _split_len(kv_len, num_kv_splits, MIN_SPLIT)
     offs_s = tl.arange(0, BLOCK_S)
