@@ -96,6 +96,8 @@ KERNELS = {
 
 # the arguments a kernel reads before its wait: constants and the step's inputs
 EARLY_READS = {
+    "gemv (FP8, gated)": {"Scale"},
+    "gemv (bf16)": {"Bias"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode merge": {"Seq_lens"},

@@ -54,9 +54,19 @@ def _gemv_kernel(
     NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
     chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
     is used (Triton pipelines loads that feed no dot only when the loop asks)."""
-    wait_for_prior_kernel(PDL)
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     mask_n = rows < N
+    # scales and bias are constants: read before the wait, they are not a round trip at the
+    # end of the last programs (see `wait_for_prior_kernel`)
+    if HAS_SCALE:
+        scale = tl.load(Scale + rows, mask=mask_n, other=0.0).to(tl.float32)
+        if GATED:
+            scale_up = tl.load(Scale + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
+        if GATED:
+            bias_up = tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+    wait_for_prior_kernel(PDL)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if GATED:
@@ -74,17 +84,17 @@ def _gemv_kernel(
             acc_up += w_up.to(tl.float32) * x[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_SCALE:
-        y *= tl.load(Scale + rows, mask=mask_n, other=0.0).to(tl.float32)
+        y *= scale
     if HAS_BIAS:
-        y += tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
+        y += bias
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
     if GATED:
         up = tl.sum(acc_up, axis=1)
         if HAS_SCALE:
-            up *= tl.load(Scale + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+            up *= scale_up
         if HAS_BIAS:
-            up += tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+            up += bias_up
         gate = y.to(tl.float32)
         up = up.to(X.dtype.element_ty).to(tl.float32)
         y = (gate / (1.0 + tl.exp(-gate)) * up).to(X.dtype.element_ty)
