@@ -171,7 +171,7 @@ def test_a_dependent_kernel_waits_before_it_touches_memory(name: str) -> None:
     assert all("ld.global" in ptx[i] for i in early), [ptx[i] for i in early]
     signature = signature_of(name)
     arguments = [arg for arg in KERNELS[name][0].arg_names if signature[arg] != "constexpr"]
-    read = set().union(set(), *(pointer_arguments(ptx, i, arguments) for i in early))
+    read = set().union(*(pointer_arguments(ptx, i, arguments) for i in early))
     assert read == allowed, (name, read)
     assert any(i > waits[0] for i in accesses), name  # the rest of its work comes after
     assert any("griddepcontrol.launch_dependents" in line for line in ptx), name

@@ -79,13 +79,14 @@ def wait_for_prior_kernel(PDL: tl.constexpr):
     """With PDL: wait until the kernel before has completed and its writes are visible, then
     let the next kernel's programs launch as soon as all of this kernel's have started.
 
-    Nothing the kernels before write may be touched before it. Two kinds of reads may come
-    first, and save their latency: constants (weights, cos/sin tables), and the step's inputs
-    (positions, sequence lengths, KV slots). A kernel's programs start only once every program
-    of the kernel before has passed its own wait, so the kernel two launches back has
-    completed, and those inputs are written before the step's first kernel (host copies, or
-    kernels of the step before). tests/unit/test_dependent_launch.py checks each kernel's
-    early reads against the arguments it names."""
+    Nothing the kernel before writes may be touched before it. A kernel's programs start only
+    once every program of the kernel before has passed its own wait, so the kernel two
+    launches back has completed and its writes are visible: reads of what the kernel right
+    before never writes may come first, and their latency leaves the step's critical path.
+    The kernels here read two kinds that way: constants (weights, scales, cos/sin tables) and
+    the step's inputs (positions, sequence lengths, KV slots, written before the step's first
+    kernel). tests/unit/test_dependent_launch.py checks each kernel's early reads against the
+    arguments it names."""
     if PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
