@@ -90,7 +90,7 @@ KERNELS = {
         decode_attention._decode_merge_splits_kernel,
         {"Mid_O": "fp32", "Mid_Lse": "fp32", "Seq_lens": "i64"},
         set(),
-        {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "MIN_SPLIT": 64},
+        {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "FEW_SPLITS": 16, "MIN_SPLIT": 64},
     ),
 }
 
@@ -100,6 +100,7 @@ EARLY_READS = {
     "gemv (bf16)": {"Bias"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
+    "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
 }
 

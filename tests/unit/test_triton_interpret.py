@@ -39,5 +39,13 @@ def test_windows_soft_caps_and_fp8_kv_match_dense_reference(interpreted) -> None
         assert result["stored_kv"], result
 
 
+def test_decode_over_more_splits_than_one_merge_tile(interpreted) -> None:
+    """A long context at a GPU's split count: each split spans one tile, and the merge
+    combines its 24 filled splits in more than one tile."""
+    result = interpreted["long_decode"]
+    assert result["splits"] == 64
+    assert result["rel_err"] < TOLERANCE["torch.float32"], result
+
+
 def test_kv_indices_gather_follows_req_to_token(interpreted) -> None:
     assert interpreted["kv_indices_ok"]

@@ -106,6 +106,16 @@ def main() -> None:
                 "stored_kv": stored_kv_matches(case) and stored_kv_matches(native_case),
             }
         )
+    # an H200's split count (64 at one request, one kv head) over 1,501 tokens: 24 splits hold
+    # keys, more than the merge combines in one tile
+    case = make_case(ForwardMode.DECODE, [1500], [1], 4, 1, 32, torch.float32, "cpu", gen)
+    backend = TritonAttnBackend(case.context)
+    backend.num_sms = 132
+    out = run_backend(backend, case)
+    long_decode = {
+        "splits": backend.forward_metadata.num_kv_splits,
+        "rel_err": relative_error(out, dense_reference(case)),
+    }
     fb = case.forward_batch
     indptr = torch.zeros(fb.batch_size + 1, dtype=torch.int64)
     indptr[1:] = torch.cumsum(fb.seq_lens, 0)
@@ -124,6 +134,7 @@ def main() -> None:
             {
                 "attention": results,
                 "variants": variants,
+                "long_decode": long_decode,
                 "kv_indices_ok": bool(torch.equal(indices, expected)),
             }
         )

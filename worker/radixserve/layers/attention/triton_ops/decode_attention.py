@@ -31,6 +31,8 @@ MAX_KV_SPLITS = 64
 # Programs per SM the split count aims for: decode programs are latency-bound (a chain of
 # dependent gathers), so the SMs need several each to hide it.
 _PROGRAMS_PER_SM = 4
+# Filled splits the merge takes in a short tile (a 512-token context fills 9 of 64)
+_FEW_SPLITS = 16
 
 
 @triton.jit
@@ -101,7 +103,6 @@ def _decode_grouped_split_kernel(
     HAS_CAP: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_prior_kernel(PDL)
     batch = tl.program_id(0)
     kv_head = tl.program_id(1)
     split_id = tl.program_id(2)
@@ -112,10 +113,15 @@ def _decode_grouped_split_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
 
+    # the request's length and its first tile's KV slots are step inputs: read before the
+    # wait, that chain of two lookups leaves the critical path
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
-    req_row = tl.load(Req_pool_indices + batch).to(tl.int64)
+    slot_row = Req_to_token + tl.load(Req_pool_indices + batch).to(tl.int64) * stride_r2t
     kv_start = _window_start(seq_len, window)
     start, end = _split_bounds(kv_start, seq_len, split_id, num_kv_splits, MIN_SPLIT)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    slots = tl.load(slot_row + offs_n, mask=offs_n < end, other=0)
+    wait_for_prior_kernel(PDL)
     if end > start:
         q = tl.load(
             Q + batch * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
@@ -128,10 +134,11 @@ def _decode_grouped_split_kernel(
         for start_n in range(start, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
-            slots = tl.load(Req_to_token + req_row * stride_r2t + offs_n, mask=mask_n, other=0)
-            slots = slots.to(tl.int64)
+            tile = slots.to(tl.int64)
+            # the next tile's slots, asked for before this tile's K and V are used
+            slots = tl.load(slot_row + offs_n + BLOCK_N, mask=offs_n + BLOCK_N < end, other=0)
             k = tl.load(
-                K_Buffer + slots[None, :] * stride_kb + kv_head * stride_kh + offs_d[:, None],
+                K_Buffer + tile[None, :] * stride_kb + kv_head * stride_kh + offs_d[:, None],
                 mask=mask_n[None, :] & mask_d[:, None],
                 other=0.0,
             )
@@ -139,7 +146,7 @@ def _decode_grouped_split_kernel(
             qk = soft_cap_log2(qk, sm_scale, logit_cap, HAS_CAP)
             qk = tl.where(mask_n[None, :], qk, float("-inf"))
             v = tl.load(
-                V_Buffer + slots[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
+                V_Buffer + tile[:, None] * stride_vb + kv_head * stride_vh + offs_d[None, :],
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )
@@ -169,6 +176,23 @@ def _decode_grouped_split_kernel(
 
 
 @triton.jit
+def _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, BLOCK_S: tl.constexpr):
+    """The first `filled` splits of one (request, head) merged, read as one [BLOCK_S,
+    head_dim] tile: a loop over the splits would be a chain of dependent loads, and at batch 1
+    that chain is the kernel's time."""
+    offs_s = tl.arange(0, BLOCK_S)
+    mask_s = offs_s < filled
+    lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
+    weights = tl.exp2(lse - tl.max(lse, 0))
+    parts = tl.load(
+        out_row + offs_s[:, None] * stride_mos + offs_d[None, :],
+        mask=mask_s[:, None] & mask_d[None, :],
+        other=0.0,
+    )
+    return tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+
+
+@triton.jit
 def _decode_merge_splits_kernel(
     Mid_O,
     Mid_Lse,
@@ -186,12 +210,14 @@ def _decode_merge_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    FEW_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """All of a (request, head)'s splits at once, as one [splits, head_dim] tile: a loop over
-    the splits is a chain of dependent loads, and at batch 1 that chain is the kernel's time.
-    Only the splits that hold tokens are read (a short sequence fills few of them)."""
+    """All of a (request, head)'s filled splits merged at once. A short sequence fills few of
+    the splits (9 of 64 at 512 tokens), and a tile as tall as every split then spends its
+    registers and reductions on empty rows: up to FEW_SPLITS filled, a tile that tall merges
+    them."""
     batch = tl.program_id(0)
     head = tl.program_id(1)
     offs_d = tl.arange(0, BLOCK_D)
@@ -200,23 +226,13 @@ def _decode_merge_splits_kernel(
     wait_for_prior_kernel(PDL)
     kv_len = seq_len - _window_start(seq_len, window)
     split_len = _split_len(kv_len, num_kv_splits, MIN_SPLIT)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < tl.cdiv(kv_len, split_len)  # the splits _split_bounds left non-empty
-
-    lse = tl.load(
-        Mid_Lse + batch * stride_mlb + head * stride_mlh + offs_s, mask=mask_s, other=float("-inf")
-    )
-    weights = tl.exp2(lse - tl.max(lse, 0))
-    parts = tl.load(
-        Mid_O
-        + batch * stride_mob
-        + head * stride_moh
-        + offs_s[:, None] * stride_mos
-        + offs_d[None, :],
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    out = tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+    filled = tl.cdiv(kv_len, split_len)  # the splits _split_bounds left non-empty
+    lse_row = Mid_Lse + batch * stride_mlb + head * stride_mlh
+    out_row = Mid_O + batch * stride_mob + head * stride_moh
+    if filled <= FEW_SPLITS:
+        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, FEW_SPLITS)
+    else:
+        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, BLOCK_S)
     tl.store(
         Out + batch * stride_ob + head * stride_oh + offs_d,
         out.to(Out.dtype.element_ty),
@@ -326,6 +342,7 @@ def decode_attention_fwd(
         HEAD_DIM=head_dim,
         BLOCK_D=block_d,
         BLOCK_S=triton.next_power_of_2(num_kv_splits),
+        FEW_SPLITS=min(_FEW_SPLITS, triton.next_power_of_2(num_kv_splits)),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         num_warps=4 if head_dim >= 128 else 2,
         **dependent_launch(q),
