@@ -103,6 +103,9 @@ EARLY_READS = {
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
 }
+# kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next
+# one may then start while the one before still runs
+LAUNCH_NEXT_FIRST = {"rotary_store_kv"}
 
 UPPERCASE_SCALARS = {"N", "K"}  # the GEMV's sizes; other capitalised arguments are pointers
 MEMORY_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.global|red\.)")
@@ -175,7 +178,16 @@ def test_a_dependent_kernel_waits_before_it_touches_memory(name: str) -> None:
     read = set().union(*(pointer_arguments(ptx, i, arguments) for i in early))
     assert read == allowed, (name, read)
     assert any(i > waits[0] for i in accesses), name  # the rest of its work comes after
-    assert any("griddepcontrol.launch_dependents" in line for line in ptx), name
+
+
+@pytest.mark.parametrize("name", KERNELS)
+def test_a_kernel_launches_the_next_where_it_says(name: str) -> None:
+    """After its wait, but for the short kernels named in LAUNCH_NEXT_FIRST."""
+    ptx = hopper_ptx(name, pdl=True)
+    wait = next(i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line)
+    launches = [i for i, line in enumerate(ptx) if "griddepcontrol.launch_dependents" in line]
+    assert len(launches) == 1, name
+    assert (launches[0] < wait) == (name in LAUNCH_NEXT_FIRST), name
 
 
 @pytest.mark.parametrize("name", ["gemv (bf16)", "decode merge"])

@@ -75,21 +75,29 @@ def dependent_launch(x: torch.Tensor) -> dict[str, bool]:
 
 
 @jit
-def wait_for_prior_kernel(PDL: tl.constexpr):
-    """With PDL: wait until the kernel before has completed and its writes are visible, then
-    let the next kernel's programs launch as soon as all of this kernel's have started.
+def wait_for_prior_kernel(PDL: tl.constexpr, LAUNCH_NEXT_FIRST: tl.constexpr = False):
+    """With PDL: wait until the kernel before has completed and its writes are visible, and
+    let the next kernel's programs launch as soon as all of this kernel's have started: after
+    the wait, or with LAUNCH_NEXT_FIRST before it.
 
-    Nothing the kernel before writes may be touched before it. A kernel's programs start only
-    once every program of the kernel before has passed its own wait, so the kernel two
-    launches back has completed and its writes are visible: reads of what the kernel right
-    before never writes may come first, and their latency leaves the step's critical path.
-    The kernels here read two kinds that way: constants (weights, scales, cos/sin tables) and
-    the step's inputs (positions, sequence lengths, KV slots, written before the step's first
-    kernel). tests/unit/test_dependent_launch.py checks each kernel's early reads against the
-    arguments it names."""
+    Nothing the kernel before writes may be touched before the wait. Reads that no kernel of
+    the step writes may come first, and their latency leaves the step's critical path: the
+    kernels here read two kinds that way, constants (weights, scales, cos/sin tables) and the
+    step's inputs (positions, sequence lengths, KV slots, written before the step's first
+    kernel). Only those: with a kernel that launches the next first, the kernel after it may
+    start while the one before it still runs. tests/unit/test_dependent_launch.py checks each
+    kernel's early reads against the arguments it names.
+
+    LAUNCH_NEXT_FIRST is for a short kernel before one with early reads of its own: the
+    rotary kernel (about 1 us) before the decode attention, whose programs are then resident
+    and have their KV slots at hand when it ends. Everywhere else it measured slower
+    (docs/benchmarks.md, 2026-12-03 late morning)."""
     if PDL:
+        if LAUNCH_NEXT_FIRST:
+            tl.extra.cuda.gdc_launch_dependents()
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if not LAUNCH_NEXT_FIRST:
+            tl.extra.cuda.gdc_launch_dependents()
 
 
 def _pow2(n: int) -> int:
@@ -222,7 +230,7 @@ def _rotary_store_kv_kernel(
     loc = tl.load(Loc + token * stride_loc)
     cos = tl.load(Cos + pos * stride_cos + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(Sin + pos * stride_sin + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
-    wait_for_prior_kernel(PDL)
+    wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
 
     rotated_heads = num_heads + num_kv_heads
     rotated = (heads < rotated_heads)[:, None]
