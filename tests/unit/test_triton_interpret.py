@@ -39,9 +39,9 @@ def test_windows_soft_caps_and_fp8_kv_match_dense_reference(interpreted) -> None
         assert result["stored_kv"], result
 
 
-def test_decode_over_more_splits_than_one_merge_tile(interpreted) -> None:
-    """A long context at a GPU's split count: each split spans one tile, and the merge
-    combines its 24 filled splits in more than one tile."""
+def test_decode_over_more_splits_than_the_short_merge_tile(interpreted) -> None:
+    """A long context at a GPU's split count: each split spans one KV tile, and its 24 filled
+    splits are more than the merge's short tile holds, so the merge takes the tall one."""
     result = interpreted["long_decode"]
     assert result["splits"] == 64
     assert result["rel_err"] < TOLERANCE["torch.float32"], result

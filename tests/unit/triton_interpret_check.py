@@ -107,7 +107,7 @@ def main() -> None:
             }
         )
     # an H200's split count (64 at one request, one kv head) over 1,501 tokens: 24 splits hold
-    # keys, more than the merge combines in one tile
+    # keys, more than the merge's short tile of 16
     case = make_case(ForwardMode.DECODE, [1500], [1], 4, 1, 32, torch.float32, "cpu", gen)
     backend = TritonAttnBackend(case.context)
     backend.num_sms = 132
