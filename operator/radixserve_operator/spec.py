@@ -13,9 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixserve.entrypoints.arguments import all_choices
-from radixserve.router.policies import POLICIES as ROUTER_POLICY_REGISTRY
-from radixserve.server_args import API_KEY_ENV  # the variable the worker reads its key from
+from radixserve.contract import API_KEY_ENV, all_choices
+from radixserve.contract import ROUTER_POLICIES as _ROUTER_POLICY_NAMES
 
 DEFAULT_PORT = 8000
 BUILTIN_MODELS = frozenset({"smollm2-135m"})
@@ -28,7 +27,7 @@ DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
-ROUTER_POLICIES = tuple(ROUTER_POLICY_REGISTRY)  # radixserve router --policy, the CRD's enum
+ROUTER_POLICIES = _ROUTER_POLICY_NAMES  # radixserve router --policy, the CRD's enum
 SCALE_TO_ZERO_NEEDS_ROUTER = (
     "autoscaling.minReplicas 0 needs router.enabled: with no worker running, only the router can"
     " take requests, hold them, and count them (radixserve_router_pending_requests) so that"

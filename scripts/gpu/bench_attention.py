@@ -23,8 +23,8 @@ import triton.testing
 from attention_cases import make_case, run_backend
 
 from radixserve.forward.mode import ForwardMode
+from radixserve.kernels.extend_attention import extend_attention_fwd
 from radixserve.layers.attention.triton_backend import TritonAttnBackend
-from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 KV_TOKEN_BYTES = 2 * KV_HEADS * HEAD_DIM * DTYPE.itemsize

@@ -16,7 +16,7 @@ import torch
 import triton
 from l2_cold import copies, microseconds
 
-from radixserve.layers.gemv import block_config, gemv
+from radixserve.kernels.gemv import block_config, gemv
 from radixserve.layers.quantization.fp8 import quantize_per_token, quantize_rows
 
 SHAPES = {

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from l2_cold import copies, microseconds
 
-from radixserve.layers.gemv import gemv
+from radixserve.kernels.gemv import gemv
 
 SHAPES = {
     "1b.qkv": (3072, 2048),

@@ -39,13 +39,13 @@ import time
 import torch
 from transformers import AutoTokenizer
 
+from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.constrained.base_grammar_backend import VocabMask
 from radixserve.constrained.xgrammar_backend import XGrammarBackend, XGrammarMatcher
-from radixserve.managers.io_struct import TokenizedGenerateReqInput
-from radixserve.managers.scheduler_process import build_scheduler
 from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 
 SCHEMA = {

@@ -18,7 +18,7 @@ for d in $libdirs; do
   echo "{\"dir\": \"$d\", \"so_mb\": $(find "$d" -name '*.so*' -type f -printf '%s\n' | awk '{s+=$1} END {print int(s/1e6)}')}"
 done
 find $libdirs -name '*.so*' -type f -printf '%s %p\n' | sort -rn | head -12
-probe='import time; t=time.time(); from radixserve.managers.scheduler_process import run_scheduler_process; print(round(time.time()-t, 2))'
+probe='import time; t=time.time(); from radixserve.scheduler.scheduler_process import run_scheduler_process; print(round(time.time()-t, 2))'
 drop; echo "{\"cold_imports_s\": $(python3 -c "$probe")}"
 echo "{\"warm_imports_s\": $(python3 -c "$probe")}"
 drop; t0=$(date +%s.%N)

@@ -45,7 +45,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 PRESET = os.environ.get("COLD_START_PRESET", "llama-3-8b")  # a small one for a CPU dry run
 DEVICE = "cuda" if Path("/dev/nvidiactl").exists() else "cpu"
@@ -67,7 +67,7 @@ def write_checkpoint_here() -> None:
     import torch
     from safetensors.torch import save_file
 
-    from radixserve.model_loader import checkpoint_files, random_init
+    from radixserve.catalog import checkpoint_files, random_init
 
     CHECKPOINT.mkdir(parents=True)
     hf_config = random_init.random_hf_config(PRESET)

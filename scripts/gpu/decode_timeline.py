@@ -17,7 +17,7 @@ import torch
 from decode_worker import decode_worker
 from torch.profiler import ProfilerActivity, profile
 
-from radixserve.entrypoints.bench_latency import run_batch
+from radixserve.bench.latency import run_batch
 
 model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
 quantization = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.managers.tp_worker import ModelWorker
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.model_loader.loader import load_model_source_for
+from radixserve.scheduler.tp_worker import ModelWorker
 from radixserve.server_args import ServerArgs
 
 

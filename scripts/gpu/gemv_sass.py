@@ -23,7 +23,7 @@ import triton.backends.nvidia
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from radixserve.layers import gemv
+from radixserve.kernels import gemv
 
 HOPPER = GPUTarget("cuda", 90, 32)
 NVDISASM = Path(triton.backends.nvidia.__file__).parent / "bin" / "nvdisasm"

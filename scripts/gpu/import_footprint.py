@@ -23,7 +23,7 @@ from cold_start import CHECKPOINT, drop_page_cache  # torch-free
 # the seconds, then its memory map (the shared libraries it mapped)
 IMPORT = (
     "import time; t = time.perf_counter()\n"
-    "import radixserve.managers.scheduler_process, torch\n"
+    "import radixserve.scheduler.scheduler_process, torch\n"
     "torch.zeros(1, device='cuda')\n"
     "print(time.perf_counter() - t)\n"
     "print(open('/proc/self/maps').read())\n"
@@ -34,7 +34,7 @@ IMPORT = (
 READ_AHEAD_VARIANTS = ((2, 8), (1, 8), (2, 1))
 READ_AHEAD = (
     "import sys, time\n"
-    "from radixserve.model_loader import checkpoint_files as c\n"
+    "from radixserve.catalog import checkpoint_files as c\n"
     "c.READ_THREADS, c.CHUNK_BYTES = int(sys.argv[2]), int(sys.argv[3]) << 20\n"
     "t = time.perf_counter()\n"
     "print(c.prefetch(sys.argv[1]) / 1e9 / (time.perf_counter() - t))\n"

@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from radixserve.entrypoints.bench_latency import run_batch
-from radixserve.managers.io_struct import BatchReqOutput, TokenizedGenerateReqInput
-from radixserve.managers.scheduler_process import build_scheduler
+from radixserve.bench.latency import run_batch
+from radixserve.boundary import BatchReqOutput, TokenizedGenerateReqInput
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 
 model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"

@@ -22,8 +22,8 @@ from pathlib import Path
 started = time.perf_counter()
 import torch  # noqa: E402
 
-from radixserve.managers.scheduler_process import build_scheduler, warm_up  # noqa: E402
 from radixserve.metrics.startup import StartupPhases  # noqa: E402
+from radixserve.scheduler.scheduler_process import build_scheduler, warm_up  # noqa: E402
 from radixserve.server_args import ServerArgs  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))

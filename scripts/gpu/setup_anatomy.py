@@ -29,7 +29,7 @@ from cold_start import CHECKPOINT  # torch-free
 CHILD = r"""
 import json, sys, threading, time
 import torch
-import radixserve.managers.scheduler_process  # what the scheduler imports before its setup
+import radixserve.scheduler.scheduler_process  # what the scheduler imports before its setup
 from radixserve.model_loader.loader import load_model_source
 from radixserve.models.registry import get_model_class
 

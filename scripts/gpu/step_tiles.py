@@ -26,9 +26,9 @@ from collections.abc import Callable
 import torch
 from decode_worker import decode_worker
 
-import radixserve.layers.gemv as gemv_module
+import radixserve.kernels.gemv as gemv_module
 import radixserve.layers.quantization.fp8 as fp8_module
-from radixserve.entrypoints.bench_latency import run_batch
+from radixserve.bench.latency import run_batch
 
 Tile = tuple[int, int, int, int]
 PROJECTIONS = {

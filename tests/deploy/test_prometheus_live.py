@@ -28,7 +28,7 @@ import openai
 import pytest
 import yaml
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "radixserve-live"

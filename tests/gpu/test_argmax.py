@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from radixserve.layers.argmax import argmax
+from radixserve.kernels.argmax import argmax
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

@@ -13,13 +13,13 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA"),
 ]
 
-from radixserve.layers.moe.fused_moe import (  # noqa: E402
+from radixserve.kernels.fused_moe import (  # noqa: E402
     fused_moe,
-    fused_moe_native,
     select_experts,
     select_experts_native,
 )
 from radixserve.layers.moe.layer import FusedMoE  # noqa: E402
+from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
 
 # (experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer, a Mixtral-like one

@@ -18,7 +18,7 @@ from small_models import SMALL_LLAMA, SMALL_QWEN3, random_model
 
 from radixserve.forward.mode import ForwardMode
 from radixserve.forward.worker_batch import ModelWorkerBatch
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops, triton_support
 from radixserve.layers.activation import gelu_tanh_and_mul_native, silu_and_mul_native
 from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm
 from radixserve.layers.rotary_embedding import RotaryEmbedding
@@ -209,7 +209,7 @@ def check_rotary_and_store_kv(
 @contextmanager
 def fused_path(on: bool):
     """Force the layers onto the fused kernels (on) or their torch code (off)."""
-    with mock.patch.object(fused_ops, "enabled_for", lambda x: on):
+    with mock.patch.object(triton_support, "enabled_for", lambda x: on):
         yield
 
 

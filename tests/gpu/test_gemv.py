@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers import fused_ops
-from radixserve.layers.gemv import gemv, linear, linear_silu_and_mul
+from radixserve.kernels import fused_ops
+from radixserve.kernels.gemv import gemv
+from radixserve.layers.linear import linear, linear_silu_and_mul
 from radixserve.layers.quantization.fp8 import quantize_rows
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

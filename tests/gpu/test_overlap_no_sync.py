@@ -25,10 +25,10 @@ from char_tokenizer import make_char_tokenizer  # noqa: E402
 from engine_harness import greedy, make_scheduler, random_prompts  # noqa: E402
 from small_models import SMALL_LLAMA, random_model  # noqa: E402
 
-from radixserve.managers import tp_worker  # noqa: E402
-from radixserve.managers.io_struct import TokenizedGenerateReqInput  # noqa: E402
+from radixserve.boundary import TokenizedGenerateReqInput  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
+from radixserve.scheduler import tp_worker  # noqa: E402
 
 SCHEMA = json.dumps({"type": "array", "items": {"type": "integer"}, "maxItems": 50})
 

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from engine_harness import random_prompts, token_agreement  # noqa: E402
 
-from radixserve.entrypoints.engine import Engine  # noqa: E402
+from radixserve.frontend.engine import Engine  # noqa: E402
 
 # the lent machines forbid NVLink multicast (see the device README)
 os.environ.setdefault("NCCL_NVLS_ENABLE", "0")

@@ -17,7 +17,7 @@ def api_server(tmp_path_factory):
     surface (one server start for all of them). Its template has no tool support, so tools go
     through the built-in tool template and the Hermes parser; Qwen3-style <think> blocks are
     split off (SmolLM2 writes none unless a grammar makes it)."""
-    from radixserve.entrypoints.server_process import ServerProcess
+    from radixserve.bench.server_process import ServerProcess
 
     log = tmp_path_factory.mktemp("api_server") / "server.log"
     args = ["--max-total-tokens", "8192", "--api-key", API_KEY, "--admin-api-key", ADMIN_API_KEY]

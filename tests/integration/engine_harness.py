@@ -7,10 +7,10 @@ import random
 
 import torch
 
-from radixserve.managers.io_struct import TokenizedGenerateReqInput
-from radixserve.managers.scheduler import Scheduler
-from radixserve.managers.scheduler_process import build_scheduler
+from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import Scheduler
+from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 
 

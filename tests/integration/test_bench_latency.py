@@ -3,10 +3,10 @@ decodes every request to its length and gives back every KV slot and request row
 
 from __future__ import annotations
 
-from radixserve.entrypoints.bench_latency import run_batch
-from radixserve.managers.tp_worker import ModelWorker
+from radixserve.bench.latency import run_batch
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.model_loader.loader import load_model_source
+from radixserve.scheduler.tp_worker import ModelWorker
 from radixserve.server_args import ServerArgs
 
 
@@ -32,7 +32,7 @@ def test_run_batch_decodes_and_frees_everything():
 def test_moe_decode_counts_the_experts_it_reads():
     """A MoE model's decode reads the routed experts only: batch 1 reads exactly top_k experts
     per MoE layer and step, a batch at most all of them; FP8 experts count one byte each."""
-    from radixserve.entrypoints.bench_latency import dense_weight_bytes_per_step
+    from radixserve.bench.latency import dense_weight_bytes_per_step
     from radixserve.layers.moe.layer import FusedMoE
 
     args = ServerArgs(

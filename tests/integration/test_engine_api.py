@@ -8,9 +8,9 @@ import time
 import pytest
 from engine_harness import make_scheduler
 
-from radixserve.entrypoints.engine import Engine
-from radixserve.managers.scheduler_process import warm_up
-from radixserve.managers.tokenizer_manager import PromptTooLongError
+from radixserve.frontend.engine import Engine
+from radixserve.frontend.tokenizer_manager import PromptTooLongError
+from radixserve.scheduler.scheduler_process import warm_up
 
 pytestmark = pytest.mark.slow
 

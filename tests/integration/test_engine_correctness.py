@@ -102,7 +102,7 @@ def test_repeated_prompt_reuses_prefix(tiny_llama, greedy):
 
 
 def test_abort_frees_everything(tiny_llama, greedy):
-    from radixserve.managers.io_struct import TokenizedGenerateReqInput
+    from radixserve.boundary import TokenizedGenerateReqInput
 
     source, _ = tiny_llama
     scheduler = make_scheduler("random:tiny-llama", source)
@@ -128,7 +128,7 @@ def test_abort_frees_everything(tiny_llama, greedy):
 
 
 def test_bad_input_ids_are_rejected_without_scheduling(tiny_llama, greedy):
-    from radixserve.managers.io_struct import TokenizedGenerateReqInput
+    from radixserve.boundary import TokenizedGenerateReqInput
 
     source, _ = tiny_llama
     scheduler = make_scheduler("random:tiny-llama", source)
@@ -147,7 +147,7 @@ def test_bad_input_ids_are_rejected_without_scheduling(tiny_llama, greedy):
 
 def test_mixed_chunk_joins_running_decode(tiny_llama, greedy):
     """Requests arriving while others decode are prefilled in MIXED passes; outputs unchanged."""
-    from radixserve.managers.io_struct import TokenizedGenerateReqInput
+    from radixserve.boundary import TokenizedGenerateReqInput
 
     source, hf = tiny_llama
     prompts = random_prompts(12, source.config.vocab_size, 5, 50, seed=8)

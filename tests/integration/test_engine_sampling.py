@@ -9,7 +9,7 @@ import pytest
 import torch
 from engine_harness import hf_greedy, make_scheduler, random_prompts, run_to_completion
 
-from radixserve.managers.io_struct import TokenizedGenerateReqInput
+from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
 

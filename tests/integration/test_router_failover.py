@@ -21,8 +21,8 @@ import aiohttp
 import openai
 import pytest
 
-from radixserve.entrypoints.bench_router import metric_sum, started_router, started_workers
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.router import metric_sum, started_router, started_workers
+from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from radixserve.entrypoints.bench_router import (
+from radixserve.bench.router import (
     arrival_order,
     build_conversations,
     policy_line,

@@ -12,7 +12,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openai import OpenAI
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 MODEL = "smollm2-135m"

@@ -12,7 +12,7 @@ import aiohttp
 import pytest
 from engine_harness import hf_greedy, random_prompts
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 pytestmark = pytest.mark.slow

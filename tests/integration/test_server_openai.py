@@ -19,7 +19,7 @@ import jsonschema
 import openai
 import pytest
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 MODEL = "tiny-smollm-vocab"
 MAX_TOTAL_TOKENS = 4096

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.entrypoints.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.entrypoints.server_process import free_port
+from radixserve.bench.server_process import free_port
 
 SERVED = "Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
 TINY = {

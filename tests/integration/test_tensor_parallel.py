@@ -14,7 +14,7 @@ import pytest
 from engine_harness import random_prompts
 
 from radixserve.api_errors import InvalidParameterError
-from radixserve.entrypoints.engine import Engine
+from radixserve.frontend.engine import Engine
 from radixserve.model_loader import random_init
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}

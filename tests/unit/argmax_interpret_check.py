@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
-from radixserve.layers import argmax as argmax_module  # noqa: E402
-from radixserve.layers import fused_ops  # noqa: E402
+from radixserve.kernels import argmax as argmax_module  # noqa: E402
+from radixserve.kernels import triton_support  # noqa: E402
 
 _allow_one_element_index()
 gen = torch.Generator().manual_seed(0)
@@ -41,7 +41,7 @@ def rows_of(vocab: int) -> torch.Tensor:
 
 
 cases = []
-with mock.patch.object(fused_ops, "enabled_for", lambda x: True):
+with mock.patch.object(triton_support, "enabled_for", lambda x: True):
     for vocab in (CHUNK * 3 + 5, 1000, CHUNK):
         for dtype in (torch.float32, torch.float16):
             logits = rows_of(vocab).to(dtype)

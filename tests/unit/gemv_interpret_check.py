@@ -17,8 +17,8 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
-from radixserve.layers.fused_ops import silu_and_mul  # noqa: E402
-from radixserve.layers.gemv import gemv  # noqa: E402
+from radixserve.kernels.fused_ops import silu_and_mul  # noqa: E402
+from radixserve.kernels.gemv import gemv  # noqa: E402
 from radixserve.layers.quantization.fp8 import dequantize_rows, quantize_rows  # noqa: E402
 
 _allow_one_element_index()  # the K loop's bound under numpy 2

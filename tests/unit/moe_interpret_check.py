@@ -16,14 +16,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
-from radixserve.layers.moe.fused_moe import (  # noqa: E402
+from radixserve.kernels.fused_moe import (  # noqa: E402
     align_by_expert,
     fused_moe,
-    fused_moe_native,
     max_padded_pairs,
     select_experts,
     select_experts_native,
 )
+from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
 
 _allow_one_element_index()

@@ -17,15 +17,15 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.layers.sampler import Sampler
-from radixserve.managers.io_struct import TokenizedGenerateReqInput
-from radixserve.managers.scheduler import Scheduler, ServedModel
-from radixserve.managers.tp_worker import GpuTimeline, PendingBatchResult
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.model_executor.future_tokens import FutureTokens
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import Scheduler, ServedModel
+from radixserve.scheduler.tp_worker import GpuTimeline, PendingBatchResult
 from radixserve.server_args import ServerArgs
 
 VOCAB = 1000

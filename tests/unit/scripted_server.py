@@ -17,10 +17,10 @@ import aiohttp
 import openai
 from aiohttp.test_utils import TestServer
 
-from radixserve.entrypoints.engine import Engine, ModelInfo
-from radixserve.entrypoints.http_server import ServerState, build_app
-from radixserve.managers.io_struct import FlushCacheReqOutput
-from radixserve.managers.tokenizer_manager import GenerateChunk, GenerateInput, TokenizerManager
+from radixserve.boundary import FlushCacheReqOutput
+from radixserve.frontend.engine import Engine, ModelInfo
+from radixserve.frontend.http_server import ServerState, build_app
+from radixserve.frontend.tokenizer_manager import GenerateChunk, GenerateInput, TokenizerManager
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.server_args import BUILTIN_SMOLLM2, ServerArgs
 

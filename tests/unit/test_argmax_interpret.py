@@ -7,7 +7,7 @@ import pytest
 import torch
 from interpreter_harness import run_interpreted
 
-from radixserve.layers.argmax import _CHUNK, argmax
+from radixserve.kernels.argmax import _CHUNK, argmax
 
 
 def test_kernels_give_torch_argmax():

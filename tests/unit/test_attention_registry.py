@@ -198,7 +198,7 @@ def test_flashinfer_is_imported_early_only_where_this_start_may_use_it(machine):
 def test_the_early_import_loads_the_module_and_leaves_a_failure_to_the_backend(
     machine, monkeypatch
 ):
-    from radixserve.managers.scheduler_process import import_on_thread
+    from radixserve.scheduler.scheduler_process import import_on_thread
 
     uncaught: list = []
     monkeypatch.setattr(threading, "excepthook", uncaught.append)

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from radixserve.api_errors import InvalidParameterError
-from radixserve.entrypoints.openai.chat_template import ChatTemplate
-from radixserve.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from radixserve.frontend.openai.chat_template import ChatTemplate
+from radixserve.frontend.openai.tool_parsers import TOOL_PARSERS
 
 HERMES = TOOL_PARSERS["hermes"]
 WEATHER = {

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.model_loader import checkpoint_files
-from radixserve.model_loader.checkpoint_files import local_weight_files, prefetch
+from radixserve.catalog import checkpoint_files
+from radixserve.catalog.checkpoint_files import local_weight_files, prefetch
 
 
 def write(path: Path, size: int) -> Path:

@@ -14,13 +14,13 @@ import pytest
 import torch
 from char_tokenizer import make_char_tokenizer
 
+from radixserve.catalog.constraint_kinds import validate_constraint
 from radixserve.constrained.base_grammar_backend import (
     CompiledGrammar,
     GrammarBackend,
     GrammarError,
 )
 from radixserve.constrained.grammar_cache import GrammarCache
-from radixserve.constrained.validation import validate_constraint
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
 from radixserve.layers.sampler import Sampler
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo

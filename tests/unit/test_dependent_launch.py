@@ -1,7 +1,7 @@
-"""The kernels launched as programmatic dependents (`fused_ops.dependent_launch`) keep stream
+"""The kernels launched as programmatic dependents (`triton_support.dependent_launch`) keep stream
 order: compiled for Hopper, nothing a kernel touches before its grid-dependency wait is written
 by the kernels before it. Most touch nothing before it; a few read constants or the step's
-inputs first (EARLY_READS, the cases `fused_ops.wait_for_prior_kernel` allows), and those
+inputs first (EARLY_READS, the cases `triton_support.wait_for_prior_kernel` allows), and those
 early accesses must be loads computed from those arguments only. A kernel that read or wrote
 anything else early could see the kernel before it half done, and only on the GPU, only
 sometimes. Compiling needs no GPU (Triton ships ptxas)."""
@@ -17,8 +17,12 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from radixserve.layers import fused_ops, gemv  # noqa: E402
-from radixserve.layers.attention.triton_ops import decode_attention  # noqa: E402
+from radixserve.kernels import (  # noqa: E402
+    decode_attention,
+    fused_ops,
+    gemv,
+    triton_support,
+)
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -200,17 +204,17 @@ def test_only_hopper_and_newer_cuda_devices_launch_dependents(monkeypatch) -> No
     import torch
 
     cpu = torch.zeros(1)
-    assert fused_ops.dependent_launch(cpu) == {"PDL": False, "launch_pdl": False}
+    assert triton_support.dependent_launch(cpu) == {"PDL": False, "launch_pdl": False}
 
     class FakeCudaTensor:
         is_cuda = True
         device = torch.device("cuda", 0)
 
     for capability, expected in [((8, 0), False), ((8, 9), False), ((9, 0), True), ((10, 0), True)]:
-        fused_ops._has_dependent_launch.cache_clear()
+        triton_support._has_dependent_launch.cache_clear()
         monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, c=capability: c)
-        assert fused_ops.dependent_launch(FakeCudaTensor()) == {
+        assert triton_support.dependent_launch(FakeCudaTensor()) == {
             "PDL": expected,
             "launch_pdl": expected,
         }, capability
-    fused_ops._has_dependent_launch.cache_clear()
+    triton_support._has_dependent_launch.cache_clear()

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixserve.managers.detokenizer import IncrementalDetokenizer, StopStringTrimmer
+from radixserve.frontend.detokenizer import IncrementalDetokenizer, StopStringTrimmer
 
 
 class ByteTokenizer:

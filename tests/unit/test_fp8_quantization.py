@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from radixserve.catalog.quantization_methods import UnsupportedQuantizationError
 from radixserve.layers.quantization.base import make_linear, resolve_quantization
 from radixserve.layers.quantization.fp8 import (
     FP8_DTYPE,
@@ -18,7 +19,6 @@ from radixserve.layers.quantization.fp8 import (
     quantize_per_token,
     quantize_rows,
 )
-from radixserve.layers.quantization.registry import UnsupportedQuantizationError
 from radixserve.mem_cache.memory_pool import TokenToKVPool
 from radixserve.model_executor.model_runner import kv_cache_dtype
 

@@ -9,9 +9,9 @@ import asyncio
 import pytest
 
 from radixserve.api_errors import APIError, InvalidParameterError
-from radixserve.entrypoints.openai.protocol import OPENAI_PARAM_NAMES
-from radixserve.managers.io_struct import ReqOutput
-from radixserve.managers.tokenizer_manager import (
+from radixserve.boundary import ReqOutput
+from radixserve.frontend.openai.protocol import OPENAI_PARAM_NAMES
+from radixserve.frontend.tokenizer_manager import (
     GenerateInput,
     GenerateRequest,
     PromptTooLongError,

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from interpreter_harness import run_interpreted
 
 from radixserve.layers.activation import silu_and_mul_native
-from radixserve.layers.gemv import Linear, linear, linear_silu_and_mul
+from radixserve.layers.linear import Linear, linear, linear_silu_and_mul
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 1e-3}
 

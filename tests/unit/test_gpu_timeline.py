@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixserve.managers.tp_worker import GpuTimeline
+from radixserve.scheduler.tp_worker import GpuTimeline
 
 
 @dataclass

@@ -4,7 +4,7 @@ from unittest import mock
 
 import torch
 
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixserve.model_executor.forward_inputs import write_req_to_token
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from radixserve.entrypoints.engine import EngineStartupError, check_model
+from radixserve.frontend.engine import EngineStartupError, check_model
 from radixserve.server_args import ServerArgs
 
 LLAMA = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}
@@ -35,7 +35,7 @@ def test_checked_without_torch_or_transformers(tmp_path, form):
     probe = textwrap.dedent(
         f"""
         import sys
-        from radixserve.entrypoints.engine import check_model
+        from radixserve.frontend.engine import check_model
         from radixserve.server_args import ServerArgs
         check_model(ServerArgs(model={model!r}))
         print(sorted({{"torch", "transformers"}} & set(sys.modules)))

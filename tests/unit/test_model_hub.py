@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from radixserve.model_loader.checkpoint_files import local_weight_files
-from radixserve.model_loader.hub import resolve_hub_model
+from radixserve.catalog.checkpoint_files import local_weight_files
+from radixserve.catalog.hub import resolve_hub_model
 from radixserve.model_loader.loader import load_model_source
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -618,7 +618,7 @@ def test_the_architectures_the_loader_accepts_are_the_ones_the_registry_builds()
     """Two lists name the served families (model_type -> class name for configs, class name ->
     module for the runner); a family in one alone would pass the start-up check and fail at
     load, or the other way round."""
-    from radixserve.model_loader.architectures import SUPPORTED_ARCHITECTURES
+    from radixserve.catalog.architectures import SUPPORTED_ARCHITECTURES
     from radixserve.models.registry import MODEL_REGISTRY
 
     assert set(SUPPORTED_ARCHITECTURES.values()) == set(MODEL_REGISTRY)

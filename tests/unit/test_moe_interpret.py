@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from interpreter_harness import run_interpreted
 
-from radixserve.layers.moe.fused_moe import fused_moe_native, select_experts_native
+from radixserve.kernels.fused_moe import select_experts_native
+from radixserve.layers.moe.reference import fused_moe_native
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 2e-3}
 

@@ -10,10 +10,10 @@ import jsonschema
 import pytest
 
 from radixserve.api_errors import APIError, InvalidParameterError
-from radixserve.entrypoints.http_server import as_api_error
-from radixserve.entrypoints.openai import protocol, responses
-from radixserve.managers.io_struct import TokenLogprob
-from radixserve.managers.tokenizer_manager import (
+from radixserve.boundary import TokenLogprob
+from radixserve.frontend.http_server import as_api_error
+from radixserve.frontend.openai import protocol, responses
+from radixserve.frontend.tokenizer_manager import (
     PromptTooLongError,
     QueueFullError,
     SchedulerUnavailableError,

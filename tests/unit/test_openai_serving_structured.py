@@ -14,7 +14,7 @@ import openai
 import pytest
 from scripted_server import MODEL, serve
 
-from radixserve.entrypoints.openai.tool_calls import forced_tool_schema
+from radixserve.frontend.openai.tool_calls import forced_tool_schema
 
 WEATHER = {
     "type": "function",

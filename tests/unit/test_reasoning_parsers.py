@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.entrypoints.openai.reasoning_parsers import REASONING_PARSERS, ReasoningDelta
+from radixserve.frontend.openai.reasoning_parsers import REASONING_PARSERS, ReasoningDelta
 
 QWEN3_PROMPT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
 # Qwen3 with enable_thinking: false closes an empty think block in the prompt.

@@ -9,15 +9,15 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from radixserve.entrypoints.http_server import openai_errors
-from radixserve.entrypoints.request_log import (
+from radixserve.frontend.http_server import openai_errors
+from radixserve.frontend.request_log import (
     LOG_REQUESTS_KEY,
     MODEL_NAME_KEY,
     RequestRecord,
     record_of,
     request_lifecycle,
 )
-from radixserve.managers.tokenizer_manager import GenerateChunk
+from radixserve.frontend.tokenizer_manager import GenerateChunk
 
 
 def app_with(handler, log_requests: bool = True) -> web.Application:
@@ -54,7 +54,7 @@ async def test_a_write_after_the_client_left_is_one_debug_line(caplog) -> None:
             await reply.read()
     messages = [(r.name, r.levelno, r.getMessage()) for r in caplog.records]
     notes = [m for m in messages if m[2].startswith("client disconnected")]
-    assert notes == [("radixserve.entrypoints.request_log", logging.DEBUG, notes[0][2])]
+    assert notes == [("radixserve.frontend.request_log", logging.DEBUG, notes[0][2])]
     assert not [m for m in messages if "Error handling request" in m[2]]
     (line,) = [r for r in caplog.records if r.name == "radixserve.requests"]
     assert line.status == 499 and line.getMessage().startswith("request id=- model=m ")

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from radixserve.managers.schedule_batch import Req, ScheduleBatch
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.model_executor.forward_inputs import write_req_to_token
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
 
 
 def prefilled_batch() -> tuple[ScheduleBatch, ReqToTokenPool]:

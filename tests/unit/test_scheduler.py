@@ -22,7 +22,7 @@ from scheduler_harness import (
     submit,
 )
 
-from radixserve.managers.io_struct import AbortReq
+from radixserve.boundary import AbortReq
 
 
 @pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "overlap"])

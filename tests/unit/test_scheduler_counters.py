@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixserve.managers.scheduler_stats import HIT_RATE_WINDOW, SchedulerCounters
+from radixserve.scheduler.scheduler_stats import HIT_RATE_WINDOW, SchedulerCounters
 
 lookups = st.lists(
     st.integers(0, 500).flatmap(lambda q: st.tuples(st.just(q), st.integers(0, q))),

@@ -23,11 +23,11 @@ from char_tokenizer import make_char_tokenizer
 from scheduler_harness import CONTEXT, assert_memory_returned, collect, drain, make_scheduler
 from scheduler_harness import Run as RunRecord
 
+from radixserve.boundary import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
 from radixserve.constrained.base_grammar_backend import CompiledGrammar, Grammar, GrammarBackend
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
-from radixserve.managers.io_struct import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
-from radixserve.managers.scheduler import ServedModel
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler import ServedModel
 
 TOKENIZER = make_char_tokenizer()
 EOS_ID = TOKENIZER.eos_token_id

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixserve.entrypoints.openai.tool_parsers import (
+from radixserve.frontend.openai.tool_parsers import (
     TOOL_PARSERS,
     CallParser,
     JsonCallArray,

@@ -26,9 +26,9 @@ from attention_cases import (  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from radixserve.forward.mode import ForwardMode  # noqa: E402
+from radixserve.kernels.kv_indices import gather_kv_indices  # noqa: E402
 from radixserve.layers.attention.torch_native_backend import TorchNativeAttnBackend  # noqa: E402
 from radixserve.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
-from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices  # noqa: E402
 
 
 def _allow_one_element_index() -> None:

@@ -189,13 +189,6 @@ class ServerArgs:
                 values[name] = "<redacted>"
         return values
 
-    def resolved_device(self) -> str:
-        if self.device != "auto":
-            return self.device
-        import torch
-
-        return "cuda" if torch.cuda.is_available() else "cpu"
-
 
 SECRET_FIELDS = ("api_key", "admin_api_key")
 

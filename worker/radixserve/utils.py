@@ -23,3 +23,10 @@ def device_tensor(
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+def resolve_device(device: str) -> str:
+    """`--device auto` is cuda where torch sees a GPU, else cpu; anything else as given."""
+    if device != "auto":
+        return device
+    return "cuda" if torch.cuda.is_available() else "cpu"

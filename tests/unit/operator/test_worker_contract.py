@@ -13,7 +13,7 @@ from crd_strategies import accepted, specs
 from hypothesis import HealthCheck, given, settings
 from operator_crd_checks import EXAMPLES, SCHEMA
 
-from radixserve.entrypoints.arguments import parse_server_args, registered_choices
+from radixserve.contract import parse_server_args, registered_choices
 from radixserve.router.args import parse_router_args
 from radixserve.server_args import static_choices
 from radixserve_operator.manifests import Owner, worker_args

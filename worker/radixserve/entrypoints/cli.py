@@ -12,14 +12,14 @@ import argparse
 import importlib
 import sys
 
-from radixserve.entrypoints.arguments import add_server_args, server_args_from
+from radixserve.contract import add_server_args, server_args_from
 from radixserve.logging_config import configure_logging
 
 BENCHMARKS: dict[str, str] = {
-    "serving": "radixserve.entrypoints.bench_serving",
-    "offline": "radixserve.entrypoints.bench_offline",
-    "latency": "radixserve.entrypoints.bench_latency",
-    "router": "radixserve.entrypoints.bench_router",
+    "serving": "radixserve.bench.serving",
+    "offline": "radixserve.bench.offline",
+    "latency": "radixserve.bench.latency",
+    "router": "radixserve.bench.router",
 }
 
 
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as exc:
             parser.error(str(exc))
         configure_logging(server_args.log_level, server_args.log_format)
-        from radixserve.entrypoints.engine import EngineStartupError
         from radixserve.entrypoints.server_launch import run_server
+        from radixserve.frontend.engine import EngineStartupError
 
         try:
             run_server(server_args)

@@ -15,7 +15,7 @@ import logging
 import signal
 import socket
 
-from radixserve.entrypoints.engine import Engine
+from radixserve.frontend.engine import Engine
 from radixserve.metrics.startup import process_started_at
 from radixserve.server_args import ServerArgs
 
@@ -48,7 +48,7 @@ def run_server(server_args: ServerArgs) -> None:
     # (the Engine stops the half-started scheduler on the way out).
     signal.signal(signal.SIGTERM, _exit_during_startup)
     with listener, concurrent.futures.ThreadPoolExecutor(1) as pool:
-        http_server = pool.submit(importlib.import_module, "radixserve.entrypoints.http_server")
+        http_server = pool.submit(importlib.import_module, "radixserve.frontend.http_server")
         engine = Engine(
             server_args,
             event_loop_thread=False,

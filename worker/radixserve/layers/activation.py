@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops, triton_support
 
 GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 
@@ -14,14 +14,14 @@ GATED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2d] -> [..., d]: silu(gate) * up. On CUDA one kernel instead of slice, silu and
     mul (each a launch and a round trip)."""
-    if fused_ops.enabled_for(gate_up):
+    if triton_support.enabled_for(gate_up):
         return fused_ops.silu_and_mul(gate_up)
     return silu_and_mul_native(gate_up)
 
 
 def gelu_tanh_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
     """[..., 2d] -> [..., d]: gelu_tanh(gate) * up, one kernel on CUDA."""
-    if fused_ops.enabled_for(gate_up):
+    if triton_support.enabled_for(gate_up):
         return fused_ops.gelu_tanh_and_mul(gate_up)
     return gelu_tanh_and_mul_native(gate_up)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops, triton_support
 
 
 class RMSNorm(nn.Module):
@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 
         On CUDA one fused kernel, and with `residual` it works in place: the results are
         written over x and residual, so callers must own both (the decoder layers do)."""
-        if not fused_ops.enabled_for(x):
+        if not triton_support.enabled_for(x):
             return self.forward_native(x, residual)
         eps = self.variance_epsilon
         if residual is None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from radixserve.distributed.parallel_state import all_gather_last_dim
-from radixserve.layers.gemv import linear
+from radixserve.layers.linear import linear
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch

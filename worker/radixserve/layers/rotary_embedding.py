@@ -14,7 +14,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops
 
 
 def _rope_parameters(config: PretrainedConfig, layer_type: str | None) -> dict:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from radixserve.layers.argmax import argmax
+from radixserve.kernels.argmax import argmax
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 

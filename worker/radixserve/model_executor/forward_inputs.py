@@ -14,7 +14,7 @@ import torch
 
 from radixserve.forward.forward_batch import ForwardBatch, PassAttention
 from radixserve.forward.mode import ForwardMode
-from radixserve.layers import fused_ops
+from radixserve.kernels import fused_ops
 from radixserve.utils import device_tensor
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.layers.argmax import argmax
+from radixserve.kernels.argmax import argmax
 
 
 @dataclass(frozen=True)

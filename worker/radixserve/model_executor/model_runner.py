@@ -40,6 +40,7 @@ from radixserve.model_executor.future_tokens import FutureSlots, FutureTokens
 from radixserve.model_loader.loader import ModelSource
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
+from radixserve.utils import resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +133,7 @@ class ModelRunner:
         """`startup` collects the time of each start-up phase (a fresh one if not given)."""
         self.server_args = server_args
         self.model_config = source.config
-        self.device = torch.device(server_args.resolved_device())
+        self.device = torch.device(resolve_device(server_args.device))
         self.dtype = source.config.dtype
         self.kv_dtype = kv_cache_dtype(server_args.kv_cache_dtype, self.dtype)
         torch.manual_seed(server_args.random_seed)

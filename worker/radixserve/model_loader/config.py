@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import transformers
 
-from radixserve.model_loader.architectures import check_architecture
+from radixserve.catalog.architectures import check_architecture
 
 NO_WINDOW = -1
 

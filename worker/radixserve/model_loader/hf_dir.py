@@ -26,8 +26,8 @@ import transformers
 from safetensors import safe_open
 from transformers import AutoConfig, GenerationConfig
 
-from radixserve.model_loader import checkpoint_files
-from radixserve.model_loader.architectures import check_architecture
+from radixserve.catalog import checkpoint_files
+from radixserve.catalog.architectures import check_architecture
 from radixserve.model_loader.config import as_id_set
 
 # parallel preads per shard: enough to keep an NVMe queue full

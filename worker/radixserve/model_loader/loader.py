@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 import transformers
 
-from radixserve.model_loader import checkpoint_files, hf_dir, random_init
+from radixserve.catalog import checkpoint_files
+from radixserve.model_loader import hf_dir, random_init
 from radixserve.model_loader.config import ModelConfig, as_id_set, build_model_config
 from radixserve.model_loader.gguf_file import GGUFFile, dequantized_checkpoint
 from radixserve.model_loader.tokenizer import (
@@ -31,6 +32,7 @@ from radixserve.model_loader.tokenizer import (
     load_gguf_tokenizer,
 )
 from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX, ServerArgs
+from radixserve.utils import resolve_device
 
 ACCEPTED_FORMS = (
     f"{BUILTIN_SMOLLM2}, a path to a .gguf file, a Hugging Face directory "
@@ -220,7 +222,7 @@ def load_model_source_for(server_args: ServerArgs) -> ModelSource:
     return load_model_source(
         server_args.model,
         dtype=server_args.dtype,
-        device=server_args.resolved_device(),
+        device=resolve_device(server_args.device),
         context_length=server_args.context_length,
         seed=server_args.random_seed,
     )

@@ -17,7 +17,7 @@ import torch
 import transformers
 from transformers import AutoConfig
 
-from radixserve.model_loader.architectures import check_architecture
+from radixserve.catalog.architectures import check_architecture
 
 INIT_STD = 0.02
 _ATTENTION_BIAS_SUFFIXES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")

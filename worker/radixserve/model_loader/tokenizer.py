@@ -6,8 +6,11 @@ does not have, so the file is located through the import system without importin
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import logging
+import shutil
+import tempfile
 from functools import cache
 from pathlib import Path
 
@@ -100,3 +103,19 @@ def load_directory_tokenizer(directory: Path) -> transformers.PreTrainedTokenize
         logger.warning("no tokenizer files in %s; only input_ids requests will work", directory)
         return None
     return AutoTokenizer.from_pretrained(str(directory))
+
+
+def frontend_tokenizer_dir(tokenizer: transformers.PreTrainedTokenizerBase | None) -> str | None:
+    """A directory the front end loads this tokenizer from without torch (`tokenizer.json`
+    and its config, read by `PreTrainedTokenizerFast`): where it was loaded from when that has
+    them (a checkpoint directory, the GGUF conversion cache), else a copy saved for this run,
+    removed when this process exits. None for a model without a tokenizer."""
+    if tokenizer is None:
+        return None
+    source = Path(str(tokenizer.name_or_path))
+    if (source / "tokenizer.json").is_file():
+        return str(source)
+    saved = tempfile.mkdtemp(prefix="radixserve-tokenizer-")
+    atexit.register(shutil.rmtree, saved, ignore_errors=True)
+    tokenizer.save_pretrained(saved)
+    return saved

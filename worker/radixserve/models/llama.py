@@ -28,7 +28,7 @@ from radixserve.distributed.parallel_state import (
     tp_size,
 )
 from radixserve.forward.forward_batch import ForwardBatch
-from radixserve.layers import fused_ops
+from radixserve.kernels import triton_support
 from radixserve.layers.activation import gated_activation
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
@@ -98,7 +98,7 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
-        if fused_ops.enabled_for(qkv):
+        if triton_support.enabled_for(qkv):
             out = self._attend_fused(positions, qkv, forward_batch)
         else:
             out = self._attend_native(positions, qkv, forward_batch)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from radixserve.api_errors import InvalidParameterError
-from radixserve.constrained.validation import CONSTRAINT_KINDS, validate_constraint
+from radixserve.catalog.constraint_kinds import CONSTRAINT_KINDS, validate_constraint
 
 MAX_STOP_STRINGS = 16
 MAX_N = 128

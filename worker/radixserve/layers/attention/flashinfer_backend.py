@@ -25,10 +25,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from radixserve.distributed.parallel_state import barrier, tp_rank
+from radixserve.kernels.kv_indices import gather_kv_indices
 from radixserve.layers.attention import flashinfer_kernels
 from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 from radixserve.layers.attention.triton_backend import split_heads
-from radixserve.layers.attention.triton_ops.kv_indices import gather_kv_indices
 from radixserve.layers.radix_attention import AttentionVariant
 
 if TYPE_CHECKING:

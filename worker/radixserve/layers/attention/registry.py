@@ -1,8 +1,5 @@
-"""Attention backend name -> class. A new backend is a new module plus one line here.
-
-Names only, as "module:Class" strings: the CLI reads the choices from here without importing
-torch or any kernel; a backend's module is imported when it is created.
-"""
+"""Which attention backend a start takes (`auto` resolved against the device and what FlashInfer
+has built), and creating it from its name in `radixserve.catalog.attention_backends`."""
 
 from __future__ import annotations
 
@@ -14,16 +11,11 @@ import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from radixserve.catalog.attention_backends import BACKEND_CHOICES, BACKENDS
+
 if TYPE_CHECKING:
     from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 
-BACKENDS: dict[str, str] = {
-    "torch_native": "radixserve.layers.attention.torch_native_backend:TorchNativeAttnBackend",
-    "triton": "radixserve.layers.attention.triton_backend:TritonAttnBackend",
-    "flashinfer": "radixserve.layers.attention.flashinfer_backend:FlashInferAttnBackend",
-}
-# what --attention-backend accepts: a registered backend, or auto (see resolve_backend_name)
-BACKEND_CHOICES: tuple[str, ...] = ("auto", *BACKENDS)
 # FlashInfer's prebuilt kernels for its own version and a CUDA version (flashinfer.ai's index)
 FLASHINFER_PREBUILT = "flashinfer_jit_cache"
 # where FlashInfer looks for CUDA when neither CUDA_HOME nor nvcc on PATH says

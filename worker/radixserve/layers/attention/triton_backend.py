@@ -14,13 +14,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixserve.layers.attention.base import AttentionBackend, AttentionContext
-from radixserve.layers.attention.triton_ops.decode_attention import (
+from radixserve.kernels.decode_attention import (
     choose_num_kv_splits,
     decode_attention_fwd,
     scratch_rows,
 )
-from radixserve.layers.attention.triton_ops.extend_attention import extend_attention_fwd
+from radixserve.kernels.extend_attention import extend_attention_fwd
+from radixserve.layers.attention.base import AttentionBackend, AttentionContext
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch

@@ -18,13 +18,13 @@ import torch
 from torch import nn
 
 from radixserve.distributed.parallel_state import all_reduce, even_shard, tp_rank, tp_size
-from radixserve.layers import fused_ops
-from radixserve.layers.moe.fused_moe import (
+from radixserve.kernels import triton_support
+from radixserve.kernels.fused_moe import (
     fused_moe,
-    fused_moe_native,
     select_experts,
     select_experts_native,
 )
+from radixserve.layers.moe.reference import fused_moe_native
 from radixserve.layers.quantization.fp8 import FP8_DTYPE, channel_scales, quantize_rows
 
 # checkpoint projection name -> (tensor, offset of its rows in [gate; up] in units of I)
@@ -79,7 +79,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], router_logits [T, E] -> [T, H], summed over the ranks."""
-        if fused_ops.enabled_for(hidden):
+        if triton_support.enabled_for(hidden):
             weights, ids = select_experts(
                 router_logits, self.top_k, self.renormalize, self.round_weights
             )

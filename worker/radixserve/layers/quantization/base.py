@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.layers.gemv import Linear
-from radixserve.layers.quantization.registry import QUANTIZATION_METHODS, check_quantization
+from radixserve.catalog.quantization_methods import QUANTIZATION_METHODS, check_quantization
+from radixserve.layers.linear import Linear
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
 

@@ -1,0 +1,269 @@
+"""`radixserve bench offline`: N requests through the in-process Engine, all submitted at once,
+next to Hugging Face transformers `generate` on the same weights and prompts in the same run.
+
+Prompts are random token ids (lengths uniform in [input-len-min, input-len]) and every request
+generates exactly its output length (ignore_eos), so both sides do the same work. transformers
+runs either one request at a time (`sequential`, what a naive server does) or in padded batches
+(`batched`, its best case); both can be asked for. On CUDA the run also measures the device's
+bf16 matmul rate and reports throughput as a fraction of it (FLOPs per token ~ 2 x parameters).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from radixserve.contract import add_server_args, server_args_from
+from radixserve.server_args import ServerArgs
+from radixserve.utils import resolve_device
+
+
+@dataclass
+class Workload:
+    prompts: list[list[int]]
+    output_lens: list[int]
+
+    @property
+    def input_tokens(self) -> int:
+        return sum(len(p) for p in self.prompts)
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.output_lens)
+
+
+@dataclass
+class Result:
+    name: str
+    seconds: float
+    requests: int
+    input_tokens: int
+    output_tokens: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def output_tok_s(self) -> float:
+        return self.output_tokens / self.seconds
+
+    @property
+    def total_tok_s(self) -> float:
+        return (self.input_tokens + self.output_tokens) / self.seconds
+
+
+def add_args(parser: argparse.ArgumentParser) -> None:
+    add_server_args(parser)
+    parser.add_argument("--num-prompts", type=int, default=32)
+    parser.add_argument("--input-len", type=int, default=128, help="longest prompt")
+    parser.add_argument(
+        "--input-len-min", type=int, default=None, help="shortest (default: input-len)"
+    )
+    parser.add_argument("--output-len", type=int, default=64, help="longest output")
+    parser.add_argument(
+        "--output-len-min", type=int, default=None, help="shortest (default: output-len)"
+    )
+    parser.add_argument(
+        "--transformers",
+        default="sequential",
+        help="comma list of sequential, batched, none: the transformers baselines to run",
+    )
+    parser.add_argument(
+        "--hf-batch-size", type=int, default=32, help="batch of the batched baseline"
+    )
+    parser.add_argument(
+        "--hf-max-prompts",
+        type=int,
+        default=None,
+        help="run transformers on the first N prompts only (it is slow)",
+    )
+    parser.add_argument("--bench-seed", type=int, default=1)
+    parser.add_argument("--output-json", default=None)
+
+
+def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
+    rng = random.Random(args.bench_seed)
+    lo_in = args.input_len_min or args.input_len
+    lo_out = args.output_len_min or args.output_len
+    prompts = [
+        [rng.randrange(10, vocab_size) for _ in range(rng.randint(lo_in, args.input_len))]
+        for _ in range(args.num_prompts)
+    ]
+    return Workload(prompts, [rng.randint(lo_out, args.output_len) for _ in prompts])
+
+
+def run_engine(server_args: ServerArgs, work: Workload) -> Result:
+    from radixserve.frontend.engine import Engine
+
+    with Engine(server_args) as engine:
+        # warm-up: first-call allocations, CUDA graph capture already done at start
+        engine.generate(input_ids=work.prompts[0][:8], sampling_params={"max_new_tokens": 4})
+        engine.flush_cache()
+        params = [
+            {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in work.output_lens
+        ]
+        before = engine.get_server_info()
+        start = time.perf_counter()
+        outs = engine.generate(input_ids=work.prompts, sampling_params=params)
+        seconds = time.perf_counter() - start
+        info = engine.get_server_info()
+
+    def idle_share(busy_key: str, gap_key: str) -> float | None:
+        busy = info.get(busy_key, 0.0) - before.get(busy_key, 0.0)
+        gap = info.get(gap_key, 0.0) - before.get(gap_key, 0.0)
+        return gap / (busy + gap) if busy + gap else None
+
+    produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    assert produced == work.output_tokens, (produced, work.output_tokens)
+    return Result(
+        "radixserve",
+        seconds,
+        len(outs),
+        work.input_tokens,
+        produced,
+        {
+            "attention_backend": info.get("attention_backend"),
+            "max_total_tokens": info.get("max_total_tokens"),
+            "retractions": info.get("num_retractions"),
+            "overlap": info.get("overlap"),
+            "gpu_idle_between_batches": idle_share("gpu_busy_ms", "gpu_gap_ms"),
+            "gpu_idle_between_decode_steps": idle_share("gpu_decode_busy_ms", "gpu_decode_gap_ms"),
+        },
+    )
+
+
+def run_transformers(
+    source: Any, work: Workload, mode: str, batch_size: int, limit: int | None
+) -> Result:
+    import torch
+
+    from radixserve.model_loader.loader import build_hf_reference
+
+    device = "cuda" if torch.cuda.is_available() and source.config.dtype != torch.float32 else "cpu"
+    model = build_hf_reference(source, dtype=source.config.dtype).to(device)
+    n = min(limit or len(work.prompts), len(work.prompts))
+    prompts, lens = work.prompts[:n], work.output_lens[:n]
+    groups = (
+        [[i] for i in range(n)]
+        if mode == "sequential"
+        else [list(range(i, min(i + batch_size, n))) for i in range(0, n, batch_size)]
+    )
+
+    def generate(idx: list[int]) -> None:
+        width = max(len(prompts[i]) for i in idx)
+        ids = torch.zeros(len(idx), width, dtype=torch.long)
+        mask = torch.zeros_like(ids)
+        for row, i in enumerate(idx):  # left padding, as decoder-only generation needs
+            ids[row, width - len(prompts[i]) :] = torch.tensor(prompts[i])
+            mask[row, width - len(prompts[i]) :] = 1
+        new = max(lens[i] for i in idx)
+        with torch.no_grad():
+            model.generate(
+                ids.to(device),
+                attention_mask=mask.to(device),
+                max_new_tokens=new,
+                min_new_tokens=new,
+                do_sample=False,
+                pad_token_id=0,
+            )
+
+    generate(groups[0][:1])  # warm-up
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    for idx in groups:
+        generate(idx)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    # a batch generates as many tokens as its longest member asks for; count only what was asked
+    return Result(
+        f"transformers-{mode}",
+        seconds,
+        n,
+        sum(len(p) for p in prompts),
+        sum(lens),
+        {"batch_size": 1 if mode == "sequential" else batch_size, "device": device},
+    )
+
+
+def measure_matmul_tflops() -> float | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    return 2 * n**3 * 20 / (start.elapsed_time(end) / 1e3) / 1e12
+
+
+def run(args: argparse.Namespace) -> int:
+    from radixserve.model_loader.loader import load_model_source_for
+
+    server_args = server_args_from(args)
+    source = load_model_source_for(server_args)
+    work = make_workload(args, source.config.vocab_size)
+    results = [run_engine(server_args, work)]
+    for mode in [m.strip() for m in args.transformers.split(",") if m.strip() not in ("", "none")]:
+        results.append(
+            run_transformers(source, work, mode, args.hf_batch_size, args.hf_max_prompts)
+        )
+    params = source.config.matmul_parameters
+    peak = measure_matmul_tflops()
+
+    print(
+        f"\nmodel {server_args.model} ({params / 1e6:.0f}M params), {len(work.prompts)} requests, "
+        f"{work.input_tokens} input / {work.output_tokens} output tokens, device "
+        f"{resolve_device(server_args.device)}"
+    )
+    print(
+        f"{'system':<26}{'seconds':>9}{'req/s':>8}{'out tok/s':>11}{'total tok/s':>13}{'vs ours':>9}"
+    )
+    ours = results[0].output_tok_s
+    for r in results:
+        print(
+            f"{r.name:<26}{r.seconds:>9.2f}{r.requests / r.seconds:>8.2f}{r.output_tok_s:>11.1f}"
+            f"{r.total_tok_s:>13.1f}{r.output_tok_s / ours:>9.3f}"
+        )
+    summary: dict[str, Any] = {
+        "model": server_args.model,
+        "params": params,
+        "results": [
+            asdict(r) | {"output_tok_s": r.output_tok_s, "total_tok_s": r.total_tok_s}
+            for r in results
+        ],
+    }
+    for r in results[1:]:
+        print(f"radixserve / {r.name}: {ours / r.output_tok_s:.2f}x output tokens/s")
+    idle = results[0].extra.get("gpu_idle_between_batches")
+    if idle is not None:
+        print(
+            f"GPU idle between batches: {100 * idle:.2f}% of the batches' span "
+            f"(overlap {'on' if results[0].extra.get('overlap') else 'off'})"
+        )
+    decode_idle = results[0].extra.get("gpu_idle_between_decode_steps")
+    if decode_idle is not None:
+        print(f"GPU idle between consecutive decode steps: {100 * decode_idle:.2f}%")
+    if peak is not None:
+        achieved = results[0].total_tok_s * 2 * params / 1e12
+        summary |= {"bf16_matmul_tflops": peak, "achieved_tflops": achieved}
+        print(
+            f"compute: {achieved:.1f} TFLOP/s of a measured {peak:.0f} bf16 TFLOP/s "
+            f"({100 * achieved / peak:.1f}% MFU, 2 x params FLOPs per token)"
+        )
+    if args.output_json:
+        with open(args.output_json, "w") as f:
+            json.dump(summary, f, indent=2)
+    return 0

@@ -1,0 +1,484 @@
+"""The worker's HTTP front end: OpenAI-compatible and native endpoints, probes, metrics, drain.
+
+Handlers are thin: `entrypoints/openai` validates, templates and shapes (the native
+`/generate` goes through the Engine), the TokenizerManager's front door builds the inputs, and
+handlers write JSON or server-sent events. Middlewares give every request its id (the client's
+X-Request-Id or a new one, echoed on every reply), render errors in OpenAI's shape and check
+API keys. aiohttp cancels a handler whose client disconnects (`handler_cancellation=True`),
+and cancellation closes the generation stream, which aborts the request in the scheduler and
+frees its KV slots (`request_log` notes the disconnect in one debug line and, with
+`--log-requests`, logs each finished request).
+
+Lifecycle (`server_launch.run_server` starts it): the listening port is bound before the model
+loads (a port in use fails at once, and nothing can take the port meanwhile). SIGTERM (or
+SIGINT) makes `/ready` answer 503 at once and new generation requests get 503 + Retry-After,
+while requests already in flight run to completion for at most `--drain-timeout` seconds; then
+the rest are aborted, the scheduler process is stopped and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import re
+import signal
+import socket
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from radixserve.api_errors import (
+    RETRY_AFTER_S,
+    APIError,
+    InvalidParameterError,
+    error_response,
+    http_exception_error,
+)
+from radixserve.frontend.engine import Engine
+from radixserve.frontend.openai.protocol import (
+    FieldPolicy,
+    GenerateRequestBody,
+    parse_request,
+)
+from radixserve.frontend.openai.responses import model_card
+from radixserve.frontend.openai.serving import OpenAIServing, PreparedRequest
+from radixserve.frontend.request_log import (
+    LOG_REQUESTS_KEY,
+    MODEL_NAME_KEY,
+    record_of,
+    request_lifecycle,
+)
+from radixserve.frontend.tokenizer_manager import (
+    GenerationError,
+    QueueFullError,
+    RequestAbortedError,
+    SchedulerUnavailableError,
+    TokenizerManager,
+)
+from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
+from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+MAX_BODY_BYTES = 64 * 1024 * 1024
+# Requests still running when the drain ends are aborted; their handlers get this long to reply.
+ABORT_GRACE_S = 5.0
+
+REQUEST_ID_HEADER = "X-Request-Id"
+MAX_REQUEST_ID_LENGTH = 256
+_REQUEST_ID = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
+# Paths that answer without a key: probes and scrapers cannot hold secrets.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
+
+ENGINE_KEY = web.AppKey("engine", Engine)
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
+
+
+@dataclasses.dataclass
+class ServerState:
+    draining: bool = False
+    in_flight: int = 0
+
+
+STATE_KEY = web.AppKey("state", ServerState)
+
+
+# ---------------------------------------------------------------------------- errors
+
+
+def as_api_error(exc: Exception) -> APIError:
+    """Map engine exceptions onto OpenAI's error types and HTTP statuses."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, QueueFullError):
+        return APIError(
+            f"the server is overloaded: {exc}",
+            status=429,
+            type="rate_limit_error",
+            code="queue_full",
+            retry_after=RETRY_AFTER_S,
+        )
+    if isinstance(exc, SchedulerUnavailableError | RequestAbortedError):
+        return APIError(
+            str(exc), status=503, type="server_error", code="unavailable", retry_after=RETRY_AFTER_S
+        )
+    if isinstance(exc, GenerationError):
+        return APIError(str(exc), status=500, type="server_error")
+    logger.exception("unexpected error", exc_info=exc)
+    return APIError("internal server error", status=500, type="server_error")
+
+
+@web.middleware
+async def request_ids(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The client's X-Request-Id (or a new one) becomes the request id: scheduler request ids,
+    response ids and log lines carry it, and every response echoes it."""
+    request_id = request.headers.get(REQUEST_ID_HEADER)
+    if request_id is None:
+        request_id = uuid.uuid4().hex
+    elif len(request_id) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.match(request_id):
+        request[REQUEST_ID_KEY] = uuid.uuid4().hex
+        return error_response(
+            APIError(
+                f"{REQUEST_ID_HEADER} must be 1 to {MAX_REQUEST_ID_LENGTH} printable ASCII "
+                "characters without spaces",
+                code="invalid_request_id",
+            )
+        )
+    request[REQUEST_ID_KEY] = request_id
+    return await handler(request)
+
+
+async def echo_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    """on_response_prepare: the header goes on every reply, streams and errors included."""
+    if REQUEST_ID_KEY in request:
+        response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID_KEY]
+
+
+@web.middleware
+async def openai_errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ConnectionResetError:
+        raise  # the client went away mid-stream: request_lifecycle notes it
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return error_response(http_exception_error(exc))
+    except Exception as exc:
+        error = as_api_error(exc)
+        if error.status >= 500:
+            logger.warning("request %s failed: %s", request.get(REQUEST_ID_KEY), error.message)
+        return error_response(error)
+
+
+def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
+    """A middleware that asks for `Authorization: Bearer KEY`: the admin key on the admin
+    paths (the API key when no admin key is set), the API key elsewhere, none on the probes.
+    Keys are compared in constant time."""
+    admin_key = admin_api_key or api_key
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        path = request.path
+        key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
+        if key is not None and not _bearer_matches(request, key):
+            logger.info("request %s to %s: missing or wrong API key", request[REQUEST_ID_KEY], path)
+            refusal = error_response(
+                APIError(
+                    "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
+                    status=401,
+                    code="invalid_api_key",
+                )
+            )
+            refusal.headers["WWW-Authenticate"] = "Bearer"
+            return refusal
+        return await handler(request)
+
+    return guard
+
+
+def _bearer_matches(request: web.Request, key: str) -> bool:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    return hmac.compare_digest(token.strip().encode(), key.encode())
+
+
+async def read_json(request: web.Request) -> Any:
+    try:
+        return json.loads(await request.read())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidParameterError(f"the body is not valid JSON: {exc}", None) from None
+
+
+# ---------------------------------------------------------------------------- streaming
+
+
+class SSEWriter:
+    """Server-sent events as OpenAI clients expect them: `data: {json}` lines, then [DONE]."""
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._response = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
+        )
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        if not self._response.prepared:
+            await self._response.prepare(self._request)
+        await self._response.write(f"data: {json.dumps(payload)}\n\n".encode())
+
+    async def finish(self) -> web.StreamResponse:
+        if not self._response.prepared:
+            await self._response.prepare(self._request)
+        await self._response.write(b"data: [DONE]\n\n")
+        await self._response.write_eof()
+        return self._response
+
+    async def fail(self, error: APIError) -> web.StreamResponse:
+        """Errors after the first byte can only be events; before it, a normal error reply."""
+        if not self._response.prepared:
+            return error_response(error)
+        await self.send(error.body())
+        return await self.finish()
+
+
+# ---------------------------------------------------------------------------- handlers
+
+
+class Handlers:
+    def __init__(self, engine: Engine, state: ServerState) -> None:
+        self.engine = engine
+        self.tm = engine.tokenizer_manager
+        self.state = state
+        self.policy = FieldPolicy(strict=engine.server_args.strict_api)
+        self.openai = OpenAIServing(self.tm, engine.server_args, self.policy)
+        self.model_name = self.openai.model_name
+
+    # -- shared plumbing
+
+    def _admit(self) -> None:
+        if self.state.draining:
+            raise APIError(
+                "the server is shutting down",
+                status=503,
+                type="server_error",
+                code="draining",
+                retry_after=RETRY_AFTER_S,
+            )
+
+    @contextlib.contextmanager
+    def _counted(self):
+        self.state.in_flight += 1
+        try:
+            yield
+        finally:
+            self.state.in_flight -= 1
+
+    async def _reply(self, request: web.Request, prepared: PreparedRequest) -> web.StreamResponse:
+        record = record_of(request)
+        if record is not None:
+            record.samples_per_prompt = prepared.samples_per_prompt
+        with self._counted():
+            if not prepared.stream:
+                return web.json_response(await prepared.response())
+            return await _stream(request, prepared.events())
+
+    @staticmethod
+    def _observer(request: web.Request) -> Callable[[int, Any], None] | None:
+        """What the request's log record (with --log-requests) learns each chunk from."""
+        record = record_of(request)
+        if record is None:
+            return None
+        record.id = request[REQUEST_ID_KEY]
+        return record.observe
+
+    # -- OpenAI
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        body = await read_json(request)
+        prepared = self.openai.prepare_completion(
+            body, request[REQUEST_ID_KEY], self._observer(request)
+        )
+        return await self._reply(request, prepared)
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        body = await read_json(request)
+        prepared = self.openai.prepare_chat(body, request[REQUEST_ID_KEY], self._observer(request))
+        return await self._reply(request, prepared)
+
+    # -- native API
+
+    async def generate(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        req: GenerateRequestBody = parse_request(
+            GenerateRequestBody, await read_json(request), self.policy
+        )
+        kwargs = {
+            "prompt": req.text,
+            "input_ids": req.input_ids,
+            "sampling_params": req.known_sampling_params(SAMPLING_PARAM_FIELDS, self.policy),
+            "return_logprob": req.return_logprob,
+            "top_logprobs_num": req.top_logprobs_num,
+            "request_id": request[REQUEST_ID_KEY],
+        }
+        record = record_of(request)
+        if record is not None:
+            record.id = request[REQUEST_ID_KEY]
+        with self._counted():
+            if not req.stream:
+                results = await self.engine.async_generate(**kwargs)
+                if record is not None:
+                    batch = results if isinstance(results, list) else [results]
+                    for index, result in enumerate(batch):
+                        record.observe_native(index, result, streamed=False)
+                return web.json_response(results)
+            items = self.engine.async_generate_stream(**kwargs)
+            if record is not None:
+                items = record.observed_native(items)
+            return await _stream(request, items)
+
+    # -- the rest
+
+    async def models(self, request: web.Request) -> web.Response:
+        card = model_card(self.model_name, self.engine.model_info.context_len)
+        return web.json_response({"object": "list", "data": [card]})
+
+    async def health(self, request: web.Request) -> web.Response:
+        if not self.tm.scheduler_alive:
+            return web.json_response({"status": "scheduler down"}, status=503)
+        return web.json_response({"status": "ok"})
+
+    async def ready(self, request: web.Request) -> web.Response:
+        reason = readiness_problem(
+            self.state, self.tm, self.engine.server_args.scheduler_stall_timeout
+        )
+        if reason is not None:
+            return web.json_response({"status": "not ready", "reason": reason}, status=503)
+        return web.json_response({"status": "ready"})
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        body = self.engine.metrics.exposition()
+        return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
+
+    async def get_model_info(self, request: web.Request) -> web.Response:
+        return web.json_response(self.engine.get_model_info())
+
+    async def get_server_info(self, request: web.Request) -> web.Response:
+        info = await self.engine.async_get_server_info()
+        info.update(draining=self.state.draining, in_flight_http_requests=self.state.in_flight)
+        return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
+
+    async def flush_cache(self, request: web.Request) -> web.Response:
+        reply = await self.tm.flush_cache()
+        if not reply.success:
+            raise APIError(f"cache not flushed: {reply.message}", code="cache_busy")
+        return web.json_response({"success": True, "message": reply.message})
+
+
+async def _stream(
+    request: web.Request, events: AsyncIterator[dict[str, Any]]
+) -> web.StreamResponse:
+    """Server-sent events; a failure before the first event is an ordinary error reply."""
+    sse = SSEWriter(request)
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                await sse.send(event)
+    except APIError as exc:
+        return await sse.fail(exc)
+    except (SchedulerUnavailableError, RequestAbortedError, GenerationError) as exc:
+        return await sse.fail(as_api_error(exc))
+    return await sse.finish()
+
+
+def readiness_problem(state: ServerState, tm: TokenizerManager, stall_timeout: float) -> str | None:
+    """Why this pod should get no traffic now, or None. A busy queue is no reason: a saturated
+    pod whose scheduler keeps stepping stays ready; a scheduler loop that stops reporting (a
+    step's outputs, or its idle heartbeat) is one."""
+    if state.draining:
+        return "draining"
+    if not tm.scheduler_alive:
+        return "the scheduler process is down"
+    silent = time.monotonic() - tm.last_scheduler_report
+    if silent > stall_timeout:
+        return f"the scheduler loop has not reported for {silent:.0f}s (a stuck step?)"
+    return None
+
+
+def build_app(engine: Engine, state: ServerState) -> web.Application:
+    args = engine.server_args
+    middlewares = [
+        request_lifecycle,
+        request_ids,
+        openai_errors,
+        api_key_guard(args.api_key, args.admin_api_key),
+    ]
+    app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
+    app.on_response_prepare.append(echo_request_id)
+    app[ENGINE_KEY] = engine
+    app[STATE_KEY] = state
+    h = Handlers(engine, state)
+    app[LOG_REQUESTS_KEY] = args.log_requests
+    app[MODEL_NAME_KEY] = h.model_name
+    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_post("/v1/chat/completions", h.chat_completions)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_post("/generate", h.generate)
+    app.router.add_get("/health", h.health)
+    app.router.add_get("/ready", h.ready)
+    app.router.add_get("/metrics", h.metrics)
+    app.router.add_get("/get_model_info", h.get_model_info)
+    app.router.add_get("/get_server_info", h.get_server_info)
+    app.router.add_post("/flush_cache", h.flush_cache)
+    return app
+
+
+# ---------------------------------------------------------------------------- serving
+
+
+async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket) -> None:
+    """Serve on `listener` until SIGTERM/SIGINT, then drain and shut the engine down."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await engine.start()
+    state = ServerState()
+    runner = web.AppRunner(
+        build_app(engine, state),
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=ABORT_GRACE_S,
+    )
+    await runner.setup()
+    site = web.SockSite(runner, listener)
+    await site.start()
+    engine.startup.add("ready", time.perf_counter() - engine.scheduler_ready_at)
+    engine.metrics.set_startup(engine.startup.seconds)
+    logger.info("startup: %s", engine.startup.summary())
+    logger.info(
+        "serving %r on http://%s:%d (KV capacity %d tokens)",
+        engine.server_args.served_model_name,
+        server_args.host,
+        server_args.port,
+        engine.model_info.max_total_tokens,
+    )
+    await stop.wait()
+    state.draining = True
+    logger.info(
+        "draining: %d requests in flight, waiting up to %.0fs",
+        state.in_flight,
+        server_args.drain_timeout,
+    )
+    await _wait_for(lambda: state.in_flight == 0, server_args.drain_timeout)
+    if state.in_flight:
+        logger.warning("drain timeout: aborting %d requests", state.in_flight)
+        await engine.tokenizer_manager.abort_all()
+        await _wait_for(lambda: state.in_flight == 0, ABORT_GRACE_S)
+    await runner.cleanup()
+    await engine.async_shutdown()
+    logger.info("shut down cleanly")
+
+
+async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)

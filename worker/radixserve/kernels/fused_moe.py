@@ -1,0 +1,415 @@
+"""Mixture-of-experts in Triton: routing, tokens sorted by expert, two grouped GEMMs.
+
+A MoE layer sends each token to its top-k experts, k small matmul pairs per token. Running
+them expert by expert (the reference below) costs a host sync and a launch per expert; here
+one pass is five launches whatever the routing, all with shapes fixed by the token count, so
+a decode step is captured in a CUDA graph like any other layer:
+
+1. `topk_softmax`: per token, softmax over the router logits, the top k, renormalised if the
+   config says so (one program per token).
+2. `align`: one program counts each expert's (token, slot) pairs, pads every count to a
+   multiple of BLOCK_M, and writes the pairs sorted by expert (`sorted_ids`, padding = numel)
+   and each BLOCK_M block's expert (`expert_ids`, -1 past the end). An expert no token chose
+   gets no block. Buffers are sized for the worst case, so nothing depends on the routing.
+3. the gate/up GEMM: each program multiplies one block's rows (gathered hidden states) by a
+   tile of its expert's [gate; up] weights and applies act(gate) * up in the epilogue.
+4. the down GEMM: the same over the activations, scaled by each pair's routing weight.
+5. the top-k weighted sum: each token's k rows added (torch's sum over a [T, k, H] view).
+
+Expert weights may be FP8 with one scale per (expert, output channel): the tiles are widened
+to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
+reads half the bytes). `fused_moe_native` is the torch reference: the CPU path, and what the
+kernels are tested against.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.kernels.fused_ops import gelu_tanh
+from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
+
+# Largest expert count the one-program align kernel holds in registers.
+MAX_EXPERTS = 512
+_ALIGN_CHUNK = 64
+
+
+@jit
+def _topk_softmax_kernel(
+    Logits,
+    TopkWeights,
+    TopkIds,
+    num_experts,
+    stride_l,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    ROUND_TO_LOGITS_DTYPE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One token: softmax over its logits in float32, then the k largest (lowest expert id
+    first among equals), optionally renormalised to sum 1 and rounded to the logits' dtype."""
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.arange(0, BLOCK_E)
+    valid = experts < num_experts
+    logits = tl.load(Logits + token * stride_l + experts, mask=valid, other=float("-inf"))
+    logits = logits.to(tl.float32)
+    probs = tl.exp(logits - tl.max(logits, 0))
+    probs = probs / tl.sum(probs, 0)
+    remaining = tl.where(valid, probs, -1.0)
+    slots = tl.arange(0, BLOCK_K)
+    picked = tl.zeros([BLOCK_K], dtype=tl.float32)
+    picked_ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for i in range(TOP_K):
+        best = tl.max(remaining, 0)
+        best_id = tl.min(tl.where(remaining == best, experts, BLOCK_E), 0)
+        picked = tl.where(slots == i, best, picked)
+        picked_ids = tl.where(slots == i, best_id, picked_ids)
+        remaining = tl.where(experts == best_id, -1.0, remaining)
+    if RENORMALIZE:
+        picked = picked / tl.sum(picked, 0)
+    if ROUND_TO_LOGITS_DTYPE:
+        picked = picked.to(Logits.dtype.element_ty).to(tl.float32)
+    in_k = slots < TOP_K
+    tl.store(TopkWeights + token * TOP_K + slots, picked, mask=in_k)
+    tl.store(TopkIds + token * TOP_K + slots, picked_ids.to(TopkIds.dtype.element_ty), mask=in_k)
+
+
+@jit
+def _align_kernel(
+    TopkIds,
+    SortedIds,
+    ExpertIds,
+    NumPadded,
+    ExpertUse,
+    numel,
+    max_padded,
+    max_blocks,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    CHUNK: tl.constexpr,
+):
+    """Sort the numel (token, slot) pairs by expert, each expert's run padded to BLOCK_M.
+
+    Also adds the number of experts that got a token to ExpertUse[0] and 1 to ExpertUse[1]:
+    what a benchmark reads to count the expert weights a pass actually streamed."""
+    experts = tl.arange(0, BLOCK_E)
+    lanes = tl.arange(0, CHUNK)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, numel, CHUNK):
+        offs = start + lanes
+        ids = tl.load(TopkIds + offs, mask=offs < numel, other=-1)
+        counts += tl.sum((ids[:, None] == experts[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    ends = tl.cumsum(padded, 0)
+    starts = ends - padded
+    total = tl.sum(padded, 0)
+    tl.store(NumPadded, total)
+    active = tl.sum((counts > 0).to(tl.int64), 0)
+    tl.store(ExpertUse, tl.load(ExpertUse) + active)
+    tl.store(ExpertUse + 1, tl.load(ExpertUse + 1) + 1)
+
+    for start in range(0, max_padded, CHUNK):
+        offs = start + lanes
+        tl.store(SortedIds + offs, numel + offs * 0, mask=offs < max_padded)
+    end_blocks = ends // BLOCK_M
+    for start in range(0, max_blocks, CHUNK):
+        blocks = start + lanes
+        # a block's expert: how many experts' runs end at or before it
+        owner = tl.sum((end_blocks[None, :] <= blocks[:, None]).to(tl.int32), axis=1)
+        owner = tl.where(blocks * BLOCK_M < total, owner, -1)
+        tl.store(ExpertIds + blocks, owner, mask=blocks < max_blocks)
+    tl.debug_barrier()  # the padding above lands before the pairs below
+
+    seen = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for start in range(0, numel, CHUNK):
+        offs = start + lanes
+        valid = offs < numel
+        ids = tl.load(TopkIds + offs, mask=valid, other=-1)
+        onehot = (ids[:, None] == experts[None, :]).to(tl.int32)
+        earlier = (ids[:, None] == ids[None, :]) & (lanes[None, :] < lanes[:, None])
+        rank = tl.sum(earlier.to(tl.int32), axis=1)
+        base = tl.sum(onehot * (starts + seen)[None, :], axis=1)
+        tl.store(SortedIds + base + rank, offs, mask=valid)
+        seen += tl.sum(onehot, axis=0)
+
+
+@jit
+def _moe_gemm_kernel(
+    A,
+    B,
+    C,
+    BScale,
+    TopkWeights,
+    SortedIds,
+    ExpertIds,
+    NumPadded,
+    N,
+    K,
+    max_padded,
+    numel,
+    stride_am,
+    stride_be,
+    stride_bn,
+    stride_cm,
+    stride_se,
+    A_ROWS_PER_PAIR: tl.constexpr,
+    GATED: tl.constexpr,
+    GELU: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    """C[pair, n] for one BLOCK_M block of sorted pairs and one BLOCK_N tile of outputs.
+
+    A row of a pair is pair // A_ROWS_PER_PAIR (top_k for the hidden states: every slot of a
+    token reads its row; 1 for the activations, one row per pair). B is [E, N(or 2N), K] with
+    unit-stride K. GATED: B's rows N.. are the up projection and C = act(gate) * up."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    group = GROUP_M * num_pid_n
+    first_m = (pid // group) * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % group) % group_m
+    pid_n = (pid % group) // group_m
+    if pid_m * BLOCK_M < tl.load(NumPadded):
+        pairs = tl.load(SortedIds + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        row_mask = pairs < numel
+        expert = tl.load(ExpertIds + pid_m).to(tl.int64)
+        a_rows = (pairs // A_ROWS_PER_PAIR).to(tl.int64)
+        offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_mask = offs_n < N
+        offs_k = tl.arange(0, BLOCK_K)
+        a_ptrs = A + a_rows[:, None] * stride_am + offs_k[None, :]
+        b_ptrs = B + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+        acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        if GATED:
+            acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            k_mask = offs_k < K - k0
+            a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
+            acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+            if GATED:
+                b_up = tl.load(
+                    b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0
+                )
+                acc_up += tl.dot(a, b_up.to(a.dtype), input_precision=DOT_PRECISION)
+            a_ptrs += BLOCK_K
+            b_ptrs += BLOCK_K
+        if HAS_SCALE:
+            scale = tl.load(BScale + expert * stride_se + offs_n, mask=n_mask, other=0.0)
+            acc = acc * scale[None, :]
+            if GATED:
+                scale_up = tl.load(BScale + expert * stride_se + N + offs_n, mask=n_mask, other=0.0)
+                acc_up = acc_up * scale_up[None, :]
+        # each product is rounded to the activation dtype before the epilogue, as the
+        # reference's separate matmuls are
+        out = acc.to(C.dtype.element_ty).to(tl.float32)
+        if GATED:
+            up = acc_up.to(C.dtype.element_ty).to(tl.float32)
+            if GELU:
+                out = gelu_tanh(out) * up
+            else:
+                out = out / (1.0 + tl.exp(-out)) * up
+        if MUL_WEIGHT:
+            out = out * tl.load(TopkWeights + pairs, mask=row_mask, other=0.0)[:, None]
+        c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
+        tl.store(c_ptrs, out.to(C.dtype.element_ty), mask=row_mask[:, None] & n_mask[None, :])
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    group_m: int
+    num_warps: int
+    num_stages: int
+
+
+def gemm_config(numel: int, dtype: torch.dtype) -> GemmConfig:
+    """Tiles by the number of (token, slot) pairs. Decode (few pairs, most experts idle) wants
+    the smallest row block and many programs over N to stream the active experts' weights;
+    prefill wants the usual large tiles. float32 (the exactness reference) keeps tiles small."""
+    if dtype == torch.float32:
+        return GemmConfig(16, 32, 32, 1, 4, 1)
+    if numel <= 64:
+        return GemmConfig(16, 64, 128, 1, 4, 3)
+    if numel <= 1024:
+        return GemmConfig(32, 64, 64, 8, 4, 3)
+    return GemmConfig(64, 128, 64, 8, 8, 3)
+
+
+def select_experts_native(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, round_weights: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weights [T, k] float32, ids [T, k] int32): softmax in float32, top k, renormalised if
+    asked, rounded to the logits' dtype if asked (Qwen3-MoE rounds, Mixtral does not)."""
+    probs = torch.softmax(router_logits.float(), dim=-1)
+    weights, ids = torch.topk(probs, top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    if round_weights:
+        weights = weights.to(router_logits.dtype).float()
+    return weights, ids.to(torch.int32)
+
+
+def select_experts(
+    router_logits: torch.Tensor, top_k: int, renormalize: bool, round_weights: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`select_experts_native` in one launch (one program per token)."""
+    tokens, num_experts = router_logits.shape
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"{num_experts} experts: the routing kernel holds at most {MAX_EXPERTS}")
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if tokens:
+        _topk_softmax_kernel[(tokens,)](
+            router_logits,
+            weights,
+            ids,
+            num_experts,
+            router_logits.stride(0),
+            TOP_K=top_k,
+            RENORMALIZE=renormalize,
+            ROUND_TO_LOGITS_DTYPE=round_weights,
+            BLOCK_E=triton.next_power_of_2(num_experts),
+            BLOCK_K=triton.next_power_of_2(top_k),
+        )
+    return weights, ids
+
+
+@dataclass
+class Alignment:
+    sorted_ids: torch.Tensor  # [max_padded] int32 pair index, numel for padding
+    expert_ids: torch.Tensor  # [max_blocks] int32, -1 past the used blocks
+    num_padded: torch.Tensor  # [1] int32: used length of sorted_ids
+    max_padded: int
+
+
+def max_padded_pairs(numel: int, num_experts: int, block_m: int) -> int:
+    """Worst case of sum over experts of count rounded up to block_m: every expert that gets a
+    pair (at most min(E, numel) of them) wastes at most block_m - 1 rows."""
+    return numel + min(num_experts, numel) * (block_m - 1)
+
+
+def align_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, expert_use: torch.Tensor
+) -> Alignment:
+    """The (token, slot) pairs of `topk_ids` [T, k] sorted by expert in block_m runs (see the
+    module docstring); `expert_use` [2] int64 accumulates (experts used, passes)."""
+    if num_experts > MAX_EXPERTS:
+        raise ValueError(f"{num_experts} experts: the align kernel holds at most {MAX_EXPERTS}")
+    numel = topk_ids.numel()
+    max_padded = max_padded_pairs(numel, num_experts, block_m)
+    max_blocks = triton.cdiv(max_padded, block_m)
+    device = topk_ids.device
+    sorted_ids = torch.empty(max_padded, dtype=torch.int32, device=device)
+    expert_ids = torch.empty(max_blocks, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    _align_kernel[(1,)](
+        topk_ids,
+        sorted_ids,
+        expert_ids,
+        num_padded,
+        expert_use,
+        numel,
+        max_padded,
+        max_blocks,
+        BLOCK_M=block_m,
+        BLOCK_E=triton.next_power_of_2(num_experts),
+        CHUNK=_ALIGN_CHUNK,
+        num_warps=4,
+    )
+    return Alignment(sorted_ids, expert_ids, num_padded, max_padded)
+
+
+def _grouped_gemm(
+    a: torch.Tensor,
+    b: torch.Tensor,
+    b_scale: torch.Tensor | None,
+    out: torch.Tensor,
+    align: Alignment,
+    topk_weights: torch.Tensor,
+    n: int,
+    a_rows_per_pair: int,
+    config: GemmConfig,
+    gated: bool = False,
+    gelu: bool = False,
+    mul_weight: bool = False,
+) -> None:
+    if a.stride(-1) != 1 or b.stride(-1) != 1 or out.stride(-1) != 1:
+        raise ValueError("fused MoE needs unit-stride rows")
+    k = a.shape[-1]
+    grid = (triton.cdiv(align.max_padded, config.block_m) * triton.cdiv(n, config.block_n),)
+    _moe_gemm_kernel[grid](
+        a,
+        b,
+        out,
+        b_scale if b_scale is not None else b,
+        topk_weights,
+        align.sorted_ids,
+        align.expert_ids,
+        align.num_padded,
+        n,
+        k,
+        align.max_padded,
+        topk_weights.numel(),
+        a.stride(0),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        b_scale.stride(0) if b_scale is not None else 0,
+        A_ROWS_PER_PAIR=a_rows_per_pair,
+        GATED=gated,
+        GELU=gelu,
+        MUL_WEIGHT=mul_weight,
+        HAS_SCALE=b_scale is not None,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        GROUP_M=config.group_m,
+        DOT_PRECISION=dot_precision(a.dtype),
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_use: torch.Tensor,
+    activation: str = "silu",
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+) -> torch.Tensor:
+    """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
+
+    hidden [T, H]; w13 [E, 2I, H] ([gate; up] per expert); w2 [E, H, I]; scales, for FP8
+    weights, [E, 2I] and [E, H] float32 per output channel. Returns [T, H] in hidden's dtype."""
+    tokens, hidden_size = hidden.shape
+    num_experts, two_i, _ = w13.shape
+    top_k = topk_ids.shape[1]
+    numel = tokens * top_k
+    config = config or gemm_config(numel, hidden.dtype)
+    align = align_by_expert(topk_ids, num_experts, config.block_m, expert_use)
+    weights = topk_weights.reshape(-1)
+    inter = two_i // 2
+    acts = torch.empty((numel, inter), dtype=hidden.dtype, device=hidden.device)
+    gelu = activation != "silu"
+    _grouped_gemm(hidden, w13, w13_scale, acts, align, weights, inter, top_k, config, True, gelu)
+    down = torch.empty((numel, hidden_size), dtype=hidden.dtype, device=hidden.device)
+    _grouped_gemm(acts, w2, w2_scale, down, align, weights, hidden_size, 1, config, mul_weight=True)
+    return down.view(tokens, top_k, hidden_size).sum(dim=1)

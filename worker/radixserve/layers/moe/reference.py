@@ -1,0 +1,49 @@
+"""The MoE reference in plain torch: what the fused kernels (kernels/fused_moe.py) are checked
+against, and what the CPU runs."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.layers.activation import gelu_tanh_and_mul_native, silu_and_mul_native
+from radixserve.layers.quantization.fp8 import dequantize_rows
+
+
+def dequantize_experts(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype):
+    """[E, N, K] expert weights as `dtype`: FP8 ones times their [E, N] channel scales."""
+    return weight.to(dtype) if scale is None else dequantize_rows(weight, scale, dtype)
+
+
+def fused_moe_native(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: str = "silu",
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
+    expert_use: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The reference: expert by expert in ascending id, each over the tokens that chose it,
+    results weighted and accumulated per token in that order (transformers' own loop).
+    `expert_use` [2], if given, accumulates (experts used, passes) as `fused_moe`'s does."""
+    act = silu_and_mul_native if activation == "silu" else gelu_tanh_and_mul_native
+    out = torch.zeros_like(hidden)
+    experts = torch.unique(topk_ids).tolist()
+    if expert_use is not None:
+        expert_use[0] += len(experts)
+        expert_use[1] += 1
+    for expert in experts:
+        tokens, slots = torch.where(topk_ids == expert)
+        gate_up = dequantize_experts(w13[expert], _row(w13_scale, expert), hidden.dtype)
+        down = dequantize_experts(w2[expert], _row(w2_scale, expert), hidden.dtype)
+        y = F.linear(act(F.linear(hidden[tokens], gate_up)), down)
+        y = y * topk_weights[tokens, slots, None]
+        out.index_add_(0, tokens, y.to(out.dtype))
+    return out
+
+
+def _row(scale: torch.Tensor | None, expert: int) -> torch.Tensor | None:
+    return None if scale is None else scale[expert]

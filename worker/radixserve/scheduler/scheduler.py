@@ -1,0 +1,624 @@
+"""The scheduling policy: continuous batching over a radix prefix cache.
+
+Each `step()` it (1) admits waiting requests into a prefill batch (policy order, PrefillAdder
+budgets, chunked prefill) or, when none can start, advances the running batch by one decode step
+(retracting requests if KV runs out), (2) launches the batch on the model worker it was given
+and (3) resolves the batch launched before: appends sampled tokens, checks stops, caches
+finished requests' KV in the radix tree and queues output deltas. Requests and aborts arrive by
+method calls (`dispatch`). The process, its sockets and tensor parallelism are
+scheduler_process.py's; statistics are scheduler_stats.py's. The worker is anything with the
+`BatchWorker` shape, so the policy runs in tests with a fake worker and no model.
+
+Constrained requests (json_schema, regex, ebnf) wait in `grammar_queue` while their grammar
+compiles on the grammar cache's threads, and join the waiting queue once it has: the loop never
+waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
+then, once the batch before it has been resolved and every matcher has accepted its row's last
+token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
+device runs the forward while the host resolves the previous batch, and the masks are filled on
+the grammar backend's thread while this one emits that batch's outputs.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from radixserve.boundary import (
+    AbortReq,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetServerInfoReq,
+    GetServerInfoReqOutput,
+    GrammarsReadyReq,
+    ReqOutput,
+    SchedulerStats,
+    TokenizedGenerateReqInput,
+    TokenLogprob,
+)
+from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
+from radixserve.constrained.grammar_cache import GrammarCache
+from radixserve.forward.mode import ForwardMode
+from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
+from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
+from radixserve.scheduler.scheduler_stats import SchedulerCounters
+
+if TYPE_CHECKING:
+    import torch
+
+    from radixserve.forward.worker_batch import ModelWorkerBatch
+    from radixserve.mem_cache.allocator import TokenSlotAllocator
+    from radixserve.mem_cache.memory_pool import ReqToTokenPool
+    from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+    from radixserve.scheduler.tp_worker import (
+        GenerationBatchResult,
+        GpuTimeline,
+        PendingBatchResult,
+    )
+    from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+# new_token_ratio: raised after a retraction (admit less optimistically), then decays back.
+RETRACT_RATIO_STEP = 0.15
+RATIO_DECAY_PER_STEP = 0.002
+
+
+class BatchWorker(Protocol):
+    """What the policy needs of a model worker (managers/tp_worker.py's ModelWorker): the
+    memory it allocates from, and `launch`, which returns at once with a pending result."""
+
+    req_to_token_pool: ReqToTokenPool
+    allocator: TokenSlotAllocator
+    max_total_tokens: int
+    max_running_requests: int
+    device: torch.device
+    # launch returns before the device has run the batch: the next batch can form meanwhile
+    asynchronous: bool
+    timeline: GpuTimeline
+
+    def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
+        """Launch the batch's forward and, unless it has constrained rows, its sampling (see
+        PendingBatchResult.awaits_sampling)."""
+        ...
+
+    def sample_deferred(self, pending: PendingBatchResult) -> None:
+        """Launch the sampling of a batch whose rows' grammars are now up to date."""
+        ...
+
+    def describe(self) -> dict[str, Any]:
+        """Device, dtype and backend, for server info."""
+        ...
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What the policy needs of the model: limits to validate and stop requests by."""
+
+    context_len: int
+    vocab_size: int
+    eos_token_ids: frozenset[int]
+    tokenizer: Any = None  # decodes output tails for stop strings; grammars are built on it
+    description: str = ""
+    matmul_parameters: int = 0
+
+    def grammar_backend(self) -> GrammarBackend:
+        """The backend constrained requests compile on, built by the grammar cache at the first
+        of them (it reads the whole vocabulary); xgrammar is imported only then, so a worker
+        that never sees a constraint never loads it."""
+        from radixserve.constrained.xgrammar_backend import XGrammarBackend
+
+        return XGrammarBackend(self.tokenizer, self.vocab_size, self.eos_token_ids)
+
+
+@dataclass
+class LaunchedBatch:
+    """What resolving a launched batch needs, frozen at launch (the ScheduleBatch moves on)."""
+
+    reqs: list[Req]
+    mode: ForwardMode
+    chunked_req: Req | None
+    num_tokens: int
+    pending: PendingBatchResult
+    start: float
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, worker: BatchWorker, model: ServedModel) -> None:
+        self.server_args = server_args
+        self.model = model
+        self.eos_token_ids = model.eos_token_ids
+        self.worker = worker
+        self.max_total_tokens = worker.max_total_tokens
+        self.max_running_requests = worker.max_running_requests
+        self.context_len = model.context_len
+        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
+        self.tree_cache = cache_cls(worker.req_to_token_pool, worker.allocator)
+        self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
+
+        self.waiting_queue: list[Req] = []
+        # constrained requests whose grammar is compiling, in arrival order
+        self.grammar_queue: list[Req] = []
+        self.grammar_cache = (
+            GrammarCache(model.grammar_backend) if model.tokenizer is not None else None
+        )
+        # with tensor parallelism rank 0 decides when a compile is done and tells every rank
+        # (GrammarsReadyReq), so that all ranks admit the request in the same step
+        self.polls_grammars = server_args.tp_size == 1
+        self.running_batch = self._new_batch([])
+        self.chunked_req: Req | None = None
+        self.last_batch: ScheduleBatch | None = None  # the batch launched last
+        self.in_flight: LaunchedBatch | None = None  # launched, not yet resolved (overlap)
+        # with an asynchronous worker the next batch forms while this one runs
+        self.overlap = worker.asynchronous and not server_args.disable_overlap
+        self.reqs_by_rid: dict[str, Req] = {}
+        self.outputs: list[ReqOutput] = []
+        self.new_token_ratio = server_args.new_token_ratio
+        self.counters = SchedulerCounters()
+
+    # -- requests ----------------------------------------------------------------------------
+    def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
+        req = Req(
+            recv.rid,
+            recv.input_ids,
+            recv.sampling_params,
+            return_logprob=recv.return_logprob,
+            top_logprobs_num=recv.top_logprobs_num,
+            stream=recv.stream,
+            arrival_time=recv.arrival_time or None,
+            eos_token_ids=self.eos_token_ids,
+        )
+        error = self._validate(req)
+        if error is not None:
+            req.finished_reason = {"type": "error", "message": error}
+            self._emit(req)
+            return
+        self.reqs_by_rid[req.rid] = req
+        constraint = req.sampling_params.constraint
+        if constraint is None:
+            self.waiting_queue.append(req)
+            return
+        if self.grammar_cache is None:
+            kind = constraint[0]
+            req.finished_reason = {
+                "type": "error",
+                "message": f"{kind} needs the model's tokenizer, and this model has none",
+                "param": kind,
+            }
+            self._finish_waiting(req)
+            return
+        req.grammar_future = self.grammar_cache.get(*constraint)
+        self.grammar_queue.append(req)
+
+    def _validate(self, req: Req) -> str | None:
+        n = len(req.origin_input_ids)
+        if n == 0:
+            return "the prompt is empty"
+        if n >= self.context_len:
+            return f"the prompt has {n} tokens; the model's context length is {self.context_len}"
+        if n + 1 > self.max_total_tokens:
+            return f"the prompt has {n} tokens; the KV cache holds {self.max_total_tokens}"
+        if any(t < 0 or t >= self.model.vocab_size for t in req.origin_input_ids):
+            return f"input ids must be in [0, {self.model.vocab_size})"
+        return None
+
+    def abort_request(self, rid: str) -> None:
+        req = self.reqs_by_rid.get(rid)
+        if req is None or req.finished():
+            return
+        queue = next((q for q in (self.waiting_queue, self.grammar_queue) if req in q), None)
+        if queue is not None:
+            queue.remove(req)
+            req.finished_reason = {"type": "abort"}
+            self._finish_waiting(req)
+        else:
+            # running or mid-chunk: freed at the next step boundary
+            req.finished_reason = {"type": "abort"}
+
+    def _finish_waiting(self, req: Req) -> None:
+        self.reqs_by_rid.pop(req.rid, None)
+        self._emit(req)
+
+    # -- grammars ----------------------------------------------------------------------------
+    def ready_grammar_rids(self) -> list[str]:
+        """Requests whose grammar compile has ended (compiled or failed); never waits."""
+        return [r.rid for r in self.grammar_queue if r.grammar_future.done()]
+
+    def admit_grammars(self, rids: list[str]) -> None:
+        """Move these requests to the waiting queue with a fresh matcher each, or finish them
+        with the compile's error. Waits for compiles still running: only a rank following rank
+        0 can be behind it."""
+        chosen = set(rids)
+        ready = [r for r in self.grammar_queue if r.rid in chosen]
+        if not ready:
+            return
+        self.grammar_queue = [r for r in self.grammar_queue if r.rid not in chosen]
+        for req in ready:
+            future, req.grammar_future = req.grammar_future, None
+            kind = req.sampling_params.constraint[0]
+            try:
+                req.grammar = future.result().new_grammar()
+            except GrammarError as exc:
+                message = f"{kind} cannot be compiled: {exc}"
+                req.finished_reason = {"type": "error", "message": message, "param": kind}
+            except Exception as exc:  # the backend itself failed: not the client's fault
+                logger.exception("grammar backend failed on a %s", kind)
+                req.finished_reason = {"type": "error", "message": f"{kind}: {exc}"}
+            if req.finished():
+                self._finish_waiting(req)
+            else:
+                self.waiting_queue.append(req)
+
+    def waiting_only_for_grammars(self) -> bool:
+        """Nothing can run until a compile ends (the process loop then waits, not spins)."""
+        return bool(self.grammar_queue) and not self._has_runnable_work()
+
+    def wait_for_grammars(self, timeout: float) -> None:
+        """Block until a pending compile ends (or `timeout` seconds): for an in-process driver
+        with nothing else to do, instead of spinning through empty steps."""
+        pending = [r.grammar_future for r in self.grammar_queue]
+        if pending:
+            concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
+
+    def flush_cache(self) -> bool:
+        if self.in_flight is None:
+            # the last batch may still await absorption although every request has finished
+            self._absorb_last_batch()
+            self._drop_finished_running()
+        if self.has_work():
+            return False
+        self.tree_cache.reset()
+        self.worker.allocator.clear()
+        self.worker.req_to_token_pool.clear()
+        return True
+
+    def get_server_info(self) -> dict[str, Any]:
+        return {
+            "model": self.server_args.model,
+            "model_description": self.model.description,
+            **self.worker.describe(),
+            "max_total_tokens": self.max_total_tokens,
+            "max_running_requests": self.max_running_requests,
+            "context_len": self.context_len,
+            "vocab_size": self.model.vocab_size,
+            "chunked_prefill_size": self.server_args.chunked_prefill_size,
+            "schedule_policy": self.server_args.schedule_policy,
+            "radix_cache": not self.server_args.disable_radix_cache,
+            "num_running_requests": len(self.running_batch),
+            "num_queued_requests": len(self.waiting_queue) + len(self.grammar_queue),
+            "num_compiling_grammars": len(self.grammar_queue),
+            "grammar_cache_entries": len(self.grammar_cache or ()),
+            **self.counters.info(),
+            "kv_cache_usage_ratio": self.kv_usage(),
+            "kv_cache_evictable_ratio": self.kv_evictable(),
+            "free_slots": self.worker.allocator.available_size(),
+            "evictable_size": self.tree_cache.evictable_size(),
+            "protected_size": self.tree_cache.protected_size(),
+            "new_token_ratio": self.new_token_ratio,
+            "overlap": self.overlap,
+            "gpu_busy_ms": self.worker.timeline.busy_ms,
+            "gpu_gap_ms": self.worker.timeline.gap_ms,
+            "gpu_decode_busy_ms": self.worker.timeline.decode_busy_ms,
+            "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
+            "matmul_parameters": self.model.matmul_parameters,
+        }
+
+    def kv_usage(self) -> float:
+        """KV held by running or queued requests: neither free nor evictable prefix cache
+        (an idle, warm pod reads 0, however much it has cached)."""
+        free = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
+        return 1.0 - free / self.max_total_tokens
+
+    def kv_evictable(self) -> float:
+        """The cached prefixes no request pins: reclaimable at once when needed."""
+        return self.tree_cache.evictable_size() / self.max_total_tokens
+
+    def reset_statistics(self) -> None:
+        """Forget counters and device timings so far (after the start-up warm-up)."""
+        self.counters = SchedulerCounters()
+        self.worker.timeline.reset()
+
+    def has_work(self) -> bool:
+        return bool(self.grammar_queue) or self._has_runnable_work()
+
+    def _has_runnable_work(self) -> bool:
+        return bool(
+            self.waiting_queue
+            or self.running_batch.reqs
+            or self.chunked_req
+            or self.in_flight
+            or self.last_batch
+        )
+
+    # -- one iteration -----------------------------------------------------------------------
+    def step(self) -> bool:
+        """One iteration: form the next batch and launch it, then resolve the batch before it.
+
+        With overlap the device runs batch N+1 while the host resolves batch N (and forms N+2);
+        without it (or on the CPU, where nothing runs asynchronously) a batch is resolved right
+        after its launch. False when nothing was launched or resolved.
+        """
+        if self.polls_grammars and self.grammar_queue:
+            self.admit_grammars(self.ready_grammar_rids())
+        batch = self.get_next_batch_to_run()
+        launched = self._launch(batch) if batch is not None else None
+        # constrained rows: their masks are filled once their grammars have accepted the
+        # previous batch's tokens (so they follow what was really sampled), beside the rest of
+        # resolving it
+        masked = batch.sampling_info if launched and launched.pending.awaits_sampling else None
+        previous, self.in_flight = self.in_flight, None
+        if previous is not None:
+            self._resolve(previous, masked)
+        elif masked is not None:
+            masked.start_grammar_mask()
+        if launched is not None:
+            if masked is not None:
+                self.worker.sample_deferred(launched.pending)
+            if self.overlap:
+                self.in_flight = launched
+            else:
+                self._resolve(launched)
+        if batch is None:
+            self.worker.timeline.mark_idle()
+        return batch is not None or previous is not None
+
+    def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
+        start = time.perf_counter()
+        pending = self.worker.launch(batch.get_model_worker_batch())
+        for i, req in enumerate(batch.reqs):
+            if batch.forward_mode.is_decode() or req is not self.chunked_req:
+                req.future_id = pending.future.placeholder(i)
+        self.last_batch = batch
+        return LaunchedBatch(
+            reqs=list(batch.reqs),
+            mode=batch.forward_mode,
+            chunked_req=self.chunked_req if batch.forward_mode.is_extend() else None,
+            num_tokens=int(batch.input_ids.numel()),
+            pending=pending,
+            start=start,
+        )
+
+    def _resolve(self, launched: LaunchedBatch, masked: SamplingBatchInfo | None = None) -> None:
+        """Append the batch's tokens and check its requests' stops, then emit and release them.
+        `masked`, the next batch's sampling state when it has constrained rows, starts its mask
+        fill between the two: the fill runs on the grammar backend's thread while this one
+        emits, which touches no matcher (the checks do: `is_terminated`)."""
+        result = launched.pending.resolve()
+        self.worker.timeline.add(launched.pending, launched.mode.is_decode())
+        elapsed = time.perf_counter() - launched.start
+        self.counters.count_step(
+            launched.mode.metric_label, len(launched.reqs), launched.num_tokens, elapsed
+        )
+        resolved: list[Req] = []
+        for i, req in enumerate(launched.reqs):
+            if req is launched.chunked_req:
+                continue  # an intermediate chunk samples nothing
+            if req.future_id == launched.pending.future.placeholder(i):
+                req.future_id = None
+            if req.finished():
+                # finished earlier (an overlap step past the end) or aborted meanwhile
+                if req.req_pool_idx is not None:
+                    self._release_finished(req)
+                continue
+            if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
+                self._append_token(req, result, i)
+            req.check_finished(self.context_len, self.model.tokenizer)
+            resolved.append(req)
+        if masked is not None:
+            masked.start_grammar_mask()
+        for req in resolved:
+            if not req.finished():
+                self._emit(req)
+            elif req.req_pool_idx is not None:
+                self._release_finished(req)
+            else:  # retracted while this batch ran, and that token was its last
+                self.waiting_queue.remove(req)
+                self._finish_waiting(req)
+
+    def get_next_batch_to_run(self) -> ScheduleBatch | None:
+        self._absorb_last_batch()
+        self._drop_finished_running()
+        prefill = self.get_new_batch_prefill()
+        if prefill is not None:
+            running = self.running_batch
+            if (
+                self.server_args.enable_mixed_chunk
+                and running.reqs
+                and running.decode_slots_short() == 0
+            ):
+                prefill.mix_with_running(running)
+                self.running_batch = self._new_batch([])
+            return prefill
+        if not self.running_batch.reqs:
+            return None
+        return self.update_running_batch()
+
+    def _absorb_last_batch(self) -> None:
+        """Requests of the last extend pass join the running batch; a chunked one instead caches
+        the chunk it computed and waits for its next chunk. Done here, not when results arrive,
+        because with overlap the next batch forms before the last one's tokens are known."""
+        last, self.last_batch = self.last_batch, None
+        if last is None or not last.forward_mode.is_extend():
+            return
+        chunked = self.chunked_req
+        if chunked is not None and chunked in last.reqs:
+            if chunked.finished():  # aborted mid-prompt
+                self.chunked_req = None
+                self._release_finished(chunked)
+            else:
+                self.tree_cache.cache_unfinished_req(chunked)
+        last.filter_batch([i for i, r in enumerate(last.reqs) if r is not chunked])
+        if last.forward_mode.is_mixed() or not self.running_batch.reqs:
+            self.running_batch = last
+        else:
+            self.running_batch.merge_batch(last)
+
+    def _drop_finished_running(self) -> None:
+        batch = self.running_batch
+        gone = {i for i, r in enumerate(batch.reqs) if r.finished()}
+        if not gone:
+            return
+        for i in gone:
+            if batch.reqs[i].req_pool_idx is not None:
+                self._release_finished(batch.reqs[i])
+        batch.filter_batch([i for i in range(len(batch.reqs)) if i not in gone])
+
+    def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running = len(self.running_batch)
+        if running >= self.max_running_requests and self.chunked_req is None:
+            return None
+        adder = PrefillAdder(
+            self.tree_cache,
+            self.worker.allocator,
+            self.running_batch.reqs,
+            self.new_token_ratio,
+            self.server_args.max_prefill_tokens,
+            self.server_args.chunked_prefill_size,
+        )
+        if self.chunked_req is not None:
+            adder.add_chunked_req(self.chunked_req)
+        ordered, matched = self.policy.order(self.waiting_queue)
+        for req in ordered:
+            if running + len(adder.can_run_list) >= self.max_running_requests:
+                break
+            if not matched:
+                req.init_next_round_input(self.tree_cache)
+            if adder.add_one_req(req) != AddResult.CONTINUE:
+                break
+        if not adder.can_run_list:
+            return None
+        admitted = {id(r) for r in adder.can_run_list}
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        for req in adder.can_run_list:
+            if (
+                req is not self.chunked_req
+                and req.num_retractions == 0
+                and req.first_scheduled_time is None
+            ):
+                req.cached_tokens = len(req.prefix_indices)
+                self.counters.count_prefix_lookup(len(req.origin_input_ids), req.cached_tokens)
+        self.chunked_req = adder.new_chunked_req
+        batch = self._new_batch(adder.can_run_list)
+        batch.prepare_for_extend()
+        self.counters.count_prefill(sum(batch.extend_lens))
+        return batch
+
+    def update_running_batch(self) -> ScheduleBatch | None:
+        batch = self.running_batch
+        if batch.decode_slots_short() > 0:
+            retracted = batch.retract_decode()
+            if retracted:
+                self.counters.count_retractions(len(retracted))
+                self.new_token_ratio = min(1.0, self.new_token_ratio + RETRACT_RATIO_STEP)
+                logger.info("KV cache full: retracted %d requests", len(retracted))
+                self.waiting_queue = retracted + self.waiting_queue
+            if batch.decode_slots_short() > 0:
+                # a single request that alone outgrows the KV cache cannot continue
+                for req in batch.reqs:
+                    req.finished_reason = {"type": "length"}
+                self._drop_finished_running()
+                return None
+        else:
+            self.new_token_ratio = max(
+                self.server_args.new_token_ratio, self.new_token_ratio - RATIO_DECAY_PER_STEP
+            )
+        batch.prepare_for_decode()
+        return batch
+
+    # -- results -----------------------------------------------------------------------------
+    def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
+        token = result.next_token_ids[i]
+        req.output_ids.append(token)
+        if req.grammar is not None and not req.grammar.accept_token(token):
+            # the mask allowed only what the grammar accepts: this is an engine bug
+            logger.error("request %s: its grammar rejected sampled token %d", req.rid, token)
+            req.finished_reason = {"type": "error", "message": "the grammar rejected a token"}
+        if req.return_logprob and result.logprobs is not None:
+            top = result.top_logprobs[i] if result.top_logprobs else []
+            req.pending_logprobs.append(TokenLogprob(token, result.logprobs[i], list(top or [])))
+
+    def _release_finished(self, req: Req) -> None:
+        """Cache a finished request's KV in the tree (or free it) and send its last output."""
+        if req.kv_len > req.seqlen:
+            # an overlap step past the end took a slot for a token that was then dropped
+            # (e.g. max_new_tokens=0): it holds nothing worth caching
+            row = self.worker.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
+            self.worker.allocator.free(row[req.seqlen :])
+            req.kv_len = req.seqlen
+        self.tree_cache.cache_finished_req(req)
+        req.req_pool_idx = None
+        self.reqs_by_rid.pop(req.rid, None)
+        self._emit(req)
+
+    def _emit(self, req: Req) -> None:
+        if not req.stream and not req.finished():
+            return
+        new = req.output_ids[req.sent_len :]
+        queue_time = None
+        if not req.queue_time_sent and req.first_scheduled_time is not None:
+            queue_time = max(0.0, req.first_scheduled_time - req.arrival_time)
+            req.queue_time_sent = True
+        if not new and not req.finished() and queue_time is None:
+            return
+        self.outputs.append(
+            ReqOutput(
+                rid=req.rid,
+                new_token_ids=new,
+                finished_reason=req.finished_reason,
+                prompt_tokens=len(req.origin_input_ids),
+                completion_tokens=len(req.output_ids),
+                cached_tokens=req.cached_tokens,
+                logprobs=req.pending_logprobs if req.return_logprob else None,
+                queue_time=queue_time,
+            )
+        )
+        req.sent_len = len(req.output_ids)
+        req.pending_logprobs = []
+
+    def pop_outputs(self) -> list[ReqOutput]:
+        outputs, self.outputs = self.outputs, []
+        return outputs
+
+    def pop_stats(self) -> SchedulerStats:
+        return self.counters.pop(
+            running=len(self.running_batch) + (1 if self.chunked_req else 0),
+            queued=len(self.waiting_queue) + len(self.grammar_queue),
+            kv_usage=self.kv_usage(),
+            kv_evictable=self.kv_evictable(),
+            max_total_tokens=self.max_total_tokens,
+        )
+
+    def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch(
+            reqs,
+            self.worker.req_to_token_pool,
+            self.worker.allocator,
+            self.tree_cache,
+            self.model.vocab_size,
+            self.worker.device,
+            set(self.eos_token_ids),
+        )
+
+    # -- messages ----------------------------------------------------------------------------
+    def dispatch(self, msg: Any) -> Any:
+        """Apply one message from the front end; returns a reply to send, if any."""
+        if isinstance(msg, TokenizedGenerateReqInput):
+            self.handle_generate_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort_request(msg.rid)
+        elif isinstance(msg, GrammarsReadyReq):
+            self.admit_grammars(msg.rids)
+        elif isinstance(msg, FlushCacheReq):
+            ok = self.flush_cache()
+            return FlushCacheReqOutput(ok, "" if ok else "requests are running; not flushed")
+        elif isinstance(msg, GetServerInfoReq):
+            return GetServerInfoReqOutput(self.get_server_info())
+        else:
+            logger.warning("ignoring unknown message %r", type(msg).__name__)
+        return None
