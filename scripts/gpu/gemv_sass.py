@@ -4,7 +4,7 @@ compiles for sm_90 with its bundled ptxas and disassembles with its bundled nvdi
 integer arguments and pointers are specialized as divisible by 16, as a launch on those shapes
 specializes them (without that the loads do not vectorize and the count means nothing).
 
-A count is not a time (docs/benchmarks.md, 2026-12-02: a loop cut from 4.9 to 3.8 instructions
+A count is not a time (docs/benchmark-log.md, 2026-12-02: a loop cut from 4.9 to 3.8 instructions
 a weight ran slower); it says what a kernel change did to the code the GPU runs.
 
 Usage: python3 scripts/gpu/gemv_sass.py   (prints one line per projection and weight type)

@@ -260,7 +260,7 @@ def test_worker_image_steps_install_in_a_clean_venv_and_serve_the_bundled_model(
     # the image carries the bytecode of what a start imports (pip compiles at install): a
     # read-only root filesystem keeps nothing a process compiles, and the modules transformers'
     # config pulls in (torch._dynamo, sympy) alone took 4.4 s to compile at every start on an
-    # image without it (docs/benchmarks.md, 2026-12-01 night)
+    # image without it (docs/benchmark-log.md, 2026-12-01 night)
     tag = f"cpython-{sys.version_info.major}{sys.version_info.minor}"
     (site,) = (tmp_path / "venv" / "lib").glob("python3*/site-packages")
     for module in ("torch/_dynamo/utils", "transformers/activations", "sympy/core/expr"):

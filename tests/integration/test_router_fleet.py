@@ -81,7 +81,7 @@ def test_with_room_for_half_the_prompts_round_robin_thrashes_and_cache_aware_doe
     """One request in flight: what a pool that holds half the prompts keeps then depends on the
     order of the requests only. With 4 in flight, round robin's hits follow the order in which
     earlier requests finish, which a loaded machine changes: 4215-8626 hit tokens measured
-    (docs/benchmarks.md), so 1.8-3.7x under cache-aware's steady ~15,300, and a fresh CI clone
+    (docs/benchmark-log.md), so 1.8-3.7x under cache-aware's steady ~15,300, and a fresh CI clone
     once measured 1.96x. One in flight gives the same 15,322 and 6,910 (2.2x) run after run."""
     results = run_all(SMALL_KV, ("cache_aware", "round_robin"), tmp_path, concurrency=1)
     cache_aware, round_robin = (results[p].hit_tokens for p in ("cache_aware", "round_robin"))

@@ -32,7 +32,7 @@ SAFETENSORS_INDEX = "model.safetensors.index.json"
 # Few reads in flight: the imports running meanwhile fault their libraries in from the same
 # disk, and on the H200 host (gVisor) they slow down with every reader beside them. 8 readers
 # of 8 MB read no faster there than 2 (1.13-1.37 against 0.97-1.35 GB/s: the host's disk
-# path is the cap) and made the imports 9.4-14.1 s against 6.0-9.8 (docs/benchmarks.md,
+# path is the cap) and made the imports 9.4-14.1 s against 6.0-9.8 (docs/benchmark-log.md,
 # 2026-12-01 night).
 CHUNK_BYTES = 8 << 20
 READ_THREADS = 2

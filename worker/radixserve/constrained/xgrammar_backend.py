@@ -60,7 +60,7 @@ class XGrammarBackend(GrammarBackend):
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
         )
         # the fill's cost is a step's host time: 64 rows of a 128k vocabulary take ~9 ms on one
-        # thread, ~1.7 ms on 16 (H200 host, benchmarks.md); more gain little
+        # thread, ~1.7 ms on 16 (H200 host, benchmark-log.md); more gain little
         threads = min(16, len(os.sched_getaffinity(0)))
         # the grammar cache owns caching (keyed by kind and text, failures included)
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)

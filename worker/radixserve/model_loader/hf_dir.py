@@ -3,7 +3,7 @@
 For a GPU, shards are read by fastsafetensors: many threads pread each file into pinned bounce
 buffers and copy it straight into the GPU's memory, one file at a time, so a cold read is bound
 by the disk, not by the page faults of one thread (a memory-mapped `safe_open` read 16 GB in
-about 35 s on the H200 machine; docs/benchmarks.md has both). Its reads are buffered, not
+about 35 s on the H200 machine; docs/benchmark-log.md has both). Its reads are buffered, not
 O_DIRECT (its default on local disks): the front end has been reading the same files ahead
 into the page cache since the process started (checkpoint_files.py), and a second pod on the
 node finds them there too. For the CPU, `safe_open`'s
