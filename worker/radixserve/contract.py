@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import types
 import typing
+from collections.abc import Collection
 
 from radixserve.catalog.attention_backends import BACKEND_CHOICES
 from radixserve.catalog.quantization_methods import QUANTIZATION_CHOICES
@@ -29,9 +30,29 @@ SCHEDULE_POLICIES: tuple[str, ...] = ("lpm", "fcfs")
 TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "pythonic")
 REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
 ROUTER_POLICIES: tuple[str, ...] = ("cache_aware", "power_of_two", "round_robin")
+# `serve` flags only the HTTP server reads (its socket and keys, the request log, the API's
+# strictness, model name and parsers, the queue bound, drain and readiness): the in-process
+# benchmarks (`bench offline`, `bench latency`) add every flag but these.
+HTTP_ONLY_FIELDS: frozenset[str] = frozenset(
+    {
+        "host",
+        "port",
+        "api_key",
+        "admin_api_key",
+        "served_model_name",
+        "log_requests",
+        "strict_api",
+        "tool_call_parser",
+        "reasoning_parser",
+        "max_queued_requests",
+        "drain_timeout",
+        "scheduler_stall_timeout",
+    }
+)
 
 __all__ = [
     "API_KEY_ENV",
+    "HTTP_ONLY_FIELDS",
     "REASONING_PARSERS",
     "ROUTER_POLICIES",
     "SCHEDULE_POLICIES",
@@ -82,10 +103,13 @@ def _value_type(field: dataclasses.Field) -> type:
     return hint
 
 
-def add_server_args(parser: argparse.ArgumentParser) -> None:
-    """One flag per ServerArgs field, with its description, default and choices."""
+def add_server_args(parser: argparse.ArgumentParser, exclude: Collection[str] = ()) -> None:
+    """One flag per ServerArgs field but those named in `exclude` (e.g. HTTP_ONLY_FIELDS), with
+    its description, default and choices; `server_args_from` gives the others their default."""
     choices = all_choices()
     for f in dataclasses.fields(ServerArgs):
+        if f.name in exclude:
+            continue
         kind = _value_type(f)
         help_text = f.metadata.get("help", "")
         if kind is bool:

@@ -25,16 +25,33 @@ from typing import Any
 
 import torch
 
-from radixserve.contract import add_server_args, server_args_from
+from radixserve.bench.offline import progress
+from radixserve.contract import HTTP_ONLY_FIELDS, add_server_args, server_args_from
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    add_server_args(parser)
-    parser.add_argument("--batch-sizes", default="1", help="comma list, e.g. 1,8,64,256")
-    parser.add_argument("--input-len", type=int, default=128)
-    parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--transformers-output-len", type=int, default=32, help="0 skips the peer")
-    parser.add_argument("--output-json", default=None)
+    engine = parser.add_argument_group(
+        "engine", "the model runner's flags (`radixserve serve`'s, less the HTTP server's)"
+    )
+    add_server_args(engine, exclude=HTTP_ONLY_FIELDS)
+    parser = parser.add_argument_group("benchmark")
+    parser.add_argument(
+        "--batch-sizes", default="1", help="batch sizes to run, comma list, e.g. 1,8,64,256"
+    )
+    parser.add_argument(
+        "--input-len", type=int, default=128, help="prompt tokens per request (default: 128)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=64, help="decode steps per batch (default: 64)"
+    )
+    parser.add_argument(
+        "--transformers-output-len",
+        type=int,
+        default=32,
+        help="tokens transformers `generate` decodes at batch 1 for comparison; 0 skips it "
+        "(default: 32)",
+    )
+    parser.add_argument("--output-json", default=None, help="also write the results to this file")
 
 
 def measure_ceilings() -> dict[str, float]:
@@ -214,14 +231,19 @@ def run(args: argparse.Namespace) -> int:
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
     if server_args.max_running_requests is None:
         server_args.max_running_requests = max(batch_sizes)
+    progress("measuring the device's copy bandwidth and bf16 matmul rate...")
     ceilings = measure_ceilings()
+    progress(f"loading {server_args.model}...")
     source = load_model_source_for(server_args)
+    if args.transformers_output_len:
+        progress("running the transformers reference (batch 1 decode, same weights)...")
     peer = (
         transformers_decode_step(source, args.input_len, args.transformers_output_len)
         if args.transformers_output_len
         else None
     )
     torch.cuda.empty_cache()  # the peer's copy of the weights is gone
+    progress("building the model runner (weights, KV pool, CUDA graphs)...")
     worker = ModelWorker(server_args, source)
     runner = worker.model_runner
     cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
@@ -231,9 +253,11 @@ def run(args: argparse.Namespace) -> int:
         cfg.num_hidden_layers, runner.local_kv_heads, cfg.head_dim, runner.kv_dtype
     )
     flops_per_token = 2 * cfg.matmul_parameters
+    progress("warm-up batch...")
     run_batch(worker, cache, batch_sizes[0], args.input_len, 8, cfg.vocab_size)  # warm-up
     rows = []
     for bs in batch_sizes:
+        progress(f"batch size {bs}: prefill, then {args.output_len - 1} decode steps...")
         r = run_batch(worker, cache, bs, args.input_len, args.output_len, cfg.vocab_size)
         r["weight_bytes_per_step"] = dense + r["expert_bytes_per_step"]
         read = r["weight_bytes_per_step"] + bs * r["mean_context"] * kv_per_token
@@ -272,6 +296,13 @@ def run(args: argparse.Namespace) -> int:
             f"{(r['decode_device_step_s'] or float('nan')) * 1e3:>11.3f}"
             f"{r['decode_floor_s'] * 1e3:>10.3f}{r['decode_tok_s']:>14.1f}{100 * r['decode_mbu']:>6.1f}%"
         )
+    print(
+        "\nbs: requests in the batch; prefill ms: the whole batch's prompts; MFU: prefill FLOPs "
+        "(2 x params per token) / measured bf16 matmul rate; decode ms: one decode step, host "
+        "included (median); device ms: the step's device time; floor ms: bytes read per step "
+        "(weights + KV) / measured copy bandwidth; decode tok/s: bs / decode ms; MBU: floor ms / "
+        "decode ms\n"
+    )
     summary: dict[str, Any] = {
         "model": server_args.model,
         "quantization": quant,

@@ -13,11 +13,12 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from radixserve.contract import add_server_args, server_args_from
+from radixserve.contract import HTTP_ONLY_FIELDS, add_server_args, server_args_from
 from radixserve.server_args import ServerArgs
 from radixserve.utils import resolve_device
 
@@ -55,23 +56,34 @@ class Result:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    add_server_args(parser)
-    parser.add_argument("--num-prompts", type=int, default=32)
-    parser.add_argument("--input-len", type=int, default=128, help="longest prompt")
-    parser.add_argument(
-        "--input-len-min", type=int, default=None, help="shortest (default: input-len)"
+    engine = parser.add_argument_group(
+        "engine", "the in-process engine's flags (`radixserve serve`'s, less the HTTP server's)"
     )
-    parser.add_argument("--output-len", type=int, default=64, help="longest output")
+    add_server_args(engine, exclude=HTTP_ONLY_FIELDS)
+    parser = parser.add_argument_group("benchmark")
     parser.add_argument(
-        "--output-len-min", type=int, default=None, help="shortest (default: output-len)"
+        "--num-prompts", type=int, default=32, help="requests, all submitted at once (default: 32)"
+    )
+    parser.add_argument(
+        "--input-len", type=int, default=128, help="longest prompt, in tokens (default: 128)"
+    )
+    parser.add_argument(
+        "--input-len-min", type=int, default=None, help="shortest prompt (default: input-len)"
+    )
+    parser.add_argument(
+        "--output-len", type=int, default=64, help="longest output, in tokens (default: 64)"
+    )
+    parser.add_argument(
+        "--output-len-min", type=int, default=None, help="shortest output (default: output-len)"
     )
     parser.add_argument(
         "--transformers",
         default="sequential",
-        help="comma list of sequential, batched, none: the transformers baselines to run",
+        help="comma list of sequential, batched, none: the transformers baselines to run "
+        "(default: %(default)s)",
     )
     parser.add_argument(
-        "--hf-batch-size", type=int, default=32, help="batch of the batched baseline"
+        "--hf-batch-size", type=int, default=32, help="batch of the batched baseline (default: 32)"
     )
     parser.add_argument(
         "--hf-max-prompts",
@@ -79,8 +91,46 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="run transformers on the first N prompts only (it is slow)",
     )
-    parser.add_argument("--bench-seed", type=int, default=1)
-    parser.add_argument("--output-json", default=None)
+    parser.add_argument(
+        "--bench-seed", type=int, default=1, help="seed of the prompts and their lengths"
+    )
+    parser.add_argument("--output-json", default=None, help="also write the results to this file")
+
+
+_START = time.perf_counter()
+
+
+def progress(message: str) -> None:
+    """One line per phase on stderr (stdout keeps the results), with the time since start."""
+    print(f"[bench {time.perf_counter() - _START:6.1f}s] {message}", file=sys.stderr, flush=True)
+
+
+def legend(results: list[Result], work: Workload) -> list[str]:
+    """What each column of the results table means, and each system row."""
+    lines = [
+        "system       what ran (see below); each generates the same number of tokens for the "
+        "same prompts on the same weights",
+        "seconds      wall time of the timed run (start-up and warm-up excluded)",
+        "req/s        requests finished per second",
+        "out tok/s    generated tokens per second, all requests together",
+        "total tok/s  prompt plus generated tokens per second",
+        "vs ours      this row's out tok/s divided by radixserve's: 1.000 is radixserve, 0.250 "
+        "is four times slower",
+    ]
+    for r in results:
+        if r.name == "radixserve":
+            what = f"this engine in process, all {r.requests} requests submitted at once"
+        elif r.name.endswith("sequential"):
+            what = f"transformers `generate`, one request at a time ({r.extra.get('device')})"
+        else:
+            what = (
+                f"transformers `generate`, left-padded batches of {r.extra.get('batch_size')} "
+                f"({r.extra.get('device')})"
+            )
+        if r.requests < len(work.prompts):
+            what += f", on the first {r.requests} prompts only (--hf-max-prompts)"
+        lines.append(f"  {r.name:<24} {what}")
+    return lines
 
 
 def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
@@ -97,18 +147,25 @@ def make_workload(args: argparse.Namespace, vocab_size: int) -> Workload:
 def run_engine(server_args: ServerArgs, work: Workload) -> Result:
     from radixserve.frontend.engine import Engine
 
+    progress("radixserve: starting the engine (scheduler process, model load, KV pool)...")
     with Engine(server_args) as engine:
         # warm-up: first-call allocations, CUDA graph capture already done at start
+        progress("radixserve: warm-up request...")
         engine.generate(input_ids=work.prompts[0][:8], sampling_params={"max_new_tokens": 4})
         engine.flush_cache()
         params = [
             {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in work.output_lens
         ]
         before = engine.get_server_info()
+        progress(
+            f"radixserve: running {len(work.prompts)} prompts ({work.input_tokens} input, "
+            f"{work.output_tokens} output tokens)..."
+        )
         start = time.perf_counter()
         outs = engine.generate(input_ids=work.prompts, sampling_params=params)
         seconds = time.perf_counter() - start
         info = engine.get_server_info()
+    progress(f"radixserve: done in {seconds:.1f} s")
 
     def idle_share(busy_key: str, gap_key: str) -> float | None:
         busy = info.get(busy_key, 0.0) - before.get(busy_key, 0.0)
@@ -142,6 +199,7 @@ def run_transformers(
     from radixserve.model_loader.loader import build_hf_reference
 
     device = "cuda" if torch.cuda.is_available() and source.config.dtype != torch.float32 else "cpu"
+    progress(f"transformers-{mode}: building the reference model on {device}...")
     model = build_hf_reference(source, dtype=source.config.dtype).to(device)
     n = min(limit or len(work.prompts), len(work.prompts))
     prompts, lens = work.prompts[:n], work.output_lens[:n]
@@ -169,15 +227,23 @@ def run_transformers(
                 pad_token_id=0,
             )
 
+    progress(f"transformers-{mode}: warm-up...")
     generate(groups[0][:1])  # warm-up
     if device == "cuda":
         torch.cuda.synchronize()
+    progress(
+        f"transformers-{mode}: running {n} prompts in {len(groups)} "
+        f"{'call' if len(groups) == 1 else 'calls'} of `generate` (the slow part)..."
+    )
     start = time.perf_counter()
-    for idx in groups:
+    for done, idx in enumerate(groups, 1):
         generate(idx)
+        if len(groups) > 1 and done < len(groups):
+            progress(f"transformers-{mode}: {done}/{len(groups)} calls done")
     if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
+    progress(f"transformers-{mode}: done in {seconds:.1f} s")
     # a batch generates as many tokens as its longest member asks for; count only what was asked
     return Result(
         f"transformers-{mode}",
@@ -213,8 +279,11 @@ def run(args: argparse.Namespace) -> int:
     from radixserve.model_loader.loader import load_model_source_for
 
     server_args = server_args_from(args)
+    progress(f"loading {server_args.model} (converted once, then read from the cache)...")
     source = load_model_source_for(server_args)
     work = make_workload(args, source.config.vocab_size)
+    # every prompt is submitted at once: the queue bound (an HTTP server's guard) must hold them
+    server_args.max_queued_requests = max(server_args.max_queued_requests, len(work.prompts))
     results = [run_engine(server_args, work)]
     for mode in [m.strip() for m in args.transformers.split(",") if m.strip() not in ("", "none")]:
         results.append(
@@ -222,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
         )
     params = source.config.matmul_parameters
     peak = measure_matmul_tflops()
+    if peak is not None:
+        progress(f"measured the GPU's bf16 matmul rate: {peak:.0f} TFLOP/s")
 
     print(
         f"\nmodel {server_args.model} ({params / 1e6:.0f}M params), {len(work.prompts)} requests, "
@@ -237,6 +308,7 @@ def run(args: argparse.Namespace) -> int:
             f"{r.name:<26}{r.seconds:>9.2f}{r.requests / r.seconds:>8.2f}{r.output_tok_s:>11.1f}"
             f"{r.total_tok_s:>13.1f}{r.output_tok_s / ours:>9.3f}"
         )
+    print("\n".join(["", *legend(results, work), ""]))
     summary: dict[str, Any] = {
         "model": server_args.model,
         "params": params,

@@ -504,7 +504,13 @@ def _ints(text: str) -> list[int]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--scenario", choices=("policies", "overhead"), default="policies")
+    parser.add_argument(
+        "--scenario",
+        choices=("policies", "overhead"),
+        default="policies",
+        help="policies: prefix-cache hits and throughput per routing policy; overhead: the "
+        "latency the router adds in front of one worker (default: %(default)s)",
+    )
     parser.add_argument(
         "--worker-args",
         default="--device cpu --max-running-requests 8",
@@ -516,28 +522,66 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="OMP_NUM_THREADS of the workers (e.g. 1 when three CPU workers share two cores)",
     )
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the conversations and prompts (default: 0)"
+    )
     parser.add_argument("--log-dir", type=Path, default=None, help="keep the servers' logs here")
-    parser.add_argument("--output-json", type=Path, default=None)
+    parser.add_argument(
+        "--output-json", type=Path, default=None, help="also write the results to this JSON file"
+    )
     policies = parser.add_argument_group("policies scenario")
-    policies.add_argument("--num-workers", type=int, default=3)
-    policies.add_argument("--policies", type=lambda s: s.split(","), default=list(POLICIES))
+    policies.add_argument(
+        "--num-workers", type=int, default=3, help="workers behind the router (default: 3)"
+    )
+    policies.add_argument(
+        "--policies",
+        type=lambda s: s.split(","),
+        default=list(POLICIES),
+        help=f"routing policies to compare, comma-separated (default: {','.join(POLICIES)})",
+    )
     policies.add_argument(
         "--kv-tokens",
         type=_ints,
         default=[16384, 2400],
         help="each worker's --max-total-tokens, one fleet per value (comma-separated)",
     )
-    policies.add_argument("--num-prompts", type=int, default=12)
-    policies.add_argument("--turns", type=int, default=4)
-    policies.add_argument("--prompt-words", type=int, default=350)
-    policies.add_argument("--concurrency", type=int, default=4)
-    policies.add_argument("--max-tokens", type=int, default=8)
+    policies.add_argument(
+        "--num-prompts", type=int, default=12, help="conversations, each its own system prompt"
+    )
+    policies.add_argument(
+        "--turns", type=int, default=4, help="user turns per conversation (default: 4)"
+    )
+    policies.add_argument(
+        "--prompt-words",
+        type=int,
+        default=350,
+        help="words of each system prompt (about 400 tokens at the default 350)",
+    )
+    policies.add_argument(
+        "--concurrency", type=int, default=4, help="conversations in flight at once (default: 4)"
+    )
+    policies.add_argument(
+        "--max-tokens", type=int, default=8, help="tokens generated per turn (default: 8)"
+    )
     overhead = parser.add_argument_group("overhead scenario")
-    overhead.add_argument("--overhead-concurrency", type=_ints, default=[1, 32])
-    overhead.add_argument("--overhead-requests", type=int, default=32)
-    overhead.add_argument("--input-len", type=int, default=128)
-    overhead.add_argument("--output-len", type=int, default=32)
+    overhead.add_argument(
+        "--overhead-concurrency",
+        type=_ints,
+        default=[1, 32],
+        help="concurrencies to measure, comma-separated (default: 1,32)",
+    )
+    overhead.add_argument(
+        "--overhead-requests",
+        type=int,
+        default=32,
+        help="requests per measurement (at least the concurrency; default: 32)",
+    )
+    overhead.add_argument(
+        "--input-len", type=int, default=128, help="prompt tokens per request (default: 128)"
+    )
+    overhead.add_argument(
+        "--output-len", type=int, default=32, help="generated tokens per request (default: 32)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:

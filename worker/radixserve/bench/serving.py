@@ -96,24 +96,35 @@ def add_args(parser: argparse.ArgumentParser) -> None:
         metavar="SERVE_ARGS",
         help='start `radixserve serve SERVE_ARGS` for the run, e.g. "--max-total-tokens 8192"',
     )
-    parser.add_argument("--num-requests", type=int, default=64)
+    parser.add_argument(
+        "--num-requests", type=int, default=64, help="requests sent in all (default: %(default)s)"
+    )
     parser.add_argument(
         "--request-rate", type=float, default=float("inf"), help="requests/s (Poisson); inf: all"
     )
-    parser.add_argument("--max-concurrency", type=int, default=None)
+    parser.add_argument(
+        "--max-concurrency",
+        type=int,
+        default=None,
+        help="requests in flight at most (default: no limit)",
+    )
     parser.add_argument("--input-len", type=int, default=128, help="prompt tokens per request")
     parser.add_argument("--output-len", type=int, default=64, help="generated tokens per request")
     parser.add_argument(
         "--shared-prefix-len", type=int, default=0, help="leading prompt tokens all requests share"
     )
     parser.add_argument("--vocab-range", type=int, default=1000, help="token ids drawn below this")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the prompts and arrival times (default: 0)"
+    )
     parser.add_argument(
         "--keep-cache",
         action="store_true",
         help="do not flush the server's prefix cache first (by default runs start cold)",
     )
-    parser.add_argument("--output-json", type=Path, default=None)
+    parser.add_argument(
+        "--output-json", type=Path, default=None, help="also write the report to this JSON file"
+    )
 
 
 def make_prompts(args: argparse.Namespace) -> list[list[int]]:
