@@ -191,7 +191,28 @@ class ScheduleBatch:
 
         Each request's `extend_input_len` (possibly truncated to a chunk) was set by admission.
         """
+        self.build_extend_inputs()
+        self.allocate_for_extend()
+
+    def build_extend_inputs(self) -> None:
+        """The pass inputs that come from the requests alone (token ids, the sampling state
+        from their parameters), built before anything is allocated: a request whose own
+        parameters cannot be turned into tensors fails here, with nothing to undo."""
         self.forward_mode = ForwardMode.EXTEND
+        input_ids: list[int] = []
+        for req in self.reqs:
+            prefix_len = len(req.prefix_indices)
+            input_ids.extend(req.fill_ids[prefix_len : prefix_len + req.extend_input_len])
+        self.input_ids = torch.tensor(input_ids, dtype=torch.int64)
+        self.extend_lens = [r.extend_input_len for r in self.reqs]
+        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        self.sampling_info = SamplingBatchInfo.from_reqs(
+            self.reqs, self.vocab_size, self.device, self.eos_token_ids
+        )
+
+    def allocate_for_extend(self) -> None:
+        """Rows and KV slots for the new tokens `build_extend_inputs` laid out, recorded in
+        the host mirror of req_to_token."""
         new_rows = [r for r in self.reqs if r.req_pool_idx is None]
         if new_rows:
             rows = self.req_to_token_pool.alloc(len(new_rows))
@@ -201,14 +222,12 @@ class ScheduleBatch:
                 req.req_pool_idx = row
         slots = self.alloc_token_slots(sum(r.extend_input_len for r in self.reqs))
 
-        input_ids: list[int] = []
         starts, chunks = [], []
         offset = 0
         now = time.time()
         for req in self.reqs:
             prefix_len = len(req.prefix_indices)
             ext = req.extend_input_len
-            input_ids.extend(req.fill_ids[prefix_len : prefix_len + ext])
             req_slots = slots[offset : offset + ext]
             offset += ext
             # rewrite the whole row head: the prefix may have moved into the tree's slots
@@ -218,13 +237,7 @@ class ScheduleBatch:
             if req.first_scheduled_time is None:
                 req.first_scheduled_time = now
         self.req_to_token_pool.write_batch([r.req_pool_idx for r in self.reqs], starts, chunks)
-        self.input_ids = torch.tensor(input_ids, dtype=torch.int64)
         self.out_cache_loc = slots
-        self.extend_lens = [r.extend_input_len for r in self.reqs]
-        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
-        self.sampling_info = SamplingBatchInfo.from_reqs(
-            self.reqs, self.vocab_size, self.device, self.eos_token_ids
-        )
 
     def mix_with_running(self, running: ScheduleBatch) -> None:
         """Fold a decode step of `running` into this extend pass (MIXED): each decode request

@@ -117,16 +117,17 @@ class PrefillAdder:
             return AddResult.OTHER
         if req.extend_input_len > self.rem_input_tokens and self.can_run_list:
             return AddResult.OTHER
+        # the whole prompt must fit, also when it is prefilled in chunks: a chunked prompt
+        # cannot give back what it holds, and with nothing evictable its next chunk would
+        # find no slots (computed before the lock: what the request's parameters can break
+        # must not leave a lock behind)
+        remaining = req.extend_input_len
+        future = self._future_tokens(req)
         # Locking the matched prefix takes it out of the evictable pool: count what it costs.
         before = self.tree_cache.evictable_size()
         if req.last_node is not None:
             self.tree_cache.inc_lock_ref(req.last_node)
         locked = before - self.tree_cache.evictable_size()
-        # the whole prompt must fit, also when it is prefilled in chunks: a chunked prompt
-        # cannot give back what it holds, and with nothing evictable its next chunk would
-        # find no slots
-        remaining = req.extend_input_len
-        future = self._future_tokens(req)
         alone = self.nothing_running and not self.can_run_list
         fits = remaining + locked + future <= self.rem_total_tokens
         if not fits and not (alone and remaining + locked <= self.rem_total_tokens):

@@ -16,6 +16,14 @@ then, once the batch before it has been resolved and every matcher has accepted 
 token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
 device runs the forward while the host resolves the previous batch, and the masks are filled on
 the grammar backend's thread while this one emits that batch's outputs.
+
+A request that breaks code working for it alone (taking it in, its part of a prefill batch: its
+prefix match, its admission, its sampling tensors; its output: stop checks, logprobs) ends alone
+with an internal error (`internal_error`: a 500 at the front end), freed as an abort is, and
+the batch goes on without it. A prefill batch that fails to form is undone (nothing is
+allocated before its per-request inputs are built) and formed once per request to find the
+culprit: only on that failure path. A failure no single request causes (the forward itself)
+still propagates.
 """
 
 from __future__ import annotations
@@ -66,6 +74,17 @@ logger = logging.getLogger(__name__)
 # new_token_ratio: raised after a retraction (admit less optimistically), then decays back.
 RETRACT_RATIO_STEP = 0.15
 RATIO_DECAY_PER_STEP = 0.002
+# an internal error's message keeps this much of the exception's text
+INTERNAL_ERROR_MESSAGE_CHARS = 200
+
+
+def internal_error(exc: Exception) -> dict[str, Any]:
+    """The finished reason of a request that scheduler code working for it alone raised on:
+    no `param`, so the front end answers 500 (the server's fault, not the request's)."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    text = text[:INTERNAL_ERROR_MESSAGE_CHARS]
+    message = f"internal error: {type(exc).__name__}" + (f": {text}" if text else "")
+    return {"type": "error", "message": message}
 
 
 class BatchWorker(Protocol):
@@ -193,6 +212,25 @@ class Scheduler:
             return
         req.grammar_future = self.grammar_cache.get(*constraint)
         self.grammar_queue.append(req)
+
+    def _refuse_request(self, recv: TokenizedGenerateReqInput, exc: Exception) -> None:
+        """Taking a request in raised: forget whatever of it was queued (it holds nothing
+        yet) and answer it with an internal error."""
+        logger.error("request %s failed in the scheduler; ending it alone", recv.rid, exc_info=exc)
+        req = self.reqs_by_rid.pop(recv.rid, None)
+        for queue in (self.waiting_queue, self.grammar_queue):
+            if req is not None and req in queue:
+                queue.remove(req)
+        self.outputs.append(
+            ReqOutput(
+                rid=recv.rid,
+                new_token_ids=[],
+                finished_reason=internal_error(exc),
+                prompt_tokens=len(recv.input_ids),
+                completion_tokens=0,
+                cached_tokens=0,
+            )
+        )
 
     def _validate(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
@@ -404,16 +442,23 @@ class Scheduler:
                 if req.req_pool_idx is not None:
                     self._release_finished(req)
                 continue
-            if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
-                self._append_token(req, result, i)
-            req.check_finished(self.context_len, self.model.tokenizer)
+            try:
+                if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
+                    self._append_token(req, result, i)
+                req.check_finished(self.context_len, self.model.tokenizer)
+            except Exception as exc:  # this request's own output (its stops, its logprobs)
+                self._end_with_internal_error(req, exc)
             resolved.append(req)
         if masked is not None:
             masked.start_grammar_mask()
         for req in resolved:
             if not req.finished():
-                self._emit(req)
-            elif req.req_pool_idx is not None:
+                try:
+                    self._emit(req)
+                    continue
+                except Exception as exc:
+                    self._end_with_internal_error(req, exc)
+            if req.req_pool_idx is not None:
                 self._release_finished(req)
             else:  # retracted while this batch ran, and that token was its last
                 self.waiting_queue.remove(req)
@@ -473,25 +518,18 @@ class Scheduler:
         running = len(self.running_batch)
         if running >= self.max_running_requests and self.chunked_req is None:
             return None
-        adder = PrefillAdder(
-            self.tree_cache,
-            self.worker.allocator,
-            self.running_batch.reqs,
-            self.new_token_ratio,
-            self.server_args.max_prefill_tokens,
-            self.server_args.chunked_prefill_size,
-        )
-        if self.chunked_req is not None:
-            adder.add_chunked_req(self.chunked_req)
-        ordered, matched = self.policy.order(self.waiting_queue)
-        for req in ordered:
-            if running + len(adder.can_run_list) >= self.max_running_requests:
-                break
-            if not matched:
-                req.init_next_round_input(self.tree_cache)
-            if adder.add_one_req(req) != AddResult.CONTINUE:
-                break
-        if not adder.can_run_list:
+        try:
+            adder, batch = self._form_prefill(self.waiting_queue, self.chunked_req)
+        except Exception:
+            # One request's own parameters can break the whole batch (its prefix match, its
+            # sampling tensors: torch.tensor([2**63]) overflows). Nothing was allocated and the
+            # locks are undone: find it by forming a batch of each request alone, end it with an
+            # internal error, and form the batch without it. A failure that no single request
+            # causes is not the policy's to hide.
+            if not self._end_requests_that_fail_alone():
+                raise
+            return self.get_new_batch_prefill()
+        if batch is None:
             return None
         admitted = {id(r) for r in adder.can_run_list}
         self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
@@ -504,10 +542,87 @@ class Scheduler:
                 req.cached_tokens = len(req.prefix_indices)
                 self.counters.count_prefix_lookup(len(req.origin_input_ids), req.cached_tokens)
         self.chunked_req = adder.new_chunked_req
-        batch = self._new_batch(adder.can_run_list)
-        batch.prepare_for_extend()
+        batch.allocate_for_extend()
         self.counters.count_prefill(sum(batch.extend_lens))
         return batch
+
+    def _form_prefill(
+        self, waiting: list[Req], chunked: Req | None
+    ) -> tuple[PrefillAdder, ScheduleBatch | None]:
+        """Admit from `waiting` (after `chunked`, the request prefilled chunk by chunk, if any)
+        and build the pass inputs: the admitted requests' prefixes are locked, nothing is
+        allocated and no queue changes (the caller commits). Whatever raises leaves no lock
+        behind."""
+        running = len(self.running_batch)
+        adder = PrefillAdder(
+            self.tree_cache,
+            self.worker.allocator,
+            self.running_batch.reqs,
+            self.new_token_ratio,
+            self.server_args.max_prefill_tokens,
+            self.server_args.chunked_prefill_size,
+        )
+        try:
+            if chunked is not None:
+                adder.add_chunked_req(chunked)
+            ordered, matched = self.policy.order(waiting)
+            for req in ordered:
+                if running + len(adder.can_run_list) >= self.max_running_requests:
+                    break
+                if not matched:
+                    req.init_next_round_input(self.tree_cache)
+                if adder.add_one_req(req) != AddResult.CONTINUE:
+                    break
+            if not adder.can_run_list:
+                return adder, None
+            batch = self._new_batch(adder.can_run_list)
+            batch.build_extend_inputs()
+        except Exception:
+            self._unlock_admitted(adder, chunked)
+            raise
+        return adder, batch
+
+    def _unlock_admitted(self, adder: PrefillAdder, chunked: Req | None) -> None:
+        """Undo the prefix locks admission took (the chunked request's is its own)."""
+        for req in adder.can_run_list:
+            if req is not chunked and req.last_node is not None:
+                self.tree_cache.dec_lock_ref(req.last_node)
+
+    def _end_requests_that_fail_alone(self) -> bool:
+        """After forming a prefill batch raised: form one of each candidate alone (matched,
+        admitted, its inputs built, nothing allocated; then unlocked again) and end every
+        request whose own batch raises with an internal error, freeing what it holds as an
+        abort does. Only on this failure path. False when no request fails alone."""
+        chunked = self.chunked_req
+        failing: list[tuple[Req, Exception]] = []
+        for req in ([chunked] if chunked is not None else []) + list(self.waiting_queue):
+            alone = req if req is chunked else None
+            try:
+                adder, _ = self._form_prefill([] if alone else [req], alone)
+            except Exception as exc:
+                failing.append((req, exc))
+            else:
+                self._unlock_admitted(adder, alone)
+        for req, exc in failing:
+            self._end_with_internal_error(req, exc)
+            if req is chunked:
+                # mid-prompt: its computed chunks go to the cache, its row and lock are freed
+                self.chunked_req = None
+                self._release_finished(req)
+            else:
+                self.waiting_queue.remove(req)
+                self._finish_waiting(req)
+        return bool(failing)
+
+    def _end_with_internal_error(self, req: Req, exc: Exception) -> None:
+        """Finish `req` with an internal error (a 500 at the front end) after code working for
+        it alone raised; the caller frees what it holds. Its last output carries nothing but
+        the error, so the code that raised is not run for it again."""
+        logger.error("request %s failed in the scheduler; ending it alone", req.rid, exc_info=exc)
+        req.finished_reason = internal_error(exc)
+        req.sent_len = len(req.output_ids)
+        req.pending_logprobs = []
+        req.return_logprob = False
 
     def update_running_batch(self) -> ScheduleBatch | None:
         batch = self.running_batch
@@ -609,7 +724,10 @@ class Scheduler:
     def dispatch(self, msg: Any) -> Any:
         """Apply one message from the front end; returns a reply to send, if any."""
         if isinstance(msg, TokenizedGenerateReqInput):
-            self.handle_generate_request(msg)
+            try:
+                self.handle_generate_request(msg)
+            except Exception as exc:  # this request alone: refuse it, keep serving
+                self._refuse_request(msg, exc)
         elif isinstance(msg, AbortReq):
             self.abort_request(msg.rid)
         elif isinstance(msg, GrammarsReadyReq):
