@@ -2,7 +2,7 @@
 `openai` client.
 
 Everything but the model is real: the aiohttp app and its middlewares, the OpenAI protocol,
-the bundled SmolLM2 tokenizer and chat template, the Engine's native path and the front door
+the bundled SmolLM2 tokenizer and chat template, the native API's path and the front door
 (`build_inputs`), and the tool-call and reasoning parsers. The scripted TokenizerManager
 answers each request with the next scripted output, in small chunks.
 """
@@ -17,10 +17,10 @@ import aiohttp
 import openai
 from aiohttp.test_utils import TestServer
 
-from radixserve.boundary import FlushCacheReqOutput
+from radixserve.boundary import FlushCacheReqOutput, TokenizedGenerateReqInput
 from radixserve.frontend.engine import Engine, ModelInfo
 from radixserve.frontend.http_server import ServerState, build_app
-from radixserve.frontend.tokenizer_manager import GenerateChunk, GenerateInput, TokenizerManager
+from radixserve.frontend.tokenizer_manager import GenerateChunk, TokenizerManager
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.server_args import BUILTIN_SMOLLM2, ServerArgs
 
@@ -43,14 +43,17 @@ class ScriptedTokenizerManager(TokenizerManager):
             max_request_tokens=4096,
         )
         self.script = list(script)
-        self.seen: list[GenerateInput] = []
+        self.seen: list[TokenizedGenerateReqInput] = []
 
     @property
     def scheduler_alive(self) -> bool:
         return True
 
     async def generate_many(
-        self, requests: Sequence[GenerateInput], enforce_queue_limit: bool = True
+        self,
+        requests: Sequence[TokenizedGenerateReqInput],
+        enforce_queue_limit: bool = True,
+        param_names: Any = None,
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
         for index, request in enumerate(requests):
             self.seen.append(request)

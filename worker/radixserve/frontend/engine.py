@@ -17,11 +17,10 @@ import multiprocessing
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from radixserve.api_errors import InvalidParameterError
-from radixserve.boundary import PortArgs, TokenLogprob, run_scheduler_entry_point
+from radixserve.boundary import PortArgs, run_scheduler_entry_point
 from radixserve.catalog.checkpoint_files import (
     gguf_file,
     hf_directory_config,
@@ -30,13 +29,9 @@ from radixserve.catalog.checkpoint_files import (
 )
 from radixserve.catalog.servable import check_servable
 from radixserve.contract import check_server_args
+from radixserve.frontend import native
 from radixserve.frontend.tokenizer import load_frontend_tokenizer
-from radixserve.frontend.tokenizer_manager import (
-    GenerateChunk,
-    GenerateInput,
-    GenerateRequest,
-    TokenizerManager,
-)
+from radixserve.frontend.tokenizer_manager import GenerateRequest, TokenizerManager
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.metrics.startup import StartupPhases
 from radixserve.sampling.sampling_params import SamplingParams
@@ -44,6 +39,8 @@ from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX, ServerArgs
 
 logger = logging.getLogger(__name__)
 
+# the end of a stream pumped across loops (Engine._pump)
+_DONE = object()
 SCHEDULER_STOP_TIMEOUT_S = 10.0
 LOAD_PROGRESS_INTERVAL_S = 10.0
 
@@ -269,6 +266,23 @@ class Engine:
             return await coroutine
         return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, loop))
 
+    def _pump(self, stream: AsyncIterator[Any], deliver: Callable[[Any], None]) -> Any:
+        """Run `stream` on the engine's loop, handing each item, then the exception that ended
+        it or `_DONE`, to `deliver` (called on the engine's loop): the one bridge from the
+        engine's loop to a caller on another loop or thread. Returns the pump's future;
+        cancelling it closes `stream` (an abort)."""
+
+        async def pump() -> None:
+            try:
+                async with contextlib.aclosing(stream):
+                    async for item in stream:
+                        deliver(item)
+            except Exception as exc:
+                deliver(exc)
+            deliver(_DONE)
+
+        return asyncio.run_coroutine_threadsafe(pump(), self._require_loop())
+
     async def _stream_on_engine_loop(self, stream: AsyncIterator[Any]) -> AsyncIterator[Any]:
         loop = self._require_loop()
         if asyncio.get_running_loop() is loop:
@@ -278,20 +292,11 @@ class Engine:
             return
         caller_loop = asyncio.get_running_loop()
         items: asyncio.Queue = asyncio.Queue()
-        done = object()
-
-        async def pump() -> None:
-            try:
-                async with contextlib.aclosing(stream):
-                    async for item in stream:
-                        caller_loop.call_soon_threadsafe(items.put_nowait, item)
-            except Exception as exc:
-                caller_loop.call_soon_threadsafe(items.put_nowait, exc)
-            caller_loop.call_soon_threadsafe(items.put_nowait, done)
-
-        future = asyncio.run_coroutine_threadsafe(pump(), loop)
+        future = self._pump(
+            stream, lambda item: caller_loop.call_soon_threadsafe(items.put_nowait, item)
+        )
         try:
-            while (item := await items.get()) is not done:
+            while (item := await items.get()) is not _DONE:
                 if isinstance(item, Exception):
                     raise item
                 yield item
@@ -299,32 +304,9 @@ class Engine:
             future.cancel()
 
     # ------------------------------------------------------------------ requests
-
-    def build_inputs(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: dict | SamplingParams | list | None = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        request_id: str | None = None,
-    ) -> tuple[list[GenerateInput], bool]:
-        """Tokenize and validate through the TokenizerManager's front door; returns one input
-        per (prompt, sample) and whether the caller passed a batch. Raises ValueError
-        (InvalidParameterError, naming the parameter) on bad input."""
-        request, batched = GenerateRequest.native(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
-        )
-        inputs = self.tokenizer_manager.build_inputs(request)
-        return inputs, batched or len(inputs) > 1
-
-    async def _generate_results(self, inputs: list[GenerateInput]) -> list[dict[str, Any]]:
-        results = [_ResultBuilder(i) for i in inputs]
-        async for index, chunk in self.tokenizer_manager.generate_many(
-            inputs, self.enforce_queue_limit
-        ):
-            results[index].add(chunk)
-        return [r.result() for r in results]
+    #
+    # Every call reduces to a `GenerateRequest` and runs through the TokenizerManager's front
+    # door and stream (`native.py` shapes the results), as `POST /generate` does.
 
     async def async_generate(
         self,
@@ -335,11 +317,13 @@ class Engine:
         top_logprobs_num: int = 0,
         request_id: str | None = None,
     ) -> dict | list[dict]:
-        inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
+        request, batched = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
         )
-        results = await self._on_engine_loop(self._generate_results(inputs))
-        return results if batched else results[0]
+        results = await self._on_engine_loop(
+            native.generate(self.tokenizer_manager, request, self.enforce_queue_limit)
+        )
+        return results if batched or len(results) > 1 else results[0]
 
     def generate(
         self,
@@ -353,11 +337,11 @@ class Engine:
         prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
         "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
         "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
-        inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        return self._run_sync(
+            self.async_generate(
+                prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+            )
         )
-        results = self._run_sync(self._generate_results(inputs))
-        return results if batched else results[0]
 
     async def async_generate_stream(
         self,
@@ -370,15 +354,12 @@ class Engine:
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: each dict carries the *new* text and output ids and the
         meta_info so far; the last one has a finish_reason."""
-        inputs, batched = self.build_inputs(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num, request_id
+        request, _ = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
         )
-        if batched:
-            raise InvalidParameterError("streaming takes one prompt with n = 1", "stream")
-        builder = _ResultBuilder(inputs[0])
-        stream = self.tokenizer_manager.generate_many(inputs, self.enforce_queue_limit)
-        async for _, chunk in self._stream_on_engine_loop(stream):
-            yield builder.stream_item(chunk)
+        stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
+        async for item in self._stream_on_engine_loop(stream):
+            yield item
 
     def generate_stream(
         self,
@@ -389,24 +370,14 @@ class Engine:
         top_logprobs_num: int = 0,
     ) -> Iterator[dict[str, Any]]:
         """The synchronous form of `async_generate_stream`; closing it early aborts the request."""
-        stream = self.async_generate_stream(
-            prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+        request, _ = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num
         )
+        stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
         items: queue.Queue = queue.Queue()
-        done = object()
-
-        async def pump() -> None:
-            try:
-                async with contextlib.aclosing(stream):
-                    async for item in stream:
-                        items.put(item)
-            except Exception as exc:
-                items.put(exc)
-            items.put(done)
-
-        future = asyncio.run_coroutine_threadsafe(pump(), self._require_loop())
+        future = self._pump(stream, items.put)
         try:
-            while (item := items.get()) is not done:
+            while (item := items.get()) is not _DONE:
                 if isinstance(item, Exception):
                     raise item
                 yield item
@@ -476,61 +447,3 @@ class Engine:
 
     def __exit__(self, *exc_info: object) -> None:
         self.shutdown()
-
-
-class _ResultBuilder:
-    """Accumulates one request's chunks into the native result dict."""
-
-    def __init__(self, request: GenerateInput) -> None:
-        self.request = request
-        self.started = time.perf_counter()
-        self.text_parts: list[str] = []
-        self.output_ids: list[int] = []
-        self.logprobs: list[TokenLogprob] = []
-        self.last: GenerateChunk | None = None
-        self.first_token_latency: float | None = None
-
-    def _note_first_token(self, chunk: GenerateChunk) -> None:
-        if chunk.token_ids and self.first_token_latency is None:
-            self.first_token_latency = time.perf_counter() - self.started
-
-    def add(self, chunk: GenerateChunk) -> None:
-        self._note_first_token(chunk)
-        self.text_parts.append(chunk.text)
-        self.output_ids.extend(chunk.token_ids)
-        self.logprobs.extend(chunk.logprobs)
-        self.last = chunk
-
-    def meta_info(self, logprobs: list[TokenLogprob]) -> dict[str, Any]:
-        chunk = self.last
-        assert chunk is not None
-        meta: dict[str, Any] = {
-            "id": self.request.rid,
-            "prompt_tokens": chunk.prompt_tokens,
-            "completion_tokens": chunk.completion_tokens,
-            "cached_tokens": chunk.cached_tokens,
-            "finish_reason": chunk.finish_reason,
-            "e2e_latency": time.perf_counter() - self.started,
-            "time_to_first_token": self.first_token_latency,
-        }
-        if self.request.return_logprob:
-            meta["output_token_logprobs"] = [
-                [entry.logprob, entry.token_id, [list(t) for t in entry.top]] for entry in logprobs
-            ]
-        return meta
-
-    def result(self) -> dict[str, Any]:
-        return {
-            "text": "".join(self.text_parts),
-            "output_ids": self.output_ids,
-            "meta_info": self.meta_info(self.logprobs),
-        }
-
-    def stream_item(self, chunk: GenerateChunk) -> dict[str, Any]:
-        self._note_first_token(chunk)
-        self.last = chunk
-        return {
-            "text": chunk.text,
-            "output_ids": chunk.token_ids,
-            "meta_info": self.meta_info(chunk.logprobs),
-        }

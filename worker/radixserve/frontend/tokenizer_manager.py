@@ -1,11 +1,19 @@
 """The front end's side of the scheduler: normalise, tokenize, send, track, detokenize, measure.
 
 One `TokenizerManager` lives in the front-end process, on one asyncio loop. It is the one front
-door every API shares: `/generate`, `/v1/completions` and `/v1/chat/completions` (after its
-chat template) all reduce to a `GenerateRequest`, which `build_inputs` validates, tokenizes and
-fans out into one `GenerateInput` per (prompt, sample); errors name the offending parameter.
+door every API and the in-process Engine share: `/generate`, `/v1/completions` and
+`/v1/chat/completions` (after its chat template) all reduce to a `GenerateRequest`, which
+`build_inputs` validates, tokenizes and fans out into one `TokenizedGenerateReqInput` per
+(prompt, sample), the one request type from here to the scheduler; errors name the offending
+parameter. `generate_many` runs them and yields their chunks: the one stream every endpoint
+reads.
 
-It pushes `TokenizedGenerateReqInput`s to the scheduler process over pyzmq, receives
+Tokenizing never blocks the event loop: a prompt longer than `INLINE_TOKENIZE_CHARS` is
+tokenized on a small thread pool (the Rust tokenizer releases the GIL), and a prompt so long
+that it cannot fit the context whatever its tokens (`max_prompt_chars`) is refused before any
+tokenization, so `/health` and `/ready` answer while a huge prompt arrives.
+
+It pushes the requests to the scheduler process over pyzmq, receives
 `BatchReqOutput` deltas on a background task and routes them to per-request queues, which
 `generate` turns into text chunks. A request whose consumer goes away (client disconnect,
 cancelled task, closed generator) is aborted in the scheduler so that its KV slots are freed.
@@ -16,15 +24,17 @@ fails at once instead of hanging, and `scheduler_alive` turns false for `/health
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import multiprocessing.process
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +64,10 @@ logger = logging.getLogger(__name__)
 
 FLUSH_RETRY_S = 2.0
 MAX_TOP_LOGPROBS = 20
+# Prompts up to this many characters are tokenized on the event loop (well under a
+# millisecond); longer ones on TEXT_THREADS threads, whose Rust tokenizer releases the GIL.
+INLINE_TOKENIZE_CHARS = 16_384
+TEXT_THREADS = 2
 # how /generate (and in-process callers) spell SamplingParams fields in errors
 NATIVE_PARAM_NAMES = {name: f"sampling_params.{name}" for name in SAMPLING_PARAM_FIELDS}
 
@@ -93,7 +107,8 @@ class PromptTooLongError(InvalidParameterError):
 @dataclass
 class GenerateRequest:
     """One API request reduced to what every endpoint shares: a batch of prompts (text or token
-    ids) with their sampling parameters. `build_inputs` turns it into `GenerateInput`s."""
+    ids) with their sampling parameters. `build_inputs` turns it into one
+    `TokenizedGenerateReqInput` per (prompt, sample)."""
 
     prompts: list[str | list[int]]
     # One entry per prompt: a SamplingParams, or a JSON-style dict for SamplingParams.from_dict.
@@ -155,23 +170,6 @@ class GenerateRequest:
 
 
 @dataclass
-class GenerateInput:
-    """One validated request, ready for the scheduler: token ids and sampling parameters."""
-
-    input_ids: list[int]
-    sampling_params: SamplingParams
-    return_logprob: bool = False
-    top_logprobs_num: int = 0
-    rid: str = field(default_factory=lambda: uuid.uuid4().hex)
-    # The engine's own prefill of a shared prompt before its `n` samples (`prefill_only`):
-    # kept out of the request metrics.
-    internal: bool = False
-    # How the request spells SamplingParams fields (GenerateRequest.sampling_param_names), for
-    # the scheduler's errors about them (a constraint that does not compile)
-    sampling_param_names: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class GenerateChunk:
     """What one request produced since its previous chunk."""
 
@@ -192,7 +190,7 @@ class GenerateChunk:
 
 @dataclass
 class _RequestState:
-    input: GenerateInput
+    input: TokenizedGenerateReqInput
     outputs: asyncio.Queue
     detokenizer: IncrementalDetokenizer | None
     trimmer: StopStringTrimmer
@@ -202,6 +200,12 @@ class _RequestState:
     # Start offset of each output token's text, kept when logprobs are asked for.
     token_offsets: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
+    # The engine's own prefill of a shared prompt before its `n` samples (`prefill_only`):
+    # kept out of the request metrics.
+    internal: bool = False
+    # How the request spells SamplingParams fields (GenerateRequest.sampling_param_names), for
+    # the scheduler's errors about them (a constraint that does not compile)
+    param_names: Mapping[str, str] = field(default_factory=dict)
 
 
 class TokenizerManager:
@@ -232,6 +236,11 @@ class TokenizerManager:
         self._recv_task: asyncio.Task | None = None
         # when the scheduler loop last reported (a step's outputs, or an idle heartbeat)
         self.last_scheduler_report = time.monotonic()
+        # Long prompts and chat templates are tokenized and rendered here, off the event loop.
+        self._text_pool = concurrent.futures.ThreadPoolExecutor(
+            TEXT_THREADS, thread_name_prefix="radixserve-tokenize"
+        )
+        self.max_prompt_chars = max_prompt_chars(tokenizer, max_request_tokens)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -260,6 +269,7 @@ class TokenizerManager:
         self._recv_socket.close(linger=0)
         self._send_socket.close(linger=0)
         self._context.term()
+        self._text_pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def scheduler_alive(self) -> bool:
@@ -268,13 +278,13 @@ class TokenizerManager:
 
     @property
     def num_in_flight(self) -> int:
-        return sum(1 for s in self._states.values() if not s.input.internal)
+        return sum(1 for s in self._states.values() if not s.internal)
 
     @property
     def num_waiting_first_output(self) -> int:
         """Client requests not yet answered by the scheduler: a bound on its queue."""
         return sum(
-            1 for s in self._states.values() if not s.got_first_output and not s.input.internal
+            1 for s in self._states.values() if not s.got_first_output and not s.internal
         )
 
     def _on_scheduler_exit(self) -> None:
@@ -333,7 +343,7 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- requests
 
-    def build_inputs(self, request: GenerateRequest) -> list[GenerateInput]:
+    async def build_inputs(self, request: GenerateRequest) -> list[TokenizedGenerateReqInput]:
         """Validate and tokenize a request; one input per (prompt, sample), `n` fanned out.
 
         Request ids: the request's own for a single input, `{id}-{k}` for the k-th of several.
@@ -352,9 +362,9 @@ class TokenizerManager:
                 f"top_logprobs_num must be an integer in [0, {MAX_TOP_LOGPROBS}]",
                 "top_logprobs_num",
             )
+        prompt_ids = [await self._prompt_ids(p, request.prompt_param) for p in request.prompts]
         inputs = []
-        for prompt, raw_params in zip(request.prompts, request.sampling_params, strict=True):
-            ids = self._prompt_ids(prompt, request.prompt_param)
+        for ids, raw_params in zip(prompt_ids, request.sampling_params, strict=True):
             try:
                 params = self._sampling_params(raw_params, len(ids), request.fill_context)
             except InvalidParameterError as exc:
@@ -365,12 +375,13 @@ class TokenizerManager:
                 if params.seed is not None and params.n > 1:
                     copy.seed = (params.seed + sample) % 2**64
                 inputs.append(
-                    GenerateInput(
+                    TokenizedGenerateReqInput(
+                        rid="",
                         input_ids=list(ids),
                         sampling_params=copy,
+                        stream=True,
                         return_logprob=request.return_logprob,
                         top_logprobs_num=top,
-                        sampling_param_names=request.sampling_param_names,
                     )
                 )
         if len(inputs) == 1:
@@ -380,9 +391,9 @@ class TokenizerManager:
                 item.rid = f"{request.request_id}-{k}"
         return inputs
 
-    def _prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
+    async def _prompt_ids(self, prompt: str | list[int], param: str) -> list[int]:
         if isinstance(prompt, str):
-            return self.encode(prompt, param=param)
+            return await self.encode(prompt, param=param)
         if not isinstance(prompt, list) or not all(
             _is_token_id(t, self.vocab_size) for t in prompt
         ):
@@ -402,7 +413,7 @@ class TokenizerManager:
             params = SamplingParams.from_dict(params)
         elif not isinstance(params, SamplingParams):
             raise InvalidParameterError("sampling_params must be an object", "sampling_params")
-        params.verify(self.vocab_size)
+        params.verify(self.vocab_size, self.max_request_tokens)
         return params
 
     def check_prompt_length(self, prompt_tokens: int, max_new_tokens: int, param: str) -> None:
@@ -434,14 +445,21 @@ class TokenizerManager:
                 f"(--max-queued-requests {self.max_queued_requests})"
             )
 
-    async def generate(self, request: GenerateInput) -> AsyncIterator[GenerateChunk]:
+    async def generate(
+        self, request: TokenizedGenerateReqInput, internal: bool = False
+    ) -> AsyncIterator[GenerateChunk]:
         """Stream the request's chunks; leaving the iteration early aborts it in the scheduler.
 
         No admission check: that is `generate_many`'s job (probes and prefills skip it)."""
-        async for chunk in self._run(self._register(request)):
+        async for chunk in self._run(self._register(request, internal=internal)):
             yield chunk
 
-    def _register(self, request: GenerateInput) -> _RequestState:
+    def _register(
+        self,
+        request: TokenizedGenerateReqInput,
+        param_names: Mapping[str, str] | None = None,
+        internal: bool = False,
+    ) -> _RequestState:
         """Track the request; from here on it counts as queued for admission control."""
         if request.rid in self._states:
             raise DuplicateRequestIdError(request.rid)
@@ -456,6 +474,8 @@ class TokenizerManager:
             outputs=asyncio.Queue(),
             detokenizer=detokenizer,
             trimmer=StopStringTrimmer(params.stop),
+            internal=internal,
+            param_names=param_names or {},
         )
         self._states[request.rid] = state
         return state
@@ -464,17 +484,8 @@ class TokenizerManager:
         request = state.input
         finished = False
         try:
-            self._send(
-                TokenizedGenerateReqInput(
-                    rid=request.rid,
-                    input_ids=request.input_ids,
-                    sampling_params=request.sampling_params,
-                    stream=True,
-                    return_logprob=request.return_logprob,
-                    top_logprobs_num=request.top_logprobs_num,
-                    arrival_time=time.time(),
-                )
-            )
+            request.arrival_time = time.time()
+            self._send(request)
             while not finished:
                 output = await state.outputs.get()
                 if isinstance(output, Exception):
@@ -492,7 +503,7 @@ class TokenizerManager:
     def _process_output(self, state: _RequestState, output: ReqOutput) -> GenerateChunk:
         now = time.perf_counter()
         reason = output.finished_reason
-        internal = state.input.internal
+        internal = state.internal
         if not internal:
             self._record_latencies(state, output, now)
         state.got_first_output = True
@@ -503,7 +514,7 @@ class TokenizerManager:
             self._count_finished(state, "error", output.prompt_tokens)
             if reason.get("param") is not None:  # refused before admission: the request's fault
                 error = InvalidParameterError(reason["message"], reason["param"])
-                raise error.renamed(state.input.sampling_param_names)
+                raise error.renamed(state.param_names)
             raise GenerationError(reason.get("message", "generation failed"))
         text = self._detokenize(state, output, final=reason is not None)
         logprobs = self._release_logprobs(state, output, final=reason is not None)
@@ -587,17 +598,22 @@ class TokenizerManager:
             metrics.e2e_request_latency.observe(now - state.created)
 
     def _count_finished(self, state: _RequestState, reason: str, prompt_tokens: int) -> None:
-        if not state.input.internal:
+        if not state.internal:
             self.metrics.count_finished_request(reason, prompt_tokens)
 
     async def generate_many(
-        self, requests: Sequence[GenerateInput], enforce_queue_limit: bool = True
+        self,
+        requests: Sequence[TokenizedGenerateReqInput],
+        enforce_queue_limit: bool = True,
+        param_names: Mapping[str, str] | None = None,
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
         """Admit and run several requests at once, yielding (index, chunk) as chunks arrive.
 
         Admission and registration happen with no await in between, so requests arriving
         together cannot all slip past `--max-queued-requests` (offline batches, which may be
-        larger than the queue limit on purpose, skip the check). Requests with the same prompt
+        larger than the queue limit on purpose, skip the check). `param_names`: how the request
+        spells SamplingParams fields (`GenerateRequest.sampling_param_names`), for the
+        scheduler's errors about them. Requests with the same prompt
         (`n > 1`) first prefill it once with `max_new_tokens=0`, so the copies find it in the
         radix cache instead of each computing it.
         """
@@ -609,7 +625,7 @@ class TokenizerManager:
         for rid in rids:
             if rid in self._states or rids.count(rid) > 1:
                 raise DuplicateRequestIdError(rid)
-        states = [self._register(r) for r in requests]
+        states = [self._register(r, param_names) for r in requests]
         prompts = [tuple(r.input_ids) for r in requests]
         queue: asyncio.Queue = asyncio.Queue()
 
@@ -644,15 +660,17 @@ class TokenizerManager:
             for request in requests:  # never started (a failed prefill, an early cancel)
                 self._states.pop(request.rid, None)
 
-    async def prefill_only(self, request: GenerateInput) -> int:
+    async def prefill_only(self, request: TokenizedGenerateReqInput) -> int:
         """Put the prompt into the prefix cache; returns how many of its tokens were cached."""
         params = copy.copy(request.sampling_params)
         params.max_new_tokens = 0
         params.min_new_tokens = 0
         params.n = 1
-        prefill = GenerateInput(input_ids=request.input_ids, sampling_params=params, internal=True)
+        prefill = TokenizedGenerateReqInput(
+            rid=uuid.uuid4().hex, input_ids=request.input_ids, sampling_params=params, stream=True
+        )
         cached = 0
-        async for chunk in self.generate(prefill):
+        async for chunk in self.generate(prefill, internal=True):
             cached = chunk.cached_tokens
         return cached
 
@@ -698,14 +716,31 @@ class TokenizerManager:
 
     # ---------------------------------------------------------------- text
 
-    def encode(
+    async def encode(
         self, text: str, add_special_tokens: bool = True, param: str | None = None
     ) -> list[int]:
+        """Token ids of `text`, off the event loop when it is long; a text longer than any
+        prompt that fits the context is refused without tokenizing it."""
         if self.tokenizer is None:
             raise InvalidParameterError(
                 "this model has no tokenizer: send token ids instead of text", param
             )
-        return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        if len(text) > self.max_prompt_chars:
+            raise PromptTooLongError(
+                f"The prompt has {len(text)} characters: more than this model's maximum context "
+                f"of {self.max_request_tokens} tokens can hold, whatever they tokenize to. "
+                "Please shorten the prompt.",
+                param or "prompt",
+            )
+        if len(text) <= INLINE_TOKENIZE_CHARS:
+            return self.tokenizer.encode(text, add_special_tokens=add_special_tokens)
+        encode = functools.partial(self.tokenizer.encode, add_special_tokens=add_special_tokens)
+        return await self.off_loop(encode, text)
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run text work (tokenizing, rendering a chat template) on the tokenizer's threads,
+        so that a large input never holds the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._text_pool, fn, *args)
 
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         if self.tokenizer is None:
@@ -717,6 +752,19 @@ class TokenizerManager:
         if self.tokenizer is None:
             return f"<{token_id}>"
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
+
+def max_prompt_chars(tokenizer: Tokenizer | None, max_request_tokens: int) -> int:
+    """The most characters a prompt that fits `max_request_tokens` can have: each token
+    stands for at most as many characters as the vocabulary's longest token (byte-level BPE
+    never makes text shorter), with twice that for tokenizers whose normalizer drops
+    characters. A longer prompt is refused untokenized: tokenizing 60 MB takes minutes of a
+    core for a request that can never run."""
+    if tokenizer is None:
+        return 0
+    vocab = tokenizer.get_vocab()
+    longest = max((len(token) for token in vocab), default=1)
+    return 2 * (longest + 1) * max_request_tokens
 
 
 def _is_token_id(value: object, vocab_size: int) -> bool:

@@ -1,9 +1,9 @@
 """The OpenAI endpoints over the TokenizerManager's front door, independent of the HTTP server.
 
 `prepare_completion` and `prepare_chat` validate a body, render the chat template (tools
-included), map fields onto sampling params and run the shared front door
-(`TokenizerManager.build_inputs`: tokenization, limits, `n` fan-out): every 400 is raised
-there, before anything is admitted. The returned `PreparedRequest` then either builds the whole
+included; off the event loop when the messages are long), map fields onto sampling params and
+run the shared front door (`TokenizerManager.build_inputs`: tokenization, limits, `n` fan-out):
+every 400 is raised there, before anything is admitted. The returned `PreparedRequest` then either builds the whole
 response or yields stream chunks; the HTTP layer only writes them.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve.api_errors import APIError
-from radixserve.boundary import TokenLogprob
+from radixserve.boundary import TokenizedGenerateReqInput, TokenLogprob
 from radixserve.frontend.openai import responses
 from radixserve.frontend.openai.chat_template import ChatTemplate
 from radixserve.frontend.openai.protocol import (
@@ -37,8 +37,8 @@ from radixserve.frontend.openai.tool_parsers import (
     default_tool_parser,
 )
 from radixserve.frontend.tokenizer_manager import (
+    INLINE_TOKENIZE_CHARS,
     GenerateChunk,
-    GenerateInput,
     GenerateRequest,
     TokenizerManager,
 )
@@ -124,14 +124,14 @@ class OpenAIServing:
         return responses.usage_dict(prompt_tokens, completion, cached)
 
     def generate(
-        self, inputs: list[GenerateInput], observe: ChunkObserver | None
+        self, inputs: list[TokenizedGenerateReqInput], observe: ChunkObserver | None
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
         """The inputs' chunks as they come, each also shown to `observe` (a request log)."""
-        stream = self.tm.generate_many(inputs)
+        stream = self.tm.generate_many(inputs, param_names=OPENAI_PARAM_NAMES)
         return stream if observe is None else _observed(stream, observe)
 
     async def collect(
-        self, inputs: list[GenerateInput], observe: ChunkObserver | None
+        self, inputs: list[TokenizedGenerateReqInput], observe: ChunkObserver | None
     ) -> list[WholeOutput]:
         """Run the inputs to completion: each one's text, logprobs and last chunk."""
         texts: dict[int, list[str]] = {i: [] for i in range(len(inputs))}
@@ -147,14 +147,14 @@ class OpenAIServing:
 
     # ---------------------------------------------------------------- completions
 
-    def prepare_completion(
+    async def prepare_completion(
         self, body: Any, request_id: str, observe: ChunkObserver | None = None
     ) -> PreparedRequest:
         req: CompletionRequest = parse_request(CompletionRequest, body, self.policy)
         self.check_model(req.model)
         prompts = req.prompts()
         sampling = {**req.sampling_dict(req.max_tokens), "n": req.n}
-        inputs = self.tm.build_inputs(
+        inputs = await self.tm.build_inputs(
             GenerateRequest(
                 prompts=prompts,
                 sampling_params=[sampling] * len(prompts),
@@ -173,7 +173,7 @@ class OpenAIServing:
 
     # ---------------------------------------------------------------- chat
 
-    def prepare_chat(
+    async def prepare_chat(
         self, body: Any, request_id: str, observe: ChunkObserver | None = None
     ) -> PreparedRequest:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body, self.policy)
@@ -184,18 +184,18 @@ class OpenAIServing:
                 {"type": "function", "function": t.function.template_dict()}
                 for t in req.tools or []
             ]
-        prompt_text = self.chat_template.render(
-            [m.template_dict() for m in req.messages],
-            tools,
-            self.tool_parser,
-            req.chat_template_kwargs,
-        )
-        prompt_ids = self.tm.encode(prompt_text, add_special_tokens=False, param="messages")
+        messages = [m.template_dict() for m in req.messages]
+        args = (messages, tools, self.tool_parser, req.chat_template_kwargs)
+        if _text_size(messages) <= INLINE_TOKENIZE_CHARS:
+            prompt_text = self.chat_template.render(*args)
+        else:
+            prompt_text = await self.tm.off_loop(self.chat_template.render, *args)
+        prompt_ids = await self.tm.encode(prompt_text, add_special_tokens=False, param="messages")
         sampling = {**req.sampling_dict(req.requested_max_tokens), "n": req.n}
         family_parses = req.tools_offered and req.forced_tool is None
         if family_parses and self.tool_parser.keeps_special_tokens:
             sampling["skip_special_tokens"] = bool(req.skip_special_tokens)
-        inputs = self.tm.build_inputs(
+        inputs = await self.tm.build_inputs(
             GenerateRequest(
                 prompts=[prompt_ids],
                 sampling_params=[sampling],
@@ -227,7 +227,7 @@ class _CompletionRun:
         self,
         serving: OpenAIServing,
         req: CompletionRequest,
-        inputs: list[GenerateInput],
+        inputs: list[TokenizedGenerateReqInput],
         response_id: str,
         echo: list[str],
         observe: ChunkObserver | None,
@@ -286,7 +286,7 @@ class _ChatRun:
         self,
         serving: OpenAIServing,
         req: ChatCompletionRequest,
-        inputs: list[GenerateInput],
+        inputs: list[TokenizedGenerateReqInput],
         response_id: str,
         outputs: list[ChoiceOutput],
         observe: ChunkObserver | None,
@@ -376,6 +376,20 @@ class _ChatRun:
                 for d in _merged(deltas)
             ]
         return delta
+
+
+def _text_size(messages: list[dict[str, Any]]) -> int:
+    """About how many characters a chat's messages hold (their string parts), to decide whether
+    rendering them may hold the event loop."""
+    size = 0
+    for message in messages:
+        content = message.get("content")
+        if isinstance(content, str):
+            size += len(content)
+        elif isinstance(content, list):
+            size += sum(len(str(part)) for part in content)
+        size += len(str(message.get("tool_calls") or ""))
+    return size
 
 
 async def _prepend(first: Any, rest: AsyncIterator[Any]) -> AsyncIterator[Any]:
