@@ -3,8 +3,10 @@
 A `ScriptedWorker` speaks the worker's HTTP surface (`/ready`, `/metrics`, `/v1/completions`,
 `/flush_cache`, `/get_server_info`) and answers the way a test scripts it: normally, with an
 error status, with a stream that breaks after N events, or with a stream that waits until the
-client goes away. Real-worker behaviour (the model, the radix cache, SIGTERM, SIGKILL) is
-tested against `radixserve serve` processes in `test_router_fleet.py`.
+client goes away, or dying of a poison request. `main` runs one in its own process (for a real
+router process in front of workers that really exit). Real-worker behaviour (the model, the
+radix cache, SIGTERM, SIGKILL) is tested against `radixserve serve` processes in
+`test_router_fleet.py` and `test_router_failover.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -31,20 +34,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+SCHEDULER_GONE = "the scheduler process exited"
+
+
 @dataclass
 class ScriptedWorker:
     """What the next completions answer: `mode` is ok | status | stream | break | truncate |
-    hang (a stream that waits for the client to go away)."""
+    hang (a stream that waits for the client to go away). `status` mode answers `status` with
+    error code `code` (default `code_<status>`).
+
+    A request whose prompt contains `poison` makes the worker die instead, as `poison_death`
+    says: `scheduler_gone` (503 `unavailable`, as a worker whose scheduler exited answers, and
+    `/ready` 503 from then on), `disconnect` (the connection drops after the request arrived)
+    or `exit` (the process exits at once: for a worker in its own process, `main` below)."""
 
     name: str
     mode: str = "ok"
     status: int = 200
+    code: str | None = None
+    poison: str | None = None
+    poison_death: str = "scheduler_gone"
+    record: str | None = None  # a file that gets each request's JSON, one a line
     events: int = 3
     ready: bool = True
     queued: float = 0.0
     requests: list[dict[str, Any]] = field(default_factory=list)
     aborted: int = 0
     flushed: int = 0
+    dead: bool = False
+    hang_admin: bool = False  # /flush_cache and /get_server_info never answer
+    admin_key: str | None = None  # /flush_cache and /get_server_info want this bearer key
     port: int = field(default_factory=free_port)
     _runner: web.AppRunner | None = None
 
@@ -71,6 +90,8 @@ class ScriptedWorker:
             self._runner = None
 
     async def _ready(self, request: web.Request) -> web.Response:
+        if self.dead:
+            return web.json_response({"status": "scheduler down"}, status=503)
         if self.ready:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "not ready", "reason": "draining"}, status=503)
@@ -87,18 +108,40 @@ class ScriptedWorker:
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
 
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if self.admin_key is None or request.headers.get("Authorization") == (
+            f"Bearer {self.admin_key}"
+        ):
+            return None
+        error = error_body("Incorrect API key provided", code="invalid_api_key")
+        return web.json_response(error, status=401)
+
     async def _flush(self, request: web.Request) -> web.Response:
+        if refused := self._refused(request):
+            return refused
+        if self.hang_admin:
+            await asyncio.sleep(3600)
         self.flushed += 1
         return web.json_response({"success": True})
 
     async def _info(self, request: web.Request) -> web.Response:
+        if refused := self._refused(request):
+            return refused
+        if self.hang_admin:
+            await asyncio.sleep(3600)
         return web.json_response({"served_model_name": self.name, "max_total_tokens": 1024})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        if self.record is not None:
+            with open(self.record, "a") as record:
+                record.write(json.dumps(body) + "\n")
+        if self.poison is not None and self.poison in str(body.get("prompt")):
+            return self._die(request)
         if self.mode == "status":
-            error = error_body(f"{self.name} says {self.status}", code=f"code_{self.status}")
+            code = self.code or f"code_{self.status}"
+            error = error_body(f"{self.name} says {self.status}", code=code)
             return web.json_response(error, status=self.status, headers={"Retry-After": "7"})
         if self.mode == "ok":
             return web.json_response({"worker": self.name, "prompt": body.get("prompt")})
@@ -124,6 +167,20 @@ class ScriptedWorker:
             raise
         await out.write_eof()
         return out
+
+    def _die(self, request: web.Request) -> web.StreamResponse:
+        self.dead = True
+        if self.poison_death == "exit":
+            os._exit(17)
+        if self.poison_death == "disconnect":
+            assert request.transport is not None
+            request.transport.abort()
+            return web.Response()  # never sent: the connection is gone
+        error = error_body(SCHEDULER_GONE, type="server_error", code="unavailable")
+        return web.json_response(error, status=503, headers={"Retry-After": "1"})
+
+    def revive(self) -> None:
+        self.dead = False
 
 
 @contextlib.asynccontextmanager
@@ -168,3 +225,33 @@ async def read_events(reply) -> list[Any]:
             data = line.removeprefix(b"data: ").strip()
             events.append("[DONE]" if data == b"[DONE]" else json.loads(data))
     return events
+
+
+def main() -> None:
+    """A scripted worker in its own process, until killed (or poisoned with `exit`):
+    `python router_harness.py --port N --name NAME [--poison TEXT] [--record FILE]`."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--poison")
+    parser.add_argument("--record")
+    options = parser.parse_args()
+
+    async def serve() -> None:
+        worker = ScriptedWorker(
+            options.name,
+            port=options.port,
+            poison=options.poison,
+            poison_death="exit",
+            record=options.record,
+        )
+        await worker.start()
+        await asyncio.Event().wait()
+
+    asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()

@@ -62,7 +62,7 @@ def test_a_workers_error_reaches_the_client_unchanged() -> None:
 def test_429_and_503_are_retried_elsewhere_and_the_last_refusal_is_returned() -> None:
     async def scenario() -> None:
         busy = ScriptedWorker("busy", mode="status", status=429)
-        draining = ScriptedWorker("draining", mode="status", status=503)
+        draining = ScriptedWorker("draining", mode="status", status=503, code="draining")
         fine = ScriptedWorker("fine")
         await start(busy, draining, fine)
         urls = (busy.url, draining.url, fine.url)

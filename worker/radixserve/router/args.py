@@ -8,12 +8,17 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.logging_config import LOG_FORMATS
 from radixserve.router.discovery import parse_selector
 from radixserve.router.policies import DEFAULT_POLICY, POLICIES, PolicyConfig
+
+# the worker's names for the same keys (radixserve.server_args, which the router cannot import)
+API_KEY_ENV = "RADIXSERVE_API_KEY"
+ADMIN_API_KEY_ENV = "RADIXSERVE_ADMIN_API_KEY"
 
 
 def _option(default: Any, help: str, **argparse_extra: Any) -> Any:
@@ -57,7 +62,15 @@ class RouterArgs:
         4 * 1024 * 1024, "cache_aware: prompt characters remembered per worker (LRU beyond)"
     )
     max_retries: int = _option(
-        3, "attempts on other workers for a request that failed before its first byte"
+        3,
+        "attempts on other workers for a request no worker started (connect error, 429,"
+        " a draining worker's 503)",
+    )
+    quarantine_ttl: float = _option(
+        600.0,
+        "seconds the router remembers a request that coincided with a worker's death; a second"
+        " death with the same request (method, path, body) refuses it with 400 for that long"
+        " (0: never quarantine)",
     )
     pending_timeout: float = _option(
         300.0,
@@ -69,10 +82,26 @@ class RouterArgs:
     model_name: str = _option("", "the model_name label of the router's metrics")
     drain_timeout: float = _option(30.0, "after SIGTERM, seconds in-flight requests get to finish")
     seed: int = _option(0, "seed of power_of_two's random draws")
+    api_key: str | None = _option(
+        None,
+        "clients must send 'Authorization: Bearer KEY' to every endpoint but /health, /ready"
+        f" and /metrics (default: ${API_KEY_ENV}; unset: the workers check keys themselves)",
+        metavar="KEY",
+    )
+    admin_api_key: str | None = _option(
+        None,
+        f"the key for /flush_cache and /get_server_info (default: ${ADMIN_API_KEY_ENV},"
+        " else the API key)",
+        metavar="KEY",
+    )
     log_level: str = _option("info", "logging level")
     log_format: str = _option("plain", "log lines for people or JSON objects", choices=LOG_FORMATS)
 
     def __post_init__(self) -> None:
+        if self.api_key is None:
+            object.__setattr__(self, "api_key", os.environ.get(API_KEY_ENV) or None)
+        if self.admin_api_key is None:
+            object.__setattr__(self, "admin_api_key", os.environ.get(ADMIN_API_KEY_ENV) or None)
         if bool(self.worker_url) == bool(self.discover_selector):
             raise ValueError(
                 "give the workers: --worker-url URL (repeatable) or --discover-selector LABELS"
@@ -93,6 +122,7 @@ class RouterArgs:
             "max_retries": (0, None),
             "pending_timeout": (0.0, None),
             "max_pending": (0, None),
+            "quarantine_ttl": (0.0, None),
             "drain_timeout": (0.0, None),
         }
         for name, (low, high) in ranges.items():
@@ -102,6 +132,20 @@ class RouterArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
         if self.health_check_interval <= 0:
             raise ValueError("--health-check-interval must be > 0")
+
+    @property
+    def admin_key(self) -> str | None:
+        """The key of the admin paths: the admin key, else the API key."""
+        return self.admin_api_key or self.api_key
+
+    def __repr__(self) -> str:  # keys never reach a log line
+        shown = {
+            f.name: "<redacted>"
+            if f.name in SECRET_FIELDS and getattr(self, f.name)
+            else getattr(self, f.name)
+            for f in dataclasses.fields(self)
+        }
+        return "RouterArgs(" + ", ".join(f"{k}={v!r}" for k, v in shown.items()) + ")"
 
     @property
     def worker_urls(self) -> tuple[str, ...]:
@@ -117,6 +161,7 @@ class RouterArgs:
         )
 
 
+SECRET_FIELDS = ("api_key", "admin_api_key")
 _METAVARS = {int: "N", float: "F"}
 
 

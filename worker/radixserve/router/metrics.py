@@ -41,12 +41,19 @@ class RouterMetrics:
         )
         self._upstream_errors = Counter(
             PREFIX + "upstream_errors",
-            "Failed attempts at a worker: connect, status_429, status_503, stream_broken",
+            "Failed attempts at a worker: connect, status_429, status_503, disconnected (after"
+            " the request was sent), stream_broken",
             ["model_name", "worker", "kind"],
             registry=reg,
         )
         self.retries = Counter(
             PREFIX + "retries", "Attempts repeated on another worker", ["model_name"], registry=reg
+        ).labels(model_name)
+        self.quarantined = Counter(
+            PREFIX + "quarantined_requests",
+            "Requests refused unsent because identical ones coincided with two worker failures",
+            ["model_name"],
+            registry=reg,
         ).labels(model_name)
         self.pending_requests = Gauge(
             PREFIX + "pending_requests",

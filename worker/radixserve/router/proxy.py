@@ -1,17 +1,26 @@
-"""Forwarding one request: pick a worker, retry what failed before its first byte, relay the rest.
+"""Forwarding one request: pick a worker, retry what no worker started, relay the rest.
 
-An attempt fails *before its first byte* when the worker cannot be reached or the connection
-drops before a response (the worker is then taken out: `down`), or when it answers 429 (queue
-full) or 503 (draining: the worker is taken out as `not_ready`). Such a request goes to another
-worker, at most `max_retries` times; when no other ready worker is left the last worker answer
-is the client's, unchanged. Any other answer is the worker's to give: errors pass through as they are.
+Only an attempt that the worker certainly never started is tried on another worker (at most
+`max_retries` times): a connect error (nothing was sent; the worker is taken out as `down`),
+429 (its queue is full), and a 503 whose error code says the worker turned the request away
+before starting it (`draining`, `queue_full`, `no_ready_worker`, `pending_queue_full`,
+`upstream_unavailable`; the worker is taken out as `not_ready`). When no other ready worker is
+left the last worker answer is the client's, unchanged.
 
-Non-streaming answers are read whole before the first byte goes to the client, so a worker
-dying mid-generation is still a retry. Server-sent events are relayed event by event as they
-arrive (reading the worker no faster than the client reads the router: backpressure); a stream
-that breaks midway ends with an OpenAI-shaped error event and `data: [DONE]`, never silently.
-A client that goes away cancels its handler (aiohttp's handler cancellation), and closing the
-upstream response closes its connection: the worker sees the disconnect and aborts the request.
+Everything else is final. An answer the worker gave passes through as it is, errors included.
+A failure that may have happened *with the request inside the worker* is never spread: another
+503 (the worker's scheduler is gone: `unavailable`), or a connection that broke after the
+request was sent (the client gets 502 `upstream_failed`), or a stream that broke midway. One
+curl that kills a worker must not kill the next one: such a request is answered, not retried,
+and its fingerprint is struck in the `Quarantine` (two strikes: identical requests get 400
+`request_quarantined` without reaching a worker).
+
+Non-streaming answers are read whole before the first byte goes to the client. Server-sent
+events are relayed event by event as they arrive (reading the worker no faster than the client
+reads the router: backpressure); a stream that breaks midway ends with an OpenAI-shaped error
+event and `data: [DONE]`, never silently. A client that goes away cancels its handler
+(aiohttp's handler cancellation), and closing the upstream response closes its connection: the
+worker sees the disconnect and aborts the request.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from radixserve.api_errors import RETRY_AFTER_S, APIError, error_body, error_response
+from radixserve.router.logsafe import printable
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policies import Policy
 from radixserve.router.pool import (
@@ -38,11 +48,15 @@ from radixserve.router.pool import (
     Upstream,
     UpstreamPool,
 )
-from radixserve.router.routing import routing_key
+from radixserve.router.quarantine import Quarantine, fingerprint
+from radixserve.router.routing import BodyTooDeepError, routing_key
 
 logger = logging.getLogger(__name__)
 
-RETRYABLE_STATUSES = (429, 503)
+# 503 codes that say the worker never started the request (the worker's and a router's own)
+NEVER_STARTED_503_CODES = frozenset(
+    {"draining", "queue_full", "no_ready_worker", "pending_queue_full", "upstream_unavailable"}
+)
 WORKER_HEADER = "X-Radixserve-Worker"
 # Hop-by-hop headers (RFC 9110 7.6.1) and the ones aiohttp computes itself.
 _NOT_FORWARDED = frozenset(
@@ -60,9 +74,24 @@ def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
 
 
+def error_code(payload: bytes) -> str | None:
+    """The `error.code` of an OpenAI-shaped error body, if it is one."""
+    try:
+        error = json.loads(payload).get("error")
+        code = error.get("code") if isinstance(error, dict) else None
+    except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+        return None
+    return code if isinstance(code, str) else None
+
+
+def never_started(status: int, payload: bytes) -> bool:
+    """Whether a worker's answer says it turned the request away before starting it."""
+    return status == 429 or (status == 503 and error_code(payload) in NEVER_STARTED_503_CODES)
+
+
 @dataclass
 class Refusal:
-    """A worker's answer (or silence) that another worker may do better than."""
+    """A worker's answer (or silence) for a request it never started: another may take it."""
 
     status: int = 0  # 0: no answer at all
     headers: CIMultiDict[str] | None = None
@@ -93,6 +122,7 @@ class Proxy:
         metrics: RouterMetrics,
         max_retries: int,
         pending_timeout: float,
+        quarantine: Quarantine | None = None,
     ) -> None:
         self.session = session
         self.pool = pool
@@ -100,6 +130,7 @@ class Proxy:
         self.metrics = metrics
         self.max_retries = max_retries
         self.pending_timeout = pending_timeout
+        self.quarantine = quarantine if quarantine is not None else Quarantine(ttl=0)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -110,7 +141,21 @@ class Proxy:
 
     async def _forward(self, request: web.Request, started: float) -> web.StreamResponse:
         body = await request.read()
-        key = routing_key(request.path, body)
+        print_ = fingerprint(request.method, request.path_qs, body)
+        if self.quarantine.is_quarantined(print_):
+            self.metrics.quarantined.inc()
+            return error_response(
+                APIError(
+                    "this request coincided with two worker failures and is quarantined:"
+                    f" no worker gets it for up to {self.quarantine.ttl:g}s",
+                    400,
+                    code="request_quarantined",
+                )
+            )
+        try:
+            key = routing_key(request.path, body)
+        except BodyTooDeepError as exc:
+            return error_response(APIError(str(exc), 400, code="json_too_deep"))
         deadline = started + self.pending_timeout
         tried: set[str] = set()
         refusal = Refusal(problem="no attempt made")
@@ -146,7 +191,7 @@ class Proxy:
             self.metrics.routed(upstream.url, decision)
             upstream.in_flight += 1
             try:
-                outcome = await self._attempt(request, upstream, body)
+                outcome = await self._attempt(request, upstream, body, print_)
             finally:
                 upstream.in_flight -= 1
             if not isinstance(outcome, Refusal):
@@ -170,8 +215,28 @@ class Proxy:
             chosen, decision = self.policy.choose(key, candidates)
             return cast(Upstream, chosen), decision
 
+    def _died_with(self, request: web.Request, print_: str, upstream: Upstream, how: str) -> None:
+        """A worker failed with this request possibly inside it: strike its fingerprint."""
+        logger.warning(
+            "worker %s failed with request %s %s inside (%s): not retried",
+            upstream.url,
+            request.method,
+            printable(request.path_qs),
+            how,
+        )
+        if self.quarantine.strike(print_):
+            logger.warning(
+                "request %s %s (fingerprint %s) coincided with two worker failures, the last at"
+                " %s: identical requests are refused for %gs",
+                request.method,
+                printable(request.path_qs),
+                print_[:16],
+                upstream.url,
+                self.quarantine.ttl,
+            )
+
     async def _attempt(
-        self, request: web.Request, upstream: Upstream, body: bytes
+        self, request: web.Request, upstream: Upstream, body: bytes, print_: str
     ) -> web.StreamResponse | Refusal:
         try:
             reply = await self.session.request(
@@ -180,32 +245,64 @@ class Proxy:
                 data=body if request.method == "POST" else None,
                 headers=forwarded_headers(request.headers),
             )
-        except aiohttp.ClientConnectionError as exc:
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            # no connection: the request was never sent
             self.metrics.upstream_error(upstream.url, "connect")
             self.pool.set_state(upstream, DOWN, f"request: {exc!r}")
             return Refusal(problem=f"{upstream.url}: {exc!r}")
+        except aiohttp.ClientConnectionError as exc:
+            # connected and sent (some of) it, then the connection broke: maybe it killed the worker
+            return self._broken(request, upstream, print_, exc)
         try:
             if reply.content_type == "text/event-stream" and reply.status == 200:
-                return await self._relay_events(request, reply, upstream)
+                return await self._relay_events(request, reply, upstream, print_)
             payload = await reply.read()
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # dropped before the whole answer came: nothing reached the client yet
-            self.metrics.upstream_error(upstream.url, "connect")
-            self.pool.set_state(upstream, DOWN, f"request: {exc!r}")
-            return Refusal(problem=f"{upstream.url}: {exc!r}")
+            return self._broken(request, upstream, print_, exc)
         finally:
             reply.close()  # after a complete read this is a no-op; otherwise it aborts
         headers = forwarded_headers(reply.headers)
         headers[WORKER_HEADER] = upstream.url
-        if reply.status in RETRYABLE_STATUSES:
+        if reply.status in (429, 503):
             self.metrics.upstream_error(upstream.url, f"status_{reply.status}")
             if reply.status == 503:
                 self.pool.set_state(upstream, NOT_READY, "answered 503")
-            return Refusal(reply.status, headers, payload, f"{upstream.url}: {reply.status}")
+            if never_started(reply.status, payload):
+                return Refusal(reply.status, headers, payload, f"{upstream.url}: {reply.status}")
+            self._died_with(request, print_, upstream, f"503 {error_code(payload)}")
+            if not payload:
+                return self._failed(upstream, "it answered 503 without a body")
         return web.Response(status=reply.status, headers=headers, body=payload)
 
+    def _broken(
+        self, request: web.Request, upstream: Upstream, print_: str, exc: Exception
+    ) -> web.Response:
+        self.metrics.upstream_error(upstream.url, "disconnected")
+        self.pool.set_state(upstream, DOWN, f"request: {exc!r}")
+        self._died_with(request, print_, upstream, repr(exc))
+        return self._failed(upstream, repr(exc))
+
+    @staticmethod
+    def _failed(upstream: Upstream, why: str) -> web.Response:
+        response = error_response(
+            APIError(
+                f"the worker {upstream.url} failed while handling the request ({why});"
+                " it is not retried elsewhere",
+                502,
+                type="server_error",
+                code="upstream_failed",
+            )
+        )
+        response.headers[WORKER_HEADER] = upstream.url
+        return response
+
     async def _relay_events(
-        self, request: web.Request, reply: aiohttp.ClientResponse, upstream: Upstream
+        self,
+        request: web.Request,
+        reply: aiohttp.ClientResponse,
+        upstream: Upstream,
+        print_: str,
     ) -> web.StreamResponse:
         headers = forwarded_headers(reply.headers)
         headers[WORKER_HEADER] = upstream.url
@@ -225,7 +322,7 @@ class Proxy:
                 raise aiohttp.ClientPayloadError("the stream ended without data: [DONE]")
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.metrics.upstream_error(upstream.url, "stream_broken")
-            logger.warning("stream from %s broke: %r", upstream.url, exc)
+            self._died_with(request, print_, upstream, f"stream broke: {exc!r}")
             event = error_body(
                 f"the worker {upstream.url} stopped mid-stream: {exc}",
                 type="server_error",

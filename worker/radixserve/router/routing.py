@@ -5,7 +5,9 @@ the prompt as the client wrote it: a completion's text, a chat's messages render
 role (the template is a function of the messages in order, so equal message prefixes mean
 equal token prefixes), or token ids mapped one id to one character, so that prefixes of ids
 are prefixes of the key and the match ratio counts tokens. Anything the router cannot read
-gets the empty key; the worker, not the router, tells the client what is wrong with it.
+gets the empty key; the worker, not the router, tells the client what is wrong with it. The
+one exception is JSON nested deeper than the parser's recursion limit: `BodyTooDeepError`,
+which the router answers with 400 itself (no worker should have to parse it).
 """
 
 from __future__ import annotations
@@ -19,9 +21,15 @@ _SURROGATES_END = 0xE000
 _MAX_ID = 0x10FFFF - (_SURROGATES_END - _SURROGATES)
 
 
+class BodyTooDeepError(ValueError):
+    """The body's JSON nests deeper than the router parses."""
+
+
 def routing_key(path: str, body: bytes) -> str:
     try:
         payload = json.loads(body) if body else None
+    except RecursionError:
+        raise BodyTooDeepError("the request body's JSON is nested too deeply") from None
     except (ValueError, UnicodeDecodeError):
         return ""
     if not isinstance(payload, dict):
@@ -51,8 +59,11 @@ def _prompt_key(prompt: Any) -> str:
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list) and prompt:
-        if isinstance(prompt[0], str | list):
-            return _prompt_key(prompt[0])
+        first = prompt[0]
+        if isinstance(first, str):
+            return first
+        if isinstance(first, list):  # a batch of token-id lists; deeper lists are no prompt
+            return ids_key(first)
         return ids_key(prompt)
     return ""
 

@@ -6,9 +6,18 @@ Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /generate` an
 `/health` instead: a router with no worker must keep taking requests, and holding them, to wake
 a service scaled to zero). `GET /metrics` is the router's series. `GET /get_server_info` is the
 first ready worker's server info with a `router` section (policy, workers, pending requests)
-added; `POST /flush_cache` flushes every ready worker, and the router's prefix tree with them.
-The router checks no API key itself: the workers do, on the headers it passes through (the
-client's `Authorization` reaches them, for these two admin calls too).
+added; `POST /flush_cache` flushes every ready worker, and the router's prefix tree with them
+(the tree only for the workers that flushed). Each worker gets `ADMIN_WORKER_TIMEOUT_S` to
+answer these two calls, and the whole call at most `ADMIN_TOTAL_TIMEOUT_S`: a hung worker shows
+as failed, it does not hang the call.
+
+Keys: with `--api-key` (or `$RADIXSERVE_API_KEY`) the router asks for `Authorization: Bearer
+KEY` as the worker does: the admin key (`--admin-api-key`, else the API key) on the two admin
+paths, the API key elsewhere, none on `/health`, `/ready` and `/metrics`; a refusal is 401
+`invalid_api_key` before any side effect. The client's `Authorization` is passed on to the
+workers, which check it too. Without a key of its own, the router still honours the workers'
+refusal: a worker's 401/403 on an admin call makes the call a 401, with no worker listed and
+no prefix tree wiped.
 
 SIGTERM (or SIGINT): the listening socket closes and requests in flight get `--drain-timeout`
 seconds to finish.
@@ -18,10 +27,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import signal
 import sys
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import aiohttp
 from aiohttp import web
@@ -29,15 +41,34 @@ from aiohttp import web
 from radixserve.api_errors import APIError, error_response, http_exception_error
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
+from radixserve.router.logsafe import printable
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
 from radixserve.router.proxy import Proxy, forwarded_headers
+from radixserve.router.quarantine import Quarantine
 
 logger = logging.getLogger(__name__)
 
 MAX_BODY_BYTES = 64 * 1024 * 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
+ADMIN_WORKER_TIMEOUT_S = 10.0  # one worker's answer to /flush_cache or /get_server_info
+ADMIN_TOTAL_TIMEOUT_S = 20.0  # /get_server_info tries the workers in turn within this
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
+REQUEST_ID_HEADER = "X-Request-Id"
+
+
+def invalid_api_key() -> web.Response:
+    refusal = error_response(
+        APIError(
+            "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
+            status=401,
+            code="invalid_api_key",
+        )
+    )
+    refusal.headers["WWW-Authenticate"] = "Bearer"
+    return refusal
 
 
 class Router:
@@ -53,6 +84,7 @@ class Router:
         self.discovery = discovery
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
+        self.quarantine = Quarantine(args.quarantine_ttl)
         self._prober: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -68,6 +100,7 @@ class Router:
             metrics=self.metrics,
             max_retries=self.args.max_retries,
             pending_timeout=self.args.pending_timeout,
+            quarantine=self.quarantine,
         )
         if self.discovery is not None:
             # EndpointSlices list only pods whose readiness probe passed: ready from the start.
@@ -117,38 +150,93 @@ class Router:
     async def server_info(self, request: web.Request) -> web.Response:
         assert self.session is not None
         info: dict[str, object] = {}
+        failed: dict[str, str] = {}
         headers = forwarded_headers(request.headers)  # the client's (admin) API key, if any
+        deadline = time.monotonic() + ADMIN_TOTAL_TIMEOUT_S
         for upstream in self.pool.ready():
-            with contextlib.suppress(aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                failed[upstream.url] = "not asked: the call's time ran out"
+                continue
+            timeout = aiohttp.ClientTimeout(total=min(ADMIN_WORKER_TIMEOUT_S, remaining))
+            try:
                 url = upstream.url + "/get_server_info"
-                async with self.session.get(url, headers=headers) as reply:
+                async with self.session.get(url, headers=headers, timeout=timeout) as reply:
+                    if reply.status in (401, 403):
+                        return invalid_api_key()  # the workers refuse this client's key
                     if reply.status == 200:
                         info = await reply.json()
                         break
-        return web.json_response({**info, "router": self.describe()})
+                    failed[upstream.url] = f"HTTP {reply.status}"
+            except TimeoutError:
+                failed[upstream.url] = f"timed out after {timeout.total:g}s"
+            except (aiohttp.ClientError, ValueError) as exc:
+                failed[upstream.url] = repr(exc)
+        router = self.describe()
+        if failed:
+            router["server_info_failed"] = failed
+        return web.json_response({**info, "router": router})
 
     async def flush_cache(self, request: web.Request) -> web.Response:
         assert self.session is not None
         session = self.session
         headers = forwarded_headers(request.headers)  # the client's (admin) API key, if any
+        timeout = aiohttp.ClientTimeout(total=ADMIN_WORKER_TIMEOUT_S)
 
         async def flush(url: str) -> str:
             try:
-                async with session.post(url + "/flush_cache", headers=headers) as reply:
+                async with session.post(
+                    url + "/flush_cache", headers=headers, timeout=timeout
+                ) as reply:
                     return "ok" if reply.status == 200 else f"HTTP {reply.status}"
-            except (TimeoutError, aiohttp.ClientError) as exc:
+            except TimeoutError:
+                return f"timed out after {ADMIN_WORKER_TIMEOUT_S:g}s"
+            except aiohttp.ClientError as exc:
                 return repr(exc)
 
         urls = [upstream.url for upstream in self.pool.ready()]
         results = dict(zip(urls, await asyncio.gather(*(flush(url) for url in urls)), strict=True))
-        for url in urls:
-            self.policy.forget(url)
+        for url, result in results.items():
+            if result == "ok":  # only a flushed worker's part of the tree is stale
+                self.policy.forget(url)
+        if any(result in ("HTTP 401", "HTTP 403") for result in results.values()):
+            return invalid_api_key()
         failed = {url: result for url, result in results.items() if result != "ok"}
         if failed:
             return error_response(
                 APIError(f"cache not flushed on {failed}", 502, "server_error", code="flush_failed")
             )
         return web.json_response({"success": True, "workers": results})
+
+
+def _bearer_matches(request: web.Request, key: str) -> bool:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer":
+        return False
+    sent = token.strip().encode("utf-8", "surrogateescape")  # header bytes that are not UTF-8
+    return hmac.compare_digest(sent, key.encode())
+
+
+def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
+    """Ask for `Authorization: Bearer KEY` before any handler runs (so before any side effect):
+    `admin_key` on the admin paths, `api_key` elsewhere, none on the probes."""
+
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        path = request.path
+        key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
+        if key is not None and not _bearer_matches(request, key):
+            logger.info(
+                "request %s to %s: missing or wrong API key",
+                printable(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
+                printable(path),
+            )
+            return invalid_api_key()
+        return await handler(request)
+
+    return guard
 
 
 @web.middleware
@@ -165,13 +253,14 @@ async def openai_errors(
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception:
-        logger.exception("router error on %s", request.path)
+        logger.exception("router error on %s", printable(request.path))
         return error_response(APIError("internal router error", 500, "server_error", code="error"))
 
 
 def build_app(router: Router) -> web.Application:
     assert router.proxy is not None, "start() the router first"
-    app = web.Application(middlewares=[openai_errors], client_max_size=MAX_BODY_BYTES)
+    guard = api_key_guard(router.args.api_key, router.args.admin_key)
+    app = web.Application(middlewares=[openai_errors, guard], client_max_size=MAX_BODY_BYTES)
     for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
         app.router.add_post(path, router.proxy.handle)
     app.router.add_get("/v1/models", router.proxy.handle)
