@@ -28,6 +28,9 @@ def test_defaults_verify_and_are_not_greedy():
         ("top_p", 0.0),
         ("top_p", 1.01),
         ("top_k", -2),
+        ("top_k", VOCAB + 1),
+        ("top_k", 2**63),  # used to reach an int64 tensor in the scheduler and kill it
+        ("top_k", -(2**63) - 1),
         ("min_p", -0.01),
         ("min_p", 1.5),
         ("frequency_penalty", 2.5),
@@ -37,11 +40,16 @@ def test_defaults_verify_and_are_not_greedy():
         ("repetition_penalty", 0.0),
         ("repetition_penalty", 2.5),
         ("max_new_tokens", -1),
+        ("max_new_tokens", 2**31),
+        ("max_new_tokens", 2**64),
         ("min_new_tokens", -1),
+        ("min_new_tokens", -(2**63)),
         ("min_new_tokens", 200),
         ("n", 0),
         ("n", 129),
+        ("n", 2**64),
         ("stop_token_ids", [VOCAB]),
+        ("stop_token_ids", [2**63]),
         ("stop_token_ids", [-1]),
         ("stop", [""]),
         ("stop", [f"s{i}" for i in range(17)]),
@@ -51,9 +59,22 @@ def test_defaults_verify_and_are_not_greedy():
         ("logit_bias", {"-1": 1.0}),
         ("logit_bias", {5: 100.5}),
         ("logit_bias", {5: -101}),
+        ("logit_bias", {2**64: 1.0}),
+        ("logit_bias", {5: float("inf")}),
+        ("temperature", float("inf")),
+        ("top_p", float("nan")),
+        ("min_p", float("-inf")),
+        ("repetition_penalty", float("nan")),
+        ("frequency_penalty", 1e308),
         ("json_schema", '{"type": "objekt"}'),
         ("json_schema", "{not json"),
         ("regex", "(unclosed"),
+        ("regex", "(?=a)a"),
+        ("regex", "(a)\\1"),
+        ("regex", "a\ud800"),
+        ("json_schema", '{"$ref": "https://example.com/schema.json"}'),
+        ("json_schema", '{"type": "string", "pattern": "^(?!x)"}'),
+        ("json_schema", "[" * 5000 + "]" * 5000),
         ("ebnf", 'start ::= "a"'),
     ],
 )
@@ -73,7 +94,7 @@ def test_verify_rejects_out_of_range_naming_the_parameter(field, value):
         {"top_p": 1e-6},
         {"top_k": 0},
         {"top_k": 1},
-        {"top_k": 5000},
+        {"top_k": VOCAB},
         {"min_p": 1.0},
         {"frequency_penalty": -2.0, "presence_penalty": 2.0},
         {"repetition_penalty": 2.0},
@@ -99,7 +120,7 @@ def test_verify_accepts_boundaries(overrides):
 @given(
     temperature=st.floats(0.0, 100.0),
     top_p=st.floats(0.0, 1.0, exclude_min=True),
-    top_k=st.one_of(st.just(-1), st.integers(0, 10**6)),
+    top_k=st.one_of(st.just(-1), st.integers(0, VOCAB)),
     min_p=st.floats(0.0, 1.0),
     frequency_penalty=st.floats(-2.0, 2.0),
     repetition_penalty=st.floats(0.0, 2.0, exclude_min=True),
@@ -145,6 +166,11 @@ def test_from_dict_rejects_unknown_key_by_name():
         ("logit_bias", {"5": "high"}),
         ("logit_bias", {"5": float("nan")}),
         ("logit_bias", {True: 1.0}),
+        ("logit_bias", {"5": 10**400}),  # beyond a float: refused, not an OverflowError
+        ("logit_bias", {"1" * 5000: 1.0}),  # no token id (and beyond int()'s digit limit)
+        ("temperature", 10**400),
+        ("top_p", 10**309),
+        ("stop", ["ok", "\udc00"]),  # a lone surrogate no tokenizer can encode
     ],
 )
 def test_from_dict_rejects_wrong_types_naming_the_parameter(field, value):
@@ -216,3 +242,34 @@ def test_pickle_roundtrip():
         logit_bias={"4": -100},
     )
     assert pickle.loads(pickle.dumps(params)) == params
+
+
+def test_max_new_tokens_is_bounded_by_the_context_given():
+    SamplingParams(max_new_tokens=4096).verify(VOCAB, 4096)
+    with pytest.raises(InvalidParameterError, match=r"max_new_tokens must be in \[0, 4096\]"):
+        SamplingParams(max_new_tokens=4097).verify(VOCAB, 4096)
+
+
+@given(
+    field=st.sampled_from(
+        ["max_new_tokens", "min_new_tokens", "top_k", "n", "seed", "temperature", "top_p"]
+    ),
+    value=st.one_of(
+        st.integers(min_value=2**63 - 2, max_value=2**80),
+        st.integers(min_value=-(2**80), max_value=-(2**63) + 2),
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.booleans(),
+    ),
+)
+def test_extreme_numbers_are_400s_naming_the_field_never_other_errors(field, value):
+    """Whatever number a client sends, the answer is valid params or InvalidParameterError
+    naming the field: no OverflowError, no value that would overflow an int64 tensor."""
+    try:
+        params = SamplingParams.from_dict({field: value})
+        params.verify(VOCAB, 4096)
+    except InvalidParameterError as exc:
+        assert exc.param == field
+        return
+    for name in ("max_new_tokens", "min_new_tokens", "top_k", "n"):
+        assert -(2**31) < getattr(params, name) < 2**31
+    assert params.seed is None or 0 <= params.seed < 2**64

@@ -7,6 +7,7 @@ that already knows which request parameter is wrong, and the front end renders i
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +56,16 @@ class InvalidParameterError(APIError, ValueError):
             return self
         head, _, rest = self.param.partition(".")
         param = names[head] + ("." + rest if rest else "")
-        message = self.message.replace(head, names[head])
+        # the parameter itself wherever the message names it, and any other field the message
+        # cites as `name=value` (min_new_tokens must be in [0, max_new_tokens=16]); whole names
+        # only, so the `n` inside "in" or "tokens" stays as written
+        cited = sorted({head, *(k for k in names if k != head and f"{k}=" in self.message)})
+        pattern = "|".join(re.escape(k) for k in sorted(cited, key=len, reverse=True))
+        message = re.sub(
+            rf"(?<![\w.])(?:{pattern})(?![\w])",
+            lambda m: names[m.group()],
+            self.message,
+        )
         return InvalidParameterError(message, param=param, code=self.code)
 
 

@@ -37,7 +37,6 @@ from aiohttp import web
 from radixserve.api_errors import (
     RETRY_AFTER_S,
     APIError,
-    InvalidParameterError,
     error_response,
     http_exception_error,
 )
@@ -45,6 +44,7 @@ from radixserve.frontend.engine import Engine
 from radixserve.frontend.openai.protocol import (
     FieldPolicy,
     GenerateRequestBody,
+    decode_body,
     parse_request,
 )
 from radixserve.frontend.openai.responses import model_card
@@ -62,6 +62,7 @@ from radixserve.frontend.tokenizer_manager import (
     SchedulerUnavailableError,
     TokenizerManager,
 )
+from radixserve.logging_config import escape_control
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
 from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS
 from radixserve.server_args import ServerArgs
@@ -126,7 +127,7 @@ async def request_ids(
     request_id = request.headers.get(REQUEST_ID_HEADER)
     if request_id is None:
         request_id = uuid.uuid4().hex
-    elif len(request_id) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.match(request_id):
+    elif len(request_id) > MAX_REQUEST_ID_LENGTH or not _REQUEST_ID.fullmatch(request_id):
         request[REQUEST_ID_KEY] = uuid.uuid4().hex
         return error_response(
             APIError(
@@ -160,7 +161,9 @@ async def openai_errors(
     except Exception as exc:
         error = as_api_error(exc)
         if error.status >= 500:
-            logger.warning("request %s failed: %s", request.get(REQUEST_ID_KEY), error.message)
+            logger.warning(
+                "request %s failed: %s", request.get(REQUEST_ID_KEY), escape_control(error.message)
+            )
         return error_response(error)
 
 
@@ -177,7 +180,11 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
         if key is not None and not _bearer_matches(request, key):
-            logger.info("request %s to %s: missing or wrong API key", request[REQUEST_ID_KEY], path)
+            logger.info(
+                "request %s to %s: missing or wrong API key",
+                request[REQUEST_ID_KEY],
+                escape_control(path),
+            )
             refusal = error_response(
                 APIError(
                     "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
@@ -196,14 +203,14 @@ def _bearer_matches(request: web.Request, key: str) -> bool:
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
     if scheme.lower() != "bearer":
         return False
-    return hmac.compare_digest(token.strip().encode(), key.encode())
+    # header bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes sent
+    sent = token.strip().encode("utf-8", "surrogateescape")
+    return hmac.compare_digest(sent, key.encode())
 
 
 async def read_json(request: web.Request) -> Any:
-    try:
-        return json.loads(await request.read())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise InvalidParameterError(f"the body is not valid JSON: {exc}", None) from None
+    """The body as JSON; malformed, too deep or not Unicode is a 400 (`decode_body`)."""
+    return decode_body(await request.read())
 
 
 # ---------------------------------------------------------------------------- streaming

@@ -7,7 +7,8 @@ and when the handler is done it writes one line on the `radixserve.requests` log
 response id, model, prompt, completion and cached tokens, finish reason, time to first token,
 end-to-end latency and HTTP status (with `--log-format json` these are also the line's fields).
 A client that goes away mid-request is one debug line and status 499 (the client closed the
-request), not aiohttp's "Error handling request" traceback.
+request), not aiohttp's "Error handling request" traceback. What the client chose (its method
+and path) is logged through `escape_control`: control characters show as escapes.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 from aiohttp import web
 
 from radixserve.frontend.tokenizer_manager import GenerateChunk
+from radixserve.logging_config import escape_control
 
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("radixserve.requests")
@@ -106,6 +108,13 @@ class RequestRecord:
 RECORD_KEY = web.RequestKey("request_record", RequestRecord)
 
 
+def _log_disconnect(request: web.Request) -> None:
+    # method and path are the client's: escaped, so they cannot forge a line
+    logger.debug(
+        "client disconnected: %s %s", escape_control(request.method), escape_control(request.path)
+    )
+
+
 def record_of(request: web.Request) -> RequestRecord | None:
     return request.get(RECORD_KEY)
 
@@ -125,11 +134,11 @@ async def request_lifecycle(
         return response
     except ConnectionResetError:
         # The client went away while the response was being written: nobody to answer.
-        logger.debug("client disconnected: %s %s", request.method, request.path)
+        _log_disconnect(request)
         return web.Response(status=CLIENT_CLOSED_REQUEST)
     except asyncio.CancelledError:
         # aiohttp cancels the handler of a client that disconnects (or at shutdown).
-        logger.debug("client disconnected: %s %s", request.method, request.path)
+        _log_disconnect(request)
         raise
     except web.HTTPException as exc:
         status = exc.status

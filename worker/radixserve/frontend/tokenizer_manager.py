@@ -436,14 +436,49 @@ class TokenizerManager:
             )
 
     def check_capacity(self, num_requests: int) -> None:
-        """Refuse work up front instead of letting the scheduler's queue grow without bound."""
+        """Refuse work up front instead of letting the scheduler's queue grow without bound.
+        More requests than the queue can ever hold are the client's mistake, a 400 (a 429
+        would invite retries that can never succeed); `check_fits_queue` names the field."""
         if self._scheduler_error is not None:
             raise SchedulerUnavailableError(self._scheduler_error)
+        if num_requests > self.max_queued_requests:
+            raise InvalidParameterError(
+                f"this request fans out into {num_requests} generations, more than the queue "
+                f"can ever hold (--max-queued-requests {self.max_queued_requests}); split it",
+                None,
+            )
         if self.num_waiting_first_output + num_requests > self.max_queued_requests:
             raise QueueFullError(
                 f"{self.num_waiting_first_output} requests are already queued "
                 f"(--max-queued-requests {self.max_queued_requests})"
             )
+
+    def check_fits_queue(self, request: GenerateRequest) -> None:
+        """`check_fan_out` for a `GenerateRequest` (a malformed `n` counts as 1 here:
+        `build_inputs` refuses it)."""
+        samples = [_samples_asked(params) for params in request.sampling_params]
+        n_param = request.sampling_param_names.get("n", "n")
+        self.check_fan_out(samples, request.prompt_param, n_param)
+
+    def check_fan_out(self, samples: Sequence[int], prompt_param: str, n_param: str) -> None:
+        """A request whose prompts (`samples`: the `n` of each) fan out into more generations
+        than --max-queued-requests can ever hold is a 400 naming the prompt field or `n`,
+        checked before anything is tokenized (servers only: an offline Engine takes any
+        batch)."""
+        total = sum(samples)
+        if total <= self.max_queued_requests:
+            return
+        if len(samples) > self.max_queued_requests or max(samples) == 1:
+            param, what = prompt_param, f"{len(samples)} prompts"
+        else:
+            param = n_param
+            what = f"{len(samples)} prompt(s) with {n_param} = {max(samples)}"
+        raise InvalidParameterError(
+            f"{what} make {total} generations, more than this server's queue can ever hold "
+            f"(--max-queued-requests {self.max_queued_requests}): the request can never fit; "
+            "split it into smaller ones",
+            param,
+        )
 
     async def generate(
         self, request: TokenizedGenerateReqInput, internal: bool = False
@@ -765,6 +800,12 @@ def max_prompt_chars(tokenizer: Tokenizer | None, max_request_tokens: int) -> in
     vocab = tokenizer.get_vocab()
     longest = max((len(token) for token in vocab), default=1)
     return 2 * (longest + 1) * max_request_tokens
+
+
+def _samples_asked(params: object) -> int:
+    """The `n` one prompt's sampling params ask for (1 when unset or malformed)."""
+    n = params.get("n") if isinstance(params, dict) else getattr(params, "n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 1 else 1
 
 
 def _is_token_id(value: object, vocab_size: int) -> bool:

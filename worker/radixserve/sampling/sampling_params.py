@@ -2,10 +2,13 @@
 
 Types are checked when a `SamplingParams` is built (so a malformed request never crosses the
 IPC boundary); ranges are checked by `verify`, which needs the model's vocabulary size. Every
-problem is an `InvalidParameterError` naming the field, which each API renames into its own
-spelling (OpenAI's max_tokens, the native sampling_params.max_new_tokens). A constraint
-(`json_schema`, `regex` or `ebnf`) gets the cheap check the front end can make without torch
-(constrained/validation.py); the scheduler compiles it before the request is admitted.
+number that ends in a tensor is bounded here, in the front end (a top_k of 2**64 would overflow
+an int64 tensor inside the scheduler): a bool is not a number, a float field takes no integer
+beyond a float's range, NaN and infinities are outside every range. Every problem is an
+`InvalidParameterError` naming the field, which each API renames into its own spelling
+(OpenAI's max_tokens, the native sampling_params.max_new_tokens). A constraint (`json_schema`,
+`regex` or `ebnf`) gets the cheap check the front end can make without torch
+(catalog/constraint_kinds.py); the scheduler compiles it before the request is admitted.
 """
 
 from __future__ import annotations
@@ -16,13 +19,19 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from radixserve.api_errors import InvalidParameterError
-from radixserve.catalog.constraint_kinds import CONSTRAINT_KINDS, validate_constraint
+from radixserve.catalog.constraint_kinds import (
+    CONSTRAINT_KINDS,
+    surrogate_problem,
+    validate_constraint,
+)
 
 MAX_STOP_STRINGS = 16
 MAX_N = 128
 MAX_TEMPERATURE = 100.0
 MAX_SEED = 2**64 - 1
 MAX_LOGIT_BIAS = 100.0
+# the most new tokens any request may ask for, whatever the context (an int32 holds it)
+MAX_NEW_TOKENS = 2**31 - 1
 
 _INT_FIELDS = ("max_new_tokens", "min_new_tokens", "top_k", "n")
 _FLOAT_FIELDS = (
@@ -34,7 +43,8 @@ _FLOAT_FIELDS = (
     "repetition_penalty",
 )
 _BOOL_FIELDS = ("ignore_eos", "skip_special_tokens")
-_INTEGER = re.compile(r"\s*-?[0-9]+\s*")
+# a token id written as a JSON object key ("50256"); longer digit strings are no token id
+_INTEGER = re.compile(r"\s*-?[0-9]{1,20}\s*")
 
 
 def _is_int(value: Any) -> bool:
@@ -55,12 +65,36 @@ def _token_biases(value: Any) -> dict[int, float]:
             raise InvalidParameterError(
                 f"logit_bias keys must be token ids (integers), got {key!r}", "logit_bias"
             )
-        if not (_is_int(bias) or isinstance(bias, float)) or math.isnan(bias):
+        if not (_is_int(bias) or isinstance(bias, float)):
             raise InvalidParameterError(
                 f"logit_bias values must be numbers, got {bias!r} for {key!r}", "logit_bias"
             )
-        biases[token_id] = float(bias)
+        bias = _as_float(bias, "logit_bias")
+        if math.isnan(bias):
+            raise InvalidParameterError(
+                f"logit_bias values must be numbers, got {bias!r} for {key!r}", "logit_bias"
+            )
+        biases[token_id] = bias
     return biases
+
+
+def _as_float(value: int | float, name: str) -> float:
+    """An int or float as a float; an integer beyond a float's range is refused, not raised."""
+    try:
+        return float(value)
+    except OverflowError:
+        raise InvalidParameterError(
+            f"{name} must be a number in a float's range, got an integer of "
+            f"{value.bit_length()} bits",
+            name,
+        ) from None
+
+
+def _unicode_problem(name: str, texts: list[str]) -> None:
+    for text in texts:
+        problem = surrogate_problem(text)
+        if problem is not None:
+            raise InvalidParameterError(f"{name} {problem}", name)
 
 
 @dataclass
@@ -93,7 +127,7 @@ class SamplingParams:
         for name in _FLOAT_FIELDS:
             value = getattr(self, name)
             if _is_int(value):
-                setattr(self, name, float(value))
+                setattr(self, name, _as_float(value, name))
             elif not isinstance(value, float):
                 raise InvalidParameterError(f"{name} must be a number, got {value!r}", name)
         for name in _INT_FIELDS:
@@ -110,6 +144,7 @@ class SamplingParams:
             raise InvalidParameterError(
                 f"stop must be a string or a list of strings, got {self.stop!r}", "stop"
             )
+        _unicode_problem("stop", self.stop)
         if not isinstance(self.stop_token_ids, list) or not all(
             _is_int(t) for t in self.stop_token_ids
         ):
@@ -149,8 +184,9 @@ class SamplingParams:
                 raise InvalidParameterError(f"unknown sampling parameter {key!r}", key)
         return cls(**{k: v for k, v in d.items() if v is not None})
 
-    def verify(self, vocab_size: int) -> None:
-        """Check every range; the message names the parameter and what it may be."""
+    def verify(self, vocab_size: int, max_new_tokens: int = MAX_NEW_TOKENS) -> None:
+        """Check every range; the message names the parameter and what it may be.
+        `max_new_tokens`: the most new tokens a request may ask for (the context length)."""
         if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
             raise InvalidParameterError(
                 f"temperature must be in [0, {MAX_TEMPERATURE:g}], got {self.temperature}",
@@ -158,9 +194,11 @@ class SamplingParams:
             )
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidParameterError(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
-        if self.top_k < -1:
+        if not -1 <= self.top_k <= vocab_size:
             raise InvalidParameterError(
-                f"top_k must be -1 or 0 (off) or >= 1, got {self.top_k}", "top_k"
+                f"top_k must be -1 or 0 (off) or in [1, {vocab_size}] (the vocabulary size), "
+                f"got {self.top_k}",
+                "top_k",
             )
         if not 0.0 <= self.min_p <= 1.0:
             raise InvalidParameterError(f"min_p must be in [0, 1], got {self.min_p}", "min_p")
@@ -174,9 +212,12 @@ class SamplingParams:
                 f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}",
                 "repetition_penalty",
             )
-        if self.max_new_tokens < 0:
+        limit = min(max_new_tokens, MAX_NEW_TOKENS)
+        if not 0 <= self.max_new_tokens <= limit:
+            context = " (the context length)" if limit < MAX_NEW_TOKENS else ""
             raise InvalidParameterError(
-                f"max_new_tokens must be >= 0, got {self.max_new_tokens}", "max_new_tokens"
+                f"max_new_tokens must be in [0, {limit}]{context}, got {self.max_new_tokens}",
+                "max_new_tokens",
             )
         if not 0 <= self.min_new_tokens <= self.max_new_tokens:
             raise InvalidParameterError(

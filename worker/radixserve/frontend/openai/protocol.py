@@ -12,6 +12,11 @@ Fields fall in three groups, listed per endpoint in docs/api.md:
 
 Fields nobody knows are ignored with one warning per field name (agent frameworks send new
 ones every month); `--strict-api` refuses them instead (`FieldPolicy`).
+
+A body is decoded by `decode_body` before any of this: strict JSON (no NaN or Infinity
+literals), nested at most MAX_JSON_DEPTH levels, every string valid Unicode (a JSON escape of a
+lone surrogate, "\\ud800", names its field); whatever is malformed is a 400, never a
+RecursionError or an encoding error deeper in.
 """
 
 from __future__ import annotations
@@ -27,7 +32,14 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixserve.api_errors import InvalidParameterError
+from radixserve.catalog.constraint_kinds import (
+    MAX_SCHEMA_DEPTH,
+    json_depth,
+    schema_features_problem,
+    surrogate_problem,
+)
 from radixserve.frontend.openai.tool_calls import forced_tool_schema
+from radixserve.logging_config import escape_control
 from radixserve.sampling.sampling_params import MAX_N
 
 logger = logging.getLogger(__name__)
@@ -35,6 +47,12 @@ logger = logging.getLogger(__name__)
 MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
+# how deep a request body may nest (every object and array counts); a schema inside it has its
+# own, lower bound (MAX_SCHEMA_DEPTH)
+MAX_JSON_DEPTH = 128
+# unknown field names warned about, at most: a client sending fresh names cannot grow the set
+# (or the log) without bound
+MAX_WARNED_FIELDS = 256
 # A response_format of json_object: any JSON object.
 JSON_OBJECT_SCHEMA = '{"type": "object"}'
 # Request field names that differ from the SamplingParams field they set.
@@ -65,13 +83,64 @@ class FieldPolicy:
                 code="unknown_field",
             )
         for _, name in unknown:
-            if name not in self._warned:
+            if name not in self._warned and len(self._warned) < MAX_WARNED_FIELDS:
                 self._warned.add(name)
                 logger.warning(
-                    "ignoring the unknown request field %r (reported once; --strict-api "
-                    "refuses such requests)",
-                    name,
+                    "ignoring the unknown request field '%s' (reported once; --strict-api "
+                    "refuses such requests)%s",
+                    escape_control(name, limit=100),
+                    ""
+                    if len(self._warned) < MAX_WARNED_FIELDS
+                    else f"; {MAX_WARNED_FIELDS} unknown names reported, no more will be",
                 )
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+def decode_body(raw: bytes) -> Any:
+    """A request body as JSON, or a 400: strict JSON (no NaN or Infinity), UTF-8, at most
+    MAX_JSON_DEPTH levels deep, no lone surrogate in any string (the 400 names where)."""
+    try:
+        body = json.loads(raw, parse_constant=_reject_constant)
+    except RecursionError:
+        raise InvalidParameterError(
+            f"the body nests more than {MAX_JSON_DEPTH} levels deep", None
+        ) from None
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a too-long integer
+        raise InvalidParameterError(f"the body is not valid JSON: {exc}", None) from None
+    if json_depth(body) > MAX_JSON_DEPTH:
+        raise InvalidParameterError(f"the body nests more than {MAX_JSON_DEPTH} levels deep", None)
+    check_unicode(body)
+    return body
+
+
+def check_unicode(body: Any) -> None:
+    """A 400 naming the first field (or key) whose string holds a lone surrogate: no tokenizer,
+    regex engine or grammar compiler can encode it."""
+    stack: list[tuple[Any, str]] = [(body, "")]
+    while stack:
+        value, where = stack.pop()
+        if isinstance(value, str):
+            problem = surrogate_problem(value)
+            if problem is not None:
+                param = where or None
+                raise InvalidParameterError(f"{where or 'the body'} {problem}", param)
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                at = f"{where}.{key}" if where else key
+                if surrogate_problem(key) is not None:
+                    raise InvalidParameterError(
+                        f"a key of {where or 'the body'} holds a lone surrogate, which is not "
+                        "valid Unicode",
+                        where or None,
+                    )
+                stack.append((item, at))
+        elif isinstance(value, list):
+            stack.extend(
+                (item, f"{where}.{i}" if where else str(i)) for i, item in enumerate(value)
+            )
 
 
 class _Request(BaseModel):
@@ -264,7 +333,7 @@ def parse_logit_bias(logit_bias: dict[str, float]) -> dict[int, float]:
     """OpenAI's `{"token id": bias}` with token ids as strings; bias in [-100, 100]."""
     parsed = {}
     for key, bias in logit_bias.items():
-        if not key.isdecimal():
+        if not key.isdecimal() or len(key) > 20:
             raise InvalidParameterError(
                 f"logit_bias keys must be token ids, got {key!r}", "logit_bias"
             )
@@ -281,6 +350,10 @@ def check_json_schema(schema: Any, param: str) -> None:
     2020-12 by default)."""
     if not isinstance(schema, dict):
         raise InvalidParameterError(f"{param} must be a JSON Schema object", param)
+    if json_depth(schema) > MAX_SCHEMA_DEPTH:
+        raise InvalidParameterError(
+            f"{param} nests more than {MAX_SCHEMA_DEPTH} levels deep", param
+        )
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
@@ -288,6 +361,11 @@ def check_json_schema(schema: Any, param: str) -> None:
         raise InvalidParameterError(
             f"{param} is not a valid JSON Schema: {exc.message} (at {where})", param
         ) from None
+    except RecursionError:
+        raise InvalidParameterError(f"{param} nests too deeply to be checked", param) from None
+    problem = schema_features_problem(schema)
+    if problem is not None:
+        raise InvalidParameterError(f"{param} {problem}", param)
 
 
 # ------------------------------------------------------------------------ completions

@@ -153,6 +153,7 @@ class OpenAIServing:
         req: CompletionRequest = parse_request(CompletionRequest, body, self.policy)
         self.check_model(req.model)
         prompts = req.prompts()
+        self.tm.check_fan_out([req.n] * len(prompts), "prompt", "n")
         sampling = {**req.sampling_dict(req.max_tokens), "n": req.n}
         inputs = await self.tm.build_inputs(
             GenerateRequest(
@@ -178,6 +179,7 @@ class OpenAIServing:
     ) -> PreparedRequest:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body, self.policy)
         self.check_model(req.model)
+        self.tm.check_fan_out([req.n], "messages", "n")
         tools = None
         if req.tools_offered:
             tools = [
