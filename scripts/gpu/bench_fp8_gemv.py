@@ -1,8 +1,8 @@
 """Batch-1 FP8 projections of the Llama-3-8B shape, each timed as CUDA graph replays: the
-FP8 GEMV (weight-only, layers/gemv.py with channel scales) over a sweep of block configs,
+FP8 GEMV (weight-only, kernels/gemv.py with channel scales) over a sweep of block configs,
 against torch._scaled_mm at M = 1 (with its per-token activation quantization) and against the
 bf16 GEMV the unquantized model runs. gate_up runs gated, as the model runs it. Proposes the
-batch-1 tiles and pipeline stages (layers/gemv.py's block_config; a pick is kept only where the
+batch-1 tiles and pipeline stages (kernels/gemv.py's block_config; a pick is kept only where the
 decode step measures its gain: alone is not as in a step, decode_timeline.py); prints
 microseconds and the share of copy bandwidth of the FP8 bytes. The weights come from DRAM, as
 in a decode step (l2_cold.py; before 2026-12-02 qkv and o were timed partly from L2).

@@ -1,5 +1,5 @@
 """Batch-1 projections of the 1B and 8B Llama shapes: cuBLAS (F.linear, torch.mv) against the
-Triton GEMV (layers/gemv.py) over a sweep of block shapes, each timed as CUDA graph replays
+Triton GEMV (kernels/gemv.py) over a sweep of block shapes, each timed as CUDA graph replays
 (as a decode step runs them), the weights coming from DRAM as in a decode step (l2_cold.py;
 before 2026-12-02 projections smaller than L2 were timed partly from it). Prints microseconds
 and the share of copy bandwidth."""

@@ -1,5 +1,5 @@
 """Instructions a weight in the batch-1 GEMV's inner loop, from its Hopper (sm_90) SASS, for the
-Llama-3-8B projections at the tiles `layers/gemv.block_config` ships. Runs without a GPU: Triton
+Llama-3-8B projections at the tiles `kernels/gemv.block_config` ships. Runs without a GPU: Triton
 compiles for sm_90 with its bundled ptxas and disassembles with its bundled nvdisasm. The
 integer arguments and pointers are specialized as divisible by 16, as a launch on those shapes
 specializes them (without that the loads do not vectorize and the count means nothing).

@@ -1,4 +1,4 @@
-"""The fused Triton kernels (layers/fused_ops.py) against the torch code they replace, at real
+"""The fused Triton kernels (kernels/fused_ops.py) against the torch code they replace, at real
 sizes, and a model's fused CUDA forward against the same model forced onto its torch path.
 
 The comparison helpers are shared with tests/unit/fused_ops_interpret_check.py, which runs them

@@ -1,4 +1,4 @@
-"""Run the fused kernels of layers/fused_ops.py in Triton's CPU interpreter; print one JSON line.
+"""Run the fused kernels of kernels/fused_ops.py in Triton's CPU interpreter; print one JSON line.
 
 Started by test_fused_ops_interpret.py in a subprocess, because TRITON_INTERPRET must be set
 before any kernel module is imported and must not leak into the rest of the test session.

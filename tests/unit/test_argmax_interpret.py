@@ -1,4 +1,4 @@
-"""The two-stage argmax (layers/argmax.py), run on the CPU by Triton's interpreter: exactly
+"""The two-stage argmax (kernels/argmax.py), run on the CPU by Triton's interpreter: exactly
 torch.argmax, ties and infinities included; off CUDA `argmax` is torch.argmax itself."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The fused Triton kernels of layers/fused_ops.py, run on the CPU by Triton's interpreter.
+"""The fused Triton kernels of kernels/fused_ops.py, run on the CPU by Triton's interpreter.
 
 RMSNorm (strided per-head views, in place, with the residual add; Gemma's (1 + w) form),
 SiLU- and GELU-and-mul, rotary + KV store and the req_to_token scatter against

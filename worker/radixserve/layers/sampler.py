@@ -1,7 +1,7 @@
 """Turns one step's logits into next tokens: penalties, greedy or filtered random sampling.
 
 Order per step: logprobs from the RAW logits (what OpenAI reports), then the batch's logit
-processors (penalties, min_new_tokens), then greedy rows take the argmax (layers/argmax.py,
+processors (penalties, min_new_tokens), then greedy rows take the argmax (kernels/argmax.py,
 torch.argmax's result: bit-for-bit what transformers' greedy search picks) while the other rows
 are divided by their temperature, filtered by top-k, top-p and min-p and sampled by Gumbel-max
 with the batch's counter-based noise (see SamplingBatchInfo.gumbel_noise), so seeded rows are

@@ -1,7 +1,7 @@
 """`SchedulerStats`: what the scheduler process reports for Prometheus with its outputs.
 
 Defined here, beside the collectors that apply it, so the metrics package imports nothing of
-the scheduler; the scheduler fills it and sends it over IPC (managers/io_struct.py).
+the scheduler; the scheduler fills it and sends it over IPC (boundary.py).
 """
 
 from __future__ import annotations
