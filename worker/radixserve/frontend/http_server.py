@@ -1,6 +1,6 @@
 """The worker's HTTP front end: OpenAI-compatible and native endpoints, probes, metrics, drain.
 
-Handlers are thin: `entrypoints/openai` validates, templates and shapes (the native
+Handlers are thin: `frontend/openai` validates, templates and shapes (the native
 `/generate` goes through the Engine), the TokenizerManager's front door builds the inputs, and
 handlers write JSON or server-sent events. Middlewares give every request its id (the client's
 X-Request-Id or a new one, echoed on every reply), render errors in OpenAI's shape and check
@@ -40,6 +40,7 @@ from radixserve.api_errors import (
     error_response,
     http_exception_error,
 )
+from radixserve.frontend import native
 from radixserve.frontend.engine import Engine
 from radixserve.frontend.openai.protocol import (
     FieldPolicy,
@@ -56,6 +57,7 @@ from radixserve.frontend.request_log import (
     request_lifecycle,
 )
 from radixserve.frontend.tokenizer_manager import (
+    GenerateRequest,
     GenerationError,
     QueueFullError,
     RequestAbortedError,
@@ -300,7 +302,7 @@ class Handlers:
     async def completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
         body = await read_json(request)
-        prepared = self.openai.prepare_completion(
+        prepared = await self.openai.prepare_completion(
             body, request[REQUEST_ID_KEY], self._observer(request)
         )
         return await self._reply(request, prepared)
@@ -308,7 +310,9 @@ class Handlers:
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         self._admit()
         body = await read_json(request)
-        prepared = self.openai.prepare_chat(body, request[REQUEST_ID_KEY], self._observer(request))
+        prepared = await self.openai.prepare_chat(
+            body, request[REQUEST_ID_KEY], self._observer(request)
+        )
         return await self._reply(request, prepared)
 
     # -- native API
@@ -318,26 +322,26 @@ class Handlers:
         req: GenerateRequestBody = parse_request(
             GenerateRequestBody, await read_json(request), self.policy
         )
-        kwargs = {
-            "prompt": req.text,
-            "input_ids": req.input_ids,
-            "sampling_params": req.known_sampling_params(SAMPLING_PARAM_FIELDS, self.policy),
-            "return_logprob": req.return_logprob,
-            "top_logprobs_num": req.top_logprobs_num,
-            "request_id": request[REQUEST_ID_KEY],
-        }
+        generate_request, batched = GenerateRequest.native(
+            req.text,
+            req.input_ids,
+            req.known_sampling_params(SAMPLING_PARAM_FIELDS, self.policy),
+            req.return_logprob,
+            req.top_logprobs_num,
+            request[REQUEST_ID_KEY],
+        )
+        self.tm.check_fits_queue(generate_request)
         record = record_of(request)
         if record is not None:
             record.id = request[REQUEST_ID_KEY]
         with self._counted():
             if not req.stream:
-                results = await self.engine.async_generate(**kwargs)
+                results = await native.generate(self.tm, generate_request)
                 if record is not None:
-                    batch = results if isinstance(results, list) else [results]
-                    for index, result in enumerate(batch):
+                    for index, result in enumerate(results):
                         record.observe_native(index, result, streamed=False)
-                return web.json_response(results)
-            items = self.engine.async_generate_stream(**kwargs)
+                return web.json_response(results if batched or len(results) > 1 else results[0])
+            items = native.generate_stream(self.tm, generate_request)
             if record is not None:
                 items = record.observed_native(items)
             return await _stream(request, items)
