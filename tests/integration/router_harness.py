@@ -64,6 +64,8 @@ class ScriptedWorker:
     dead: bool = False
     hang_admin: bool = False  # /flush_cache and /get_server_info never answer
     admin_key: str | None = None  # /flush_cache and /get_server_info want this bearer key
+    drop_models: bool = False  # /v1/models drops the connection
+    models_asked: int = 0
     port: int = field(default_factory=free_port)
     _runner: web.AppRunner | None = None
 
@@ -106,6 +108,10 @@ class ScriptedWorker:
         return web.Response(text=text)
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.models_asked += 1
+        if self.drop_models:
+            assert request.transport is not None
+            request.transport.abort()
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
 
     def _refused(self, request: web.Request) -> web.Response | None:

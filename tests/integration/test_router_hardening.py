@@ -139,6 +139,27 @@ def test_a_connection_broken_after_the_request_was_sent_is_a_502_not_a_retry() -
     asyncio.run(scenario())
 
 
+def test_only_generation_requests_are_quarantined_not_the_model_list() -> None:
+    async def scenario() -> None:
+        worker = await ScriptedWorker("w", drop_models=True).start()
+        async with (
+            running_router(worker_url=(worker.url,)) as (r, url),
+            aiohttp.ClientSession() as session,
+        ):
+            for _ in range(3):
+                await wait_until(lambda: r.pool.get(worker.url).state == "ready")
+                async with session.get(url + "/v1/models") as reply:
+                    assert reply.status == 502  # failed, not retried, never quarantined
+                    assert (await reply.json())["error"]["code"] == "upstream_failed"
+            # every call reached the worker (aiohttp's client itself sends an idempotent GET
+            # again, once, when a reused connection drops)
+            assert 3 <= worker.models_asked <= 6
+            assert metric(r, "radixserve_router_quarantined_requests_total") == 0
+        await worker.stop()
+
+    asyncio.run(scenario())
+
+
 def test_a_stream_that_breaks_counts_as_a_death_with_its_request() -> None:
     async def scenario() -> None:
         worker = await ScriptedWorker("w", mode="break", events=1).start()

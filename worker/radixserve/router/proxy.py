@@ -13,7 +13,8 @@ A failure that may have happened *with the request inside the worker* is never s
 request was sent (the client gets 502 `upstream_failed`), or a stream that broke midway. One
 curl that kills a worker must not kill the next one: such a request is answered, not retried,
 and its fingerprint is struck in the `Quarantine` (two strikes: identical requests get 400
-`request_quarantined` without reaching a worker).
+`request_quarantined` without reaching a worker). Only POSTs (the generation requests, whose
+body can poison a worker) are fingerprinted: `GET /v1/models` is never quarantined.
 
 Non-streaming answers are read whole before the first byte goes to the client. Server-sent
 events are relayed event by event as they arrive (reading the worker no faster than the client
@@ -142,7 +143,7 @@ class Proxy:
     async def _forward(self, request: web.Request, started: float) -> web.StreamResponse:
         body = await request.read()
         print_ = fingerprint(request.method, request.path_qs, body)
-        if self.quarantine.is_quarantined(print_):
+        if request.method == "POST" and self.quarantine.is_quarantined(print_):
             self.metrics.quarantined.inc()
             return error_response(
                 APIError(
@@ -222,9 +223,9 @@ class Proxy:
             upstream.url,
             request.method,
             printable(request.path_qs),
-            how,
+            printable(how),
         )
-        if self.quarantine.strike(print_):
+        if request.method == "POST" and self.quarantine.strike(print_):
             logger.warning(
                 "request %s %s (fingerprint %s) coincided with two worker failures, the last at"
                 " %s: identical requests are refused for %gs",
