@@ -21,8 +21,9 @@ def root_logging_restored():
 
 @pytest.fixture(scope="session")
 def smollm2_tokenizer():
-    """The bundled SmolLM2's tokenizer and chat template (no tool support in the template)."""
-    from radixserve.model_loader.loader import load_tokenizer
-    from radixserve.server_args import BUILTIN_SMOLLM2
+    """The bundled SmolLM2's tokenizer and chat template (no tool support in the template), as
+    the front end loads it."""
+    from radixserve.frontend.tokenizer import load_frontend_tokenizer
+    from radixserve.model_loader.tokenizer import bundled_tokenizer, frontend_tokenizer_dir
 
-    return load_tokenizer(BUILTIN_SMOLLM2)
+    return load_frontend_tokenizer(frontend_tokenizer_dir(bundled_tokenizer()))

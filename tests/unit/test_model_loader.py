@@ -598,20 +598,32 @@ def test_directory_without_safetensors_is_rejected(tmp_path: Path) -> None:
         load_model_source(str(tmp_path))
 
 
-def test_load_tokenizer_is_the_sources_tokenizer_without_weights(
+def test_the_front_ends_tokenizer_is_the_schedulers_without_torch(
     hf_directory: tuple[Path, dict[str, torch.Tensor]],
 ) -> None:
-    from radixserve.model_loader.loader import load_tokenizer
+    """The front end loads, torch-free, the directory the scheduler reports: it must encode,
+    decode and render chats exactly as the scheduler's own tokenizer does."""
+    from radixserve.frontend.tokenizer import load_frontend_tokenizer
+    from radixserve.model_loader.tokenizer import frontend_tokenizer_dir
 
     directory, _ = hf_directory
-    text = "Hello, radix world!"
-    assert load_tokenizer(str(directory)).encode(text) == load_model_source(
-        str(directory)
-    ).tokenizer.encode(text)
-    assert load_tokenizer("random:tiny-llama") is None
-    assert load_tokenizer("builtin:smollm2-135m").encode(text) == load_model_source(
-        "builtin:smollm2-135m"
-    ).tokenizer.encode(text)
+    text = "Hello, radix world! <|im_end|> ünïcödé 🎉"
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": text}]
+    for model in (str(directory), "builtin:smollm2-135m"):
+        source = load_model_source(model).tokenizer
+        front = load_frontend_tokenizer(frontend_tokenizer_dir(source))
+        assert front.encode(text) == source.encode(text), model
+        ids = source.encode(text)
+        assert front.decode(ids, skip_special_tokens=True) == source.decode(
+            ids, skip_special_tokens=True
+        )
+        assert front.eos_token_id == source.eos_token_id
+        if source.chat_template:
+            assert front.apply_chat_template(
+                chat, tokenize=False, add_generation_prompt=True
+            ) == source.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
+    assert frontend_tokenizer_dir(None) is None
+    assert load_frontend_tokenizer(None) is None
 
 
 def test_the_architectures_the_loader_accepts_are_the_ones_the_registry_builds():

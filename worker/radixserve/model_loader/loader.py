@@ -86,19 +86,6 @@ def load_model_source(
     return _from_gguf(gguf_path, tokenizer, dtype, device, context_length, label=str(gguf_path))
 
 
-def load_tokenizer(model: str) -> transformers.PreTrainedTokenizerBase | None:
-    """The tokenizer `load_model_source(model)` would give, without reading any weights: what
-    the front-end process needs. None for models driven by token ids only."""
-    if model == BUILTIN_SMOLLM2:
-        return bundled_tokenizer()
-    if model.startswith(RANDOM_PREFIX):
-        return _random_tokenizer(random_init.random_hf_config(model[len(RANDOM_PREFIX) :]))
-    path = checkpoint_files.local_path(model)
-    if checkpoint_files.is_hf_directory(path):
-        return load_directory_tokenizer(path)
-    return load_gguf_tokenizer(_gguf_file(model, path))
-
-
 def derived_hf_config(model: str) -> transformers.PretrainedConfig:
     """The config of a `--model` that has no config.json, read without any weights: a random
     preset's, a GGUF file's metadata. What the front end checks for those forms (a checkpoint
