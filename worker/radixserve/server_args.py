@@ -103,6 +103,17 @@ class ServerArgs:
     max_queued_requests: int = option(
         1024, "requests waiting for admission before new ones get 429"
     )
+    grammar_compile_timeout: float = option(
+        30.0,
+        "seconds a grammar (json_schema, regex, ebnf) may take to compile; a longer compile is "
+        "killed and its requests get a 400",
+    )
+    max_concurrent_grammar_compiles: int = option(
+        4, "distinct grammars compiled at once, each in a worker process; others wait their turn"
+    )
+    grammar_cache_mb: int = option(
+        512, "memory of compiled grammars kept for reuse (MiB); least recently used go first"
+    )
     drain_timeout: float = option(30.0, "seconds in-flight requests get to finish after SIGTERM")
     scheduler_stall_timeout: float = option(
         30.0,
@@ -164,7 +175,7 @@ class ServerArgs:
             if value not in allowed:
                 raise ValueError(f"{flag_of(name)} must be one of {allowed}, got {value!r}")
         positive = ("port", "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs")
-        positive += ("tp_size", "max_queued_requests")
+        positive += ("tp_size", "max_queued_requests", "max_concurrent_grammar_compiles")
         for name in positive:
             if getattr(self, name) < 1:
                 raise ValueError(f"{flag_of(name)} must be positive, got {getattr(self, name)}")
@@ -176,6 +187,10 @@ class ServerArgs:
             raise ValueError("--mem-fraction-static must be in (0, 1)")
         if not 0.0 < self.new_token_ratio <= 1.0:
             raise ValueError("--new-token-ratio must be in (0, 1]")
+        if self.grammar_compile_timeout <= 0:
+            raise ValueError("--grammar-compile-timeout must be positive")
+        if self.grammar_cache_mb < 0:
+            raise ValueError("--grammar-cache-mb must not be negative")
         if self.drain_timeout < 0:
             raise ValueError("--drain-timeout must not be negative")
         if self.scheduler_stall_timeout <= 0:

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -40,12 +40,22 @@ class Grammar(ABC):
         """The grammar has ended: it accepted a stop token and allows nothing more."""
 
 
+class CompileRecipe(Protocol):
+    """How a worker process compiles for a backend (compile_worker.py). Picklable; `build`
+    runs in the worker and returns its compile function: (kind, text) -> (payload, memory
+    bytes), raising GrammarError for a constraint the compiler rejects."""
+
+    def build(self) -> Callable[[str, str], tuple[Any, int]]: ...
+
+
 @dataclass(frozen=True)
 class CompiledGrammar:
     """A compiled constraint, shared by every request that asks for the same one."""
 
     backend: GrammarBackend
     handle: Any  # the backend's own compiled form
+    # its memory as the backend reports it; None: unknown (the cache then assumes a default)
+    nbytes: int | None = None
 
     def new_grammar(self) -> Grammar:
         return self.backend.new_grammar(self.handle)
@@ -86,9 +96,11 @@ class PendingVocabMask:
 class GrammarBackend(ABC):
     """Compiles constraints for one model's vocabulary and builds and applies token masks.
 
-    `compile` runs on the grammar cache's threads, `fill_token_bitmask` on the mask thread
-    (while the scheduler's thread touches none of its matchers: a fill walks a matcher's parser
-    ahead and back, so even a read beside it is a race), everything else on the scheduler's."""
+    `compile` runs on the grammar cache's threads (given a `compile_recipe`, the recipe's
+    function runs in a worker process instead and `load_compiled` on the cache's threads),
+    `fill_token_bitmask` on the mask thread (while the scheduler's thread touches none of its
+    matchers: a fill walks a matcher's parser ahead and back, so even a read beside it is a
+    race), everything else on the scheduler's."""
 
     _mask_thread: ThreadPoolExecutor | None = None
 
@@ -96,6 +108,16 @@ class GrammarBackend(ABC):
     def compile(self, kind: str, text: str) -> CompiledGrammar:
         """Compile a constraint (kind in validation.CONSTRAINT_KINDS); GrammarError if it is
         invalid or unsupported."""
+
+    def compile_recipe(self) -> CompileRecipe | None:
+        """How a worker process compiles for this backend (compile_worker.py), if it can: the
+        grammar cache then compiles there, where a compile that runs too long is killed for
+        real. None: compiles run on threads, where one that runs too long is only abandoned."""
+        return None
+
+    def load_compiled(self, payload: Any, nbytes: int) -> CompiledGrammar:
+        """A grammar a worker process compiled from `compile_recipe()`, its payload as sent."""
+        raise NotImplementedError
 
     @abstractmethod
     def new_grammar(self, handle: Any) -> Grammar: ...

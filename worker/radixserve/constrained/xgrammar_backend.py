@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +32,39 @@ _MESSAGE_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: (Check failed: .*? is false
 
 def _reason(exc: Exception) -> str:
     return _MESSAGE_PREFIX.sub("", str(exc).strip()).strip()
+
+
+def _compile(compiler: xgr.GrammarCompiler, kind: str, text: str) -> xgr.CompiledGrammar:
+    try:
+        if kind == "json_schema":
+            return compiler.compile_json_schema(text, any_whitespace=False)
+        if kind == "regex":
+            return compiler.compile_regex(text)
+        if kind == "ebnf":
+            return compiler.compile_grammar(text)
+    except RuntimeError as exc:
+        raise GrammarError(_reason(exc)) from None
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+@dataclass(frozen=True)
+class XGrammarRecipe:
+    """What a compile worker process needs (compile_worker.py): the vocabulary as xgrammar
+    serializes it. The worker sends back the compiled grammar's JSON, which the backend loads
+    against its own vocabulary."""
+
+    tokenizer_info_json: str
+    threads: int
+
+    def build(self) -> Callable[[str, str], tuple[str, int]]:
+        info = xgr.TokenizerInfo.deserialize_json(self.tokenizer_info_json)
+        compiler = xgr.GrammarCompiler(info, max_threads=self.threads, cache_enabled=False)
+
+        def compile_one(kind: str, text: str) -> tuple[str, int]:
+            compiled = _compile(compiler, kind, text)
+            return compiled.serialize_json(), compiled.memory_size_bytes
+
+        return compile_one
 
 
 class XGrammarMatcher(Grammar):
@@ -63,23 +97,23 @@ class XGrammarBackend(GrammarBackend):
         # thread, ~1.7 ms on 16 (H200 host, benchmark-log.md); more gain little
         threads = min(16, len(os.sched_getaffinity(0)))
         # the grammar cache owns caching (keyed by kind and text, failures included)
+        self._info = info
+        self._threads = threads
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
         self.vocab_size = vocab_size
 
     def compile(self, kind: str, text: str) -> CompiledGrammar:
-        try:
-            if kind == "json_schema":
-                handle = self._compiler.compile_json_schema(text, any_whitespace=False)
-            elif kind == "regex":
-                handle = self._compiler.compile_regex(text)
-            elif kind == "ebnf":
-                handle = self._compiler.compile_grammar(text)
-            else:
-                raise ValueError(f"unknown constraint kind {kind!r}")
-        except RuntimeError as exc:
-            raise GrammarError(_reason(exc)) from None
-        return CompiledGrammar(self, handle)
+        handle = _compile(self._compiler, kind, text)
+        return CompiledGrammar(self, handle, handle.memory_size_bytes)
+
+    def compile_recipe(self) -> XGrammarRecipe:
+        return XGrammarRecipe(self._info.serialize_json(), self._threads)
+
+    def load_compiled(self, payload: str, nbytes: int) -> CompiledGrammar:
+        # about a tenth of the compile's time; xgrammar releases the GIL meanwhile
+        handle = xgr.CompiledGrammar.deserialize_json(payload, self._info)
+        return CompiledGrammar(self, handle, nbytes)
 
     def new_grammar(self, handle: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self, xgr.GrammarMatcher(handle))

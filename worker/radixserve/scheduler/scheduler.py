@@ -163,7 +163,14 @@ class Scheduler:
         # constrained requests whose grammar is compiling, in arrival order
         self.grammar_queue: list[Req] = []
         self.grammar_cache = (
-            GrammarCache(model.grammar_backend) if model.tokenizer is not None else None
+            GrammarCache(
+                model.grammar_backend,
+                max_bytes=server_args.grammar_cache_mb << 20,
+                timeout=server_args.grammar_compile_timeout,
+                max_concurrent=server_args.max_concurrent_grammar_compiles,
+            )
+            if model.tokenizer is not None
+            else None
         )
         # with tensor parallelism rank 0 decides when a compile is done and tells every rank
         # (GrammarsReadyReq), so that all ranks admit the request in the same step
@@ -251,6 +258,10 @@ class Scheduler:
         queue = next((q for q in (self.waiting_queue, self.grammar_queue) if req in q), None)
         if queue is not None:
             queue.remove(req)
+            if queue is self.grammar_queue:
+                # the compile is cancelled unless another request still waits for it
+                self.grammar_cache.release(*req.sampling_params.constraint)
+                req.grammar_future = None
             req.finished_reason = {"type": "abort"}
             self._finish_waiting(req)
         else:
@@ -330,6 +341,7 @@ class Scheduler:
             "num_queued_requests": len(self.waiting_queue) + len(self.grammar_queue),
             "num_compiling_grammars": len(self.grammar_queue),
             "grammar_cache_entries": len(self.grammar_cache or ()),
+            "grammar_cache_bytes": self.grammar_cache.nbytes if self.grammar_cache else 0,
             **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
             "kv_cache_evictable_ratio": self.kv_evictable(),
