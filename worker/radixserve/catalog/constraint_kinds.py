@@ -74,6 +74,8 @@ def validate_constraint(kind: str, text: object) -> str | None:
 def surrogate_problem(text: str) -> str | None:
     """Why `text` is not Unicode that can be encoded (a lone UTF-16 surrogate such as the JSON
     escape \\ud800), or None."""
+    if text.isascii():  # the common case, checked at memory speed (a 60 MB prompt: ~5 ms)
+        return None
     found = _SURROGATE.search(text)
     if found is None:
         return None
