@@ -4,23 +4,29 @@ scripted workers in their own processes, each of which exits the moment it recei
 The router must not spread it: the worker that got it dies, the other never sees it, the client
 gets an error (not a hang), the fleet keeps serving; after the first worker is restarted and dies
 of the same request again, that request is quarantined (400) without reaching any worker.
+The last test holds the router to the real worker's answer when its scheduler dies under a
+request (bundled SmolLM2 on the CPU: slow).
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from router_harness import free_port
 
+from radixserve.bench.router import metric_sum, started_workers
 from radixserve.bench.server_process import ServerProcess
 
 HARNESS = Path(__file__).with_name("router_harness.py")
@@ -169,3 +175,53 @@ def test_a_poison_request_kills_one_worker_not_the_fleet_and_is_quarantined(flee
         assert status == 200
     log = router.log_path.read_text()  # type: ignore[attr-defined]
     assert log.count("coincided with two worker failures") == 1
+
+
+REAL_SERVE_ARGS = ["--device", "cpu", "--max-running-requests", "4", "--max-total-tokens", "4096"]
+
+
+@pytest.mark.slow
+def test_a_real_worker_whose_scheduler_dies_mid_request_does_not_pass_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two `radixserve serve` workers (bundled SmolLM2, CPU): the scheduler of the worker running
+    a request is SIGKILLed. The worker's own answer (503 `unavailable`) reaches the client, the
+    other worker never runs the request, and the fleet goes on serving."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # two workers share two cores
+    long = {"model": "smollm2-135m", "prompt": "Tell me a long story.", "max_tokens": 2000}
+    long |= {"ignore_eos": True}
+    with started_workers(2, REAL_SERVE_ARGS, tmp_path) as workers:
+        args = [arg for w in workers for arg in ("--worker-url", w.base_url)]
+        args += ["--health-check-interval", "0.2"]
+        with ServerProcess(args, tmp_path / "router.log", subcommand="router") as router:
+
+            def running(worker: ServerProcess) -> float:
+                _, body = worker.get("/metrics")
+                return metric_sum(body.decode(), "radixserve_num_running_requests")
+
+            with ThreadPoolExecutor(1) as pool:
+                asked = pool.submit(call, "POST", router.base_url + "/v1/completions", long)
+                wait_for(lambda: any(running(w) for w in workers), "the request never ran", 120)
+                victim = next(w for w in workers if running(w))
+                survivor = next(w for w in workers if w is not victim)
+                finished_before = metric_sum(
+                    survivor.get("/metrics")[1].decode(), "radixserve_requests_total"
+                )
+                for (
+                    pid
+                ) in victim.child_pids():  # the scheduler (and its helpers), not the front end
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                status, headers, reply = asked.result(timeout=CLIENT_TIMEOUT_S)
+            assert status == 503 and reply["error"]["code"] == "unavailable", reply
+            assert headers["X-Radixserve-Worker"] == victim.base_url
+            assert running(survivor) == 0
+            assert metric(router, "radixserve_router_retries_total") == 0
+            for i in range(3):
+                small = {"model": "smollm2-135m", "prompt": f"Say {i}.", "max_tokens": 2}
+                status, headers, _ = call("POST", router.base_url + "/v1/completions", small)
+                assert status == 200 and headers["X-Radixserve-Worker"] == survivor.base_url
+            finished_after = metric_sum(
+                survivor.get("/metrics")[1].decode(), "radixserve_requests_total"
+            )
+            assert finished_after == finished_before + 3  # the three small ones, not the long one
