@@ -164,8 +164,9 @@ class Router:
                 async with self.session.get(url, headers=headers, timeout=timeout) as reply:
                     if reply.status in (401, 403):
                         return invalid_api_key()  # the workers refuse this client's key
-                    if reply.status == 200:
-                        info = await reply.json()
+                    answer = await reply.json() if reply.status == 200 else None
+                    if isinstance(answer, dict):
+                        info = answer
                         break
                     failed[upstream.url] = f"HTTP {reply.status}"
             except TimeoutError:
