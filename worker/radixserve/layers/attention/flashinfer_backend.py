@@ -28,12 +28,10 @@ from radixserve.distributed.parallel_state import barrier, tp_rank
 from radixserve.kernels.kv_indices import gather_kv_indices
 from radixserve.layers.attention import flashinfer_kernels
 from radixserve.layers.attention.base import AttentionBackend, AttentionContext
-from radixserve.layers.attention.triton_backend import split_heads
 from radixserve.layers.radix_attention import AttentionVariant
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
-    from radixserve.forward.mode import ForwardMode
     from radixserve.layers.radix_attention import RadixAttention
 
 _WORKSPACE_BYTES = 128 * 1024 * 1024
@@ -97,13 +95,14 @@ def host_indptr(lengths: list[int] | torch.Tensor) -> torch.Tensor:
 
 
 class FlashInferAttnBackend(AttentionBackend):
+    name = "flashinfer"
+    decode_metadata_type = extend_metadata_type = FlashInferMetadata
+
     def __init__(self, context: AttentionContext) -> None:
         self._flashinfer = _import_flashinfer()
-        self.device = context.device
+        super().__init__(context)
         self.dtype = context.dtype
         self.kv_dtype = context.kv_dtype
-        self.num_heads, self.num_kv_heads = context.num_heads, context.num_kv_heads
-        self.head_dim = context.head_dim
         self.req_to_token = context.req_to_token
         self.variants = context.planned_variants()
         self._variant_index = {variant: i for i, variant in enumerate(self.variants)}
@@ -126,7 +125,6 @@ class FlashInferAttnBackend(AttentionBackend):
             )
             for _ in self.variants
         ]
-        self.forward_metadata: FlashInferMetadata | None = None
         self._graph_wrappers: dict[int, list[Any]] = {}
         self._graph_kv_indptr: torch.Tensor | None = None
         self._graph_kv_indices: torch.Tensor | None = None
@@ -194,15 +192,9 @@ class FlashInferAttnBackend(AttentionBackend):
         )
         self._graph_last_page_len = torch.ones(max_bs, dtype=torch.int32, device=self.device)
 
-    def init_forward_metadata_capture_cuda_graph(
-        self,
-        bs: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> None:
-        if not forward_mode.is_decode():
-            raise NotImplementedError("the flashinfer backend captures decode passes only")
+    def capture_decode_metadata(
+        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+    ) -> FlashInferMetadata:
         if self._graph_kv_indptr is None:
             raise RuntimeError("init_cuda_graph_state must run before capture")
         # every variant's wrapper reads the same static page table
@@ -218,31 +210,21 @@ class FlashInferAttnBackend(AttentionBackend):
             )
             for _ in self.variants
         ]
-        self._replan_graph_decode(bs, req_pool_indices, seq_lens, seq_lens.cpu())
+        return self.replay_decode_metadata(bs, req_pool_indices, seq_lens, seq_lens.cpu())
 
-    def init_forward_metadata_replay_cuda_graph(
+    def replay_decode_metadata(
         self,
         bs: int,
         req_pool_indices: torch.Tensor,
         seq_lens: torch.Tensor,
-        seq_lens_sum: int,
-        seq_lens_cpu: torch.Tensor | None = None,
-    ) -> None:
-        """seq_lens_cpu (the padded lengths, on the host) spares a device-to-host sync."""
+        seq_lens_cpu: torch.Tensor | None,
+    ) -> FlashInferMetadata:
+        """Plan the captured size's wrappers and refill their static page table in place;
+        seq_lens_cpu (the padded lengths, on the host) spares a device-to-host sync."""
         if seq_lens_cpu is None:
             seq_lens_cpu = seq_lens[:bs].cpu()
-        self._replan_graph_decode(bs, req_pool_indices, seq_lens, seq_lens_cpu[:bs])
-
-    def _replan_graph_decode(
-        self,
-        bs: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_cpu: torch.Tensor,
-    ) -> None:
-        """Plan the captured size's wrappers and refill their static page table in place."""
         wrappers = self._graph_wrappers[bs]
-        kv_indptr_host = host_indptr(seq_lens_cpu)
+        kv_indptr_host = host_indptr(seq_lens_cpu[:bs])
         assert self._graph_kv_indices is not None and self._graph_kv_indptr is not None
         kv_indices = self._graph_kv_indices[: int(kv_indptr_host[-1])]
         # plan copies kv_indptr into the static buffer (the gather below reads it there) and
@@ -255,59 +237,34 @@ class FlashInferAttnBackend(AttentionBackend):
             kv_indptr=self._graph_kv_indptr[: bs + 1],
             kv_indices=kv_indices,
         )
-        self.forward_metadata = FlashInferMetadata(wrappers)
+        return FlashInferMetadata(wrappers)
 
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1
-
-    def _attend(
+    def run_decode(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        save_kv_cache: bool,
+        meta: FlashInferMetadata,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
+        """Decode and extend alike: the planned wrapper of the layer's variant runs over the
+        pool, which holds this pass's K/V already."""
         variant = self._variant_index.get(layer.variant)
         if variant is None:
             raise ValueError(
                 f"layer {layer.layer_id}'s attention {layer.variant} is not among the variants "
                 f"the flashinfer backend was built for: {self.variants}"
             )
-        # the kernels read this pass's K/V from the pool
-        if save_kv_cache:
-            self.store_kv(k, v, layer, forward_batch)
-        pool = forward_batch.token_to_kv_pool
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
-        k_scale, v_scale = pool.scales(layer.layer_id)
-        assert self.forward_metadata is not None, "init_forward_metadata did not run"
-        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim).contiguous()
         # page size 1: [slots, kv_heads, d] is [pages, page_size=1, kv_heads, d] in NHD
+        pool = forward_batch.token_to_kv_pool
         scales = {"k_scale": k_scale, "v_scale": v_scale} if pool.is_fp8 else {}
-        out = self.forward_metadata.wrappers[variant].run(
-            q_heads, (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), **scales
+        return meta.wrappers[variant].run(
+            q.contiguous(), (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), **scales
         )
-        return out.view(-1, layer.tp_q_head_num * layer.head_dim)
 
-    def forward_decode(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: RadixAttention,
-        forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
-    ) -> torch.Tensor:
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
-
-    def forward_extend(
-        self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        layer: RadixAttention,
-        forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
-    ) -> torch.Tensor:
-        return self._attend(q, k, v, layer, forward_batch, save_kv_cache)
+    run_extend = run_decode

@@ -10,97 +10,102 @@ the explicit softmax path, in the reference's order of operations.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers.attention.base import AttentionBackend, AttentionContext
+from radixserve.layers.attention.base import AttentionBackend
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
     from radixserve.layers.radix_attention import RadixAttention
 
 
+@dataclass
+class NativeDecodeMetadata:
+    """One decode pass's padded [bs, max_len] slot index and validity mask, every layer's."""
+
+    index: torch.Tensor  # [bs, max_len] int64, 0 where padded
+    mask: torch.Tensor  # [bs, max_len] bool
+    seq_lens: torch.Tensor  # [bs]
+    # window -> decode mask of this pass (the full mask narrowed to the last W keys)
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)
+
+
 class TorchNativeAttnBackend(AttentionBackend):
     # pads decode to the longest sequence of the pass: shapes change every step
     supports_cuda_graph = False
-
-    def __init__(self, context: AttentionContext) -> None:
-        self.device = context.device
-        self._decode_index: torch.Tensor | None = None
-        self._decode_mask: torch.Tensor | None = None
-        self._decode_seq_lens: torch.Tensor | None = None
-        # window -> decode mask of this pass (the full mask narrowed to the last W keys)
-        self._window_masks: dict[int, torch.Tensor] = {}
+    name = "torch_native"
+    decode_metadata_type = NativeDecodeMetadata
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if not forward_batch.forward_mode.is_decode():
-            return
-        # Padded [bs, max_len] slot index and validity mask, shared by every layer.
+            return  # extend reads each request's slots itself
         seq_lens = forward_batch.seq_lens
         max_len = int(forward_batch.seq_lens_cpu.max())
         rows = forward_batch.req_to_token_pool.req_to_token[
             forward_batch.req_pool_indices, :max_len
         ]
         mask = torch.arange(max_len, device=seq_lens.device)[None, :] < seq_lens[:, None]
-        self._decode_index = torch.where(mask, rows.long(), 0)
-        self._decode_mask = mask
-        self._decode_seq_lens = seq_lens
-        self._window_masks = {}
+        self.forward_metadata = NativeDecodeMetadata(
+            torch.where(mask, rows.long(), 0), mask, seq_lens
+        )
 
-    def _decode_mask_for(self, layer: RadixAttention) -> torch.Tensor:
-        assert self._decode_mask is not None and self._decode_seq_lens is not None
+    @staticmethod
+    def _decode_mask_for(meta: NativeDecodeMetadata, layer: RadixAttention) -> torch.Tensor:
         window = layer.sliding_window_size
         if window <= 0:
-            return self._decode_mask
-        if window not in self._window_masks:
-            positions = torch.arange(self._decode_mask.shape[1], device=self._decode_mask.device)
-            recent = positions[None, :] >= (self._decode_seq_lens - window)[:, None]
-            self._window_masks[window] = self._decode_mask & recent
-        return self._window_masks[window]
+            return meta.mask
+        if window not in meta.window_masks:
+            positions = torch.arange(meta.mask.shape[1], device=meta.mask.device)
+            recent = positions[None, :] >= (meta.seq_lens - window)[:, None]
+            meta.window_masks[window] = meta.mask & recent
+        return meta.window_masks[window]
 
-    def forward_decode(
+    def run_decode(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
+        meta: NativeDecodeMetadata,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
-        if save_kv_cache:
-            self.store_kv(k, v, layer, forward_batch)
         bs = forward_batch.batch_size
-        assert self._decode_index is not None, "init_forward_metadata did not run for decode"
-        # [bs, L, kvh, d]
-        keys, values = forward_batch.token_to_kv_pool.read_kv(
-            layer.layer_id, self._decode_index, q.dtype
-        )
+        # [bs, L, kvh, d], the FP8 pool's scales applied
+        keys, values = forward_batch.token_to_kv_pool.read_kv(layer.layer_id, meta.index, q.dtype)
         qh = q.view(bs, layer.tp_q_head_num, 1, layer.head_dim)
         out = _attention(
             qh,
             keys.transpose(1, 2),
             values.transpose(1, 2),
-            self._decode_mask_for(layer)[:, None, None, :],
+            self._decode_mask_for(meta, layer)[:, None, None, :],
             layer,
         )
         return out.reshape(bs, layer.tp_q_head_num * layer.head_dim)
 
-    def forward_extend(
+    def run_extend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
+        meta: object,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
-        if save_kv_cache:
-            self.store_kv(k, v, layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
         req_to_token = forward_batch.req_to_token_pool.req_to_token
-        out = torch.empty_like(q)
+        out = torch.empty_like(q)  # [tokens, h, d]
         start = 0
         for i in range(forward_batch.batch_size):
             ext = forward_batch.extend_seq_lens_cpu[i]
@@ -110,8 +115,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             keys, values = pool.read_kv(layer.layer_id, slots, q.dtype)
             keys = keys.transpose(0, 1)[None]  # [1, kvh, L, d]
             values = values.transpose(0, 1)[None]
-            qi = q[start : start + ext].view(ext, layer.tp_q_head_num, layer.head_dim)
-            qi = qi.transpose(0, 1)[None]  # [1, h, ext, d]
+            qi = q[start : start + ext].transpose(0, 1)[None]  # [1, h, ext, d]
             # query j (absolute position prefix + j) sees keys 0..prefix + j, or with a window
             # W only the last W of them
             key_pos = torch.arange(seq_len, device=q.device)[None, :]
@@ -120,7 +124,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             if layer.sliding_window_size > 0:
                 visible &= key_pos > query_pos - layer.sliding_window_size
             o = _attention(qi, keys, values, visible[None, None], layer)
-            out[start : start + ext] = o[0].transpose(0, 1).reshape(ext, -1)
+            out[start : start + ext] = o[0].transpose(0, 1)
             start += ext
         return out
 

@@ -1,4 +1,4 @@
-"""The Triton attention backend: paged decode and extend kernels of our own (`triton_ops/`).
+"""The Triton attention backend: paged decode and extend kernels of our own (`kernels/`).
 
 Per forward pass it only sizes scratch space and picks the number of KV splits; the kernels
 read req_to_token, seq_lens and the extend offsets straight from the ForwardBatch tensors.
@@ -20,11 +20,10 @@ from radixserve.kernels.decode_attention import (
     scratch_rows,
 )
 from radixserve.kernels.extend_attention import extend_attention_fwd
-from radixserve.layers.attention.base import AttentionBackend, AttentionContext
+from radixserve.layers.attention.base import AttentionBackend, AttentionContext, split_heads
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
-    from radixserve.forward.mode import ForwardMode
     from radixserve.layers.radix_attention import RadixAttention
 
 # Stands in for the SM count where there is no CUDA device (the Triton interpreter on a CPU).
@@ -45,27 +44,23 @@ class ExtendMetadata:
     max_extend_len: int  # sizes the kernel grid; known on the host from the scheduler
 
 
-def split_heads(x: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
-    """[tokens, heads * head_dim] -> [tokens, heads, head_dim], unit stride on the last axis."""
-    if x.stride(-1) != 1:
-        x = x.contiguous()
-    return x.view(-1, num_heads, head_dim)
-
-
 class TritonAttnBackend(AttentionBackend):
+    name = "triton"
+    decode_metadata_type = DecodeMetadata
+    extend_metadata_type = ExtendMetadata
+
     def __init__(self, context: AttentionContext) -> None:
-        self.device = context.device
-        self.num_heads, self.num_kv_heads = context.num_heads, context.num_kv_heads
-        self.head_dim = context.head_dim
+        super().__init__(context)
         if self.device.type == "cuda":
             props = torch.cuda.get_device_properties(self.device)
             self.num_sms = props.multi_processor_count
         else:
             self.num_sms = _SMS_WITHOUT_CUDA
-        self.forward_metadata: DecodeMetadata | ExtendMetadata | None = None
         # flat split-KV scratch shared by every captured batch size (graphs replay one at a time)
         self._graph_scratch_o: torch.Tensor | None = None
         self._graph_scratch_lse: torch.Tensor | None = None
+        # captured batch size -> its metadata (views of the scratch), which replay reuses
+        self._graph_metadata: dict[int, DecodeMetadata] = {}
 
     def _decode_metadata(self, bs: int, in_graph: bool = False) -> DecodeMetadata:
         splits = choose_num_kv_splits(bs, self.num_kv_heads, self.num_sms)
@@ -97,53 +92,41 @@ class TritonAttnBackend(AttentionBackend):
             (rows, self.head_dim), dtype=torch.float32, device=self.device
         )
         self._graph_scratch_lse = torch.empty(rows, dtype=torch.float32, device=self.device)
+        self._graph_metadata = {}
 
-    def init_forward_metadata_capture_cuda_graph(
+    def capture_decode_metadata(
+        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor
+    ) -> DecodeMetadata:
+        meta = self._graph_metadata[bs] = self._decode_metadata(bs, in_graph=True)
+        return meta
+
+    def replay_decode_metadata(
         self,
         bs: int,
         req_pool_indices: torch.Tensor,
         seq_lens: torch.Tensor,
-        forward_mode: ForwardMode,
-    ) -> None:
-        if not forward_mode.is_decode():
-            raise NotImplementedError("the triton backend captures decode passes only")
-        self.forward_metadata = self._decode_metadata(bs, in_graph=True)
-
-    def init_forward_metadata_replay_cuda_graph(
-        self,
-        bs: int,
-        req_pool_indices: torch.Tensor,
-        seq_lens: torch.Tensor,
-        seq_lens_sum: int,
-        seq_lens_cpu: torch.Tensor | None = None,
-    ) -> None:
+        seq_lens_cpu: torch.Tensor | None,
+    ) -> DecodeMetadata:
         # The captured kernels read the runner's static req_pool_indices/seq_lens themselves,
-        # and the split count is a function of bs: nothing to refill.
-        self.forward_metadata = self._decode_metadata(bs, in_graph=True)
+        # and the split count and scratch are functions of bs: nothing to refill.
+        return self._graph_metadata[bs]
 
-    def get_cuda_graph_seq_len_fill_value(self) -> int:
-        return 1
-
-    def forward_decode(
+    def run_decode(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
+        meta: DecodeMetadata,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
-        if save_kv_cache:
-            self.store_kv(k, v, layer, forward_batch)
-        pool = forward_batch.token_to_kv_pool
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
-        k_scale, v_scale = pool.scales(layer.layer_id)
-        meta = self.forward_metadata
-        assert isinstance(meta, DecodeMetadata), "init_forward_metadata did not run for decode"
-        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
-        out = torch.empty_like(q_heads)
+        out = torch.empty_like(q)
         decode_attention_fwd(
-            q_heads,
+            q,
             k_buffer,
             v_buffer,
             out,
@@ -159,32 +142,26 @@ class TritonAttnBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        return out.view(-1, layer.tp_q_head_num * layer.head_dim)
+        return out
 
-    def forward_extend(
+    def run_extend(
         self,
         q: torch.Tensor,
         k: torch.Tensor,
         v: torch.Tensor,
         layer: RadixAttention,
         forward_batch: ForwardBatch,
-        save_kv_cache: bool = True,
+        meta: ExtendMetadata,
+        k_buffer: torch.Tensor,
+        v_buffer: torch.Tensor,
+        k_scale: float,
+        v_scale: float,
     ) -> torch.Tensor:
-        k_heads = split_heads(k, layer.tp_k_head_num, layer.head_dim)
-        v_heads = split_heads(v, layer.tp_v_head_num, layer.head_dim)
-        if save_kv_cache:
-            self.store_kv(k, v, layer, forward_batch)
-        pool = forward_batch.token_to_kv_pool
-        k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
-        k_scale, v_scale = pool.scales(layer.layer_id)
-        meta = self.forward_metadata
-        assert isinstance(meta, ExtendMetadata), "init_forward_metadata did not run for extend"
-        q_heads = split_heads(q, layer.tp_q_head_num, layer.head_dim)
-        out = torch.empty_like(q_heads)
+        out = torch.empty_like(q)
         extend_attention_fwd(
-            q_heads,
-            k_heads,
-            v_heads,
+            q,
+            split_heads(k, layer.tp_k_head_num, layer.head_dim),
+            split_heads(v, layer.tp_v_head_num, layer.head_dim),
             out,
             k_buffer,
             v_buffer,
@@ -200,4 +177,4 @@ class TritonAttnBackend(AttentionBackend):
             k_scale=k_scale,
             v_scale=v_scale,
         )
-        return out.view(-1, layer.tp_q_head_num * layer.head_dim)
+        return out
