@@ -12,6 +12,12 @@ PROMETHEUS_STAMP := $(VENV)/.prometheus
 # interface, reachable by anyone who can reach the machine); ARGS goes to `radixserve serve`
 # as is, e.g. ARGS="--api-key KEY --max-total-tokens 8192" (`radixserve serve --help`).
 HOST ?= 127.0.0.1
+# tcsh exports HOST as the machine's name, which would listen beyond loopback unasked
+ifeq ($(origin HOST),environment)
+ifeq ($(HOST),$(shell hostname 2>/dev/null))
+HOST := 127.0.0.1
+endif
+endif
 PORT ?= 8000
 ARGS ?=
 # The conversion cache (the bundled model dequantized, converted tokenizers: about 0.5 GB),

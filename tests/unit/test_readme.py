@@ -9,6 +9,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 from pathlib import Path
 
@@ -105,6 +106,11 @@ def test_make_serve_says_where_it_listens_its_knobs_and_its_cache(
         "radixserve serve --host 0.0.0.0 --port 9001 --max-total-tokens 64"
     )
     assert "no API key" in done.stdout and "http://localhost:9001/v1" in done.stdout
+
+    # tcsh's HOST (the machine's name, exported) is not a request to listen beyond loopback
+    if shutil.which("hostname"):
+        done = make(["serve"], fake_venv, HOST=socket.gethostname())
+        assert done.stdout.splitlines()[-1] == "radixserve serve --host 127.0.0.1 --port 8000"
 
 
 def test_make_clean_cache_removes_the_cache_and_make_clean_keeps_it(
