@@ -626,11 +626,25 @@ def test_the_front_ends_tokenizer_is_the_schedulers_without_torch(
     assert load_frontend_tokenizer(None) is None
 
 
-def test_the_architectures_the_loader_accepts_are_the_ones_the_registry_builds():
-    """Two lists name the served families (model_type -> class name for configs, class name ->
-    module for the runner); a family in one alone would pass the start-up check and fail at
-    load, or the other way round."""
-    from radixserve.catalog.architectures import SUPPORTED_ARCHITECTURES
-    from radixserve.models.registry import MODEL_REGISTRY
+def test_every_catalogued_architecture_resolves_to_its_class():
+    """One list (catalog/architectures.py) names the served families, each with its class as
+    "module:Class"; the runner imports the class from there. Each entry must import, be a
+    model, and be the class of the architecture it is served as (not an alias of another)."""
+    from torch import nn
 
-    assert set(SUPPORTED_ARCHITECTURES.values()) == set(MODEL_REGISTRY)
+    from radixserve.catalog.architectures import (
+        CLASS_BY_ARCHITECTURE,
+        MODEL_CLASSES,
+        SUPPORTED_ARCHITECTURES,
+    )
+    from radixserve.models.registry import get_model_class
+
+    assert set(CLASS_BY_ARCHITECTURE) == set(SUPPORTED_ARCHITECTURES.values())
+    for model_type, path in MODEL_CLASSES.items():
+        architecture = SUPPORTED_ARCHITECTURES[model_type]
+        cls = get_model_class(architecture)
+        assert cls.__name__ == architecture, (model_type, path)
+        assert f"{cls.__module__}:{cls.__qualname__}" == path
+        assert issubclass(cls, nn.Module)
+    with pytest.raises(ValueError, match="unsupported architecture 'GPT2LMHeadModel'; supported: "):
+        get_model_class("GPT2LMHeadModel")

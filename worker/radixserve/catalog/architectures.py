@@ -1,19 +1,31 @@
 """The architectures the worker serves, by a config's raw `model_type` and `architectures`:
 torch- and transformers-free, so that the front end refuses a model it cannot serve before
-either is imported (and the loaders check the same way)."""
+either is imported (and the loaders check the same way). The one list of them:
+`models/registry.py` imports a model's module by the name given here when it is asked for
+the class. A new architecture is its model file plus one line in `MODEL_CLASSES`.
+"""
 
 from __future__ import annotations
 
-# model_type -> the architecture (config.architectures[0]) the worker serves it as
+# model_type -> the model class it is served with, as "module:Class"; the class's name is the
+# architecture (config.architectures[0]) a config of that model_type is served as
+MODEL_CLASSES: dict[str, str] = {
+    "llama": "radixserve.models.llama:LlamaForCausalLM",
+    "mistral": "radixserve.models.llama:MistralForCausalLM",
+    "qwen2": "radixserve.models.llama:Qwen2ForCausalLM",
+    "qwen3": "radixserve.models.llama:Qwen3ForCausalLM",
+    "qwen3_moe": "radixserve.models.qwen3_moe:Qwen3MoeForCausalLM",
+    "mixtral": "radixserve.models.mixtral:MixtralForCausalLM",
+    "gemma2": "radixserve.models.gemma2:Gemma2ForCausalLM",
+    "gemma3_text": "radixserve.models.gemma3:Gemma3ForCausalLM",
+}
+# architecture -> its model class, as "module:Class"
+CLASS_BY_ARCHITECTURE: dict[str, str] = {
+    path.rpartition(":")[2]: path for path in MODEL_CLASSES.values()
+}
+# model_type -> the architecture the worker serves it as
 SUPPORTED_ARCHITECTURES: dict[str, str] = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "gemma2": "Gemma2ForCausalLM",
-    "gemma3_text": "Gemma3ForCausalLM",
+    model_type: path.rpartition(":")[2] for model_type, path in MODEL_CLASSES.items()
 }
 
 

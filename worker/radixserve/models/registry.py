@@ -1,38 +1,23 @@
-"""Architecture name (config.architectures[0]) -> model class. Whether a model can be served
-at all is checked torch-free first (models/servable.py)."""
+"""Architecture name (config.architectures[0]) -> model class, from the one list of the
+served architectures (catalog/architectures.py, torch-free, which names each class as
+"module:Class"): the model's module is imported when its class is asked for. Whether a model
+can be served at all is checked torch-free first (catalog/servable.py)."""
 
 from __future__ import annotations
 
+import importlib
+
 from torch import nn
 
-from radixserve.models.gemma2 import Gemma2ForCausalLM
-from radixserve.models.gemma3 import Gemma3ForCausalLM
-from radixserve.models.llama import (
-    LlamaForCausalLM,
-    MistralForCausalLM,
-    Qwen2ForCausalLM,
-    Qwen3ForCausalLM,
-)
-from radixserve.models.mixtral import MixtralForCausalLM
-from radixserve.models.qwen3_moe import Qwen3MoeForCausalLM
-
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "Gemma2ForCausalLM": Gemma2ForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-}
+from radixserve.catalog.architectures import CLASS_BY_ARCHITECTURE
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
     try:
-        return MODEL_REGISTRY[architecture]
+        module_name, _, class_name = CLASS_BY_ARCHITECTURE[architecture].partition(":")
     except KeyError:
-        supported = ", ".join(sorted(MODEL_REGISTRY))
+        supported = ", ".join(sorted(CLASS_BY_ARCHITECTURE))
         raise ValueError(
             f"unsupported architecture {architecture!r}; supported: {supported}"
         ) from None
+    return getattr(importlib.import_module(module_name), class_name)
