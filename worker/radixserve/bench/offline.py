@@ -236,9 +236,10 @@ def run_transformers(
         f"{'call' if len(groups) == 1 else 'calls'} of `generate` (the slow part)..."
     )
     start = time.perf_counter()
+    every = max(1, len(groups) // 8)  # at most about eight progress lines
     for done, idx in enumerate(groups, 1):
         generate(idx)
-        if len(groups) > 1 and done < len(groups):
+        if done % every == 0 and done < len(groups):
             progress(f"transformers-{mode}: {done}/{len(groups)} calls done")
     if device == "cuda":
         torch.cuda.synchronize()
