@@ -154,11 +154,18 @@ class GrammarCache:
         return self._bytes
 
     def stats(self) -> dict[str, int]:
+        return {
+            "grammar_cache_entries": len(self._entries),
+            "grammar_cache_bytes": self._bytes,
+            **self.compile_stats(),
+        }
+
+    def compile_stats(self) -> dict[str, int]:
+        """Compiles running and queued now; those stopped since the start, and those
+        abandoned on threads that still run."""
         with self._lock:
             self._abandoned = [t for t in self._abandoned if t.is_alive()]
             return {
-                "grammar_cache_entries": len(self._entries),
-                "grammar_cache_bytes": self._bytes,
                 "grammar_compiles_running": self._running,
                 "grammar_compiles_queued": len(self._queue),
                 "grammar_compiles_abandoned": len(self._abandoned),

@@ -13,7 +13,9 @@ Lifecycle (`server_launch.run_server` starts it): the listening port is bound be
 loads (a port in use fails at once, and nothing can take the port meanwhile). SIGTERM (or
 SIGINT) makes `/ready` answer 503 at once and new generation requests get 503 + Retry-After,
 while requests already in flight run to completion for at most `--drain-timeout` seconds; then
-the rest are aborted, the scheduler process is stopped and the process exits 0.
+the rest are aborted, the scheduler process is stopped and the process exits 0. A scheduler
+process that dies unexpectedly (a crash, its hang watchdog) fails the requests in flight with
+503 and the process exits 1 within a second or two, so that the pod restarts.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ logger = logging.getLogger(__name__)
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # Requests still running when the drain ends are aborted; their handlers get this long to reply.
 ABORT_GRACE_S = 5.0
+# How often serving checks that its scheduler process lives; once it is gone, the handlers of
+# the requests it failed get this long to send their 503 before the process exits with this.
+SCHEDULER_WATCH_S = 0.2
+SCHEDULER_DEATH_GRACE_S = 1.0
+SCHEDULER_DIED_EXIT_STATUS = 1
 
 REQUEST_ID_HEADER = "X-Request-Id"
 MAX_REQUEST_ID_LENGTH = 256
@@ -352,9 +359,16 @@ class Handlers:
         card = model_card(self.model_name, self.engine.model_info.context_len)
         return web.json_response({"object": "list", "data": [card]})
 
+    async def model(self, request: web.Request) -> web.Response:
+        self.openai.check_model(request.match_info["model_id"])
+        return web.json_response(model_card(self.model_name, self.engine.model_info.context_len))
+
     async def health(self, request: web.Request) -> web.Response:
         if not self.tm.scheduler_alive:
             return web.json_response({"status": "scheduler down"}, status=503)
+        hung = hang_problem(self.tm, self.engine.server_args.watchdog_timeout)
+        if hung is not None:
+            return web.json_response({"status": "scheduler hung", "reason": hung}, status=503)
         return web.json_response({"status": "ok"})
 
     async def ready(self, request: web.Request) -> web.Response:
@@ -414,10 +428,27 @@ def readiness_problem(state: ServerState, tm: TokenizerManager, stall_timeout: f
     return None
 
 
+def hang_problem(tm: TokenizerManager, watchdog_timeout: float) -> str | None:
+    """Why the scheduler counts as hung, or None: requests are pending and it has not reported
+    (a step's outputs, or its idle heartbeat) for longer than --watchdog-timeout. Its own
+    watchdog ends it about then; this also covers a scheduler too stuck to run that (stopped,
+    or swapped out). An idle scheduler that went silent is a readiness matter only."""
+    if watchdog_timeout <= 0 or not tm.num_in_flight:
+        return None
+    silent = time.monotonic() - tm.last_scheduler_report
+    if silent <= watchdog_timeout:
+        return None
+    return (
+        f"the scheduler has not reported for {silent:.0f}s with {tm.num_in_flight} requests "
+        f"pending (--watchdog-timeout {watchdog_timeout:g}s)"
+    )
+
+
 def build_app(engine: Engine, state: ServerState) -> web.Application:
     args = engine.server_args
     middlewares = [
         request_lifecycle,
+        anthropic_errors,
         request_ids,
         openai_errors,
         api_key_guard(args.api_key, args.admin_api_key),
@@ -445,8 +476,12 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
 # ---------------------------------------------------------------------------- serving
 
 
-async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket) -> None:
-    """Serve on `listener` until SIGTERM/SIGINT, then drain and shut the engine down."""
+async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket) -> int:
+    """Serve on `listener` until SIGTERM/SIGINT, then drain and shut the engine down: exit
+    status 0. A scheduler process that dies meanwhile (a crash, its watchdog) ends the serving
+    instead: its in-flight requests have failed with 503, their handlers get a moment to reply,
+    and the status is SCHEDULER_DIED_EXIT_STATUS, so that Kubernetes restarts the pod rather
+    than keep a front end that can only answer 503."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -472,7 +507,12 @@ async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket
         server_args.port,
         engine.model_info.max_total_tokens,
     )
-    await stop.wait()
+    tm = engine.tokenizer_manager
+    while not stop.is_set():
+        if not tm.scheduler_alive:
+            return await _exit_without_scheduler(engine, state, runner)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), SCHEDULER_WATCH_S)
     state.draining = True
     logger.info(
         "draining: %d requests in flight, waiting up to %.0fs",
@@ -487,6 +527,20 @@ async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket
     await runner.cleanup()
     await engine.async_shutdown()
     logger.info("shut down cleanly")
+    return 0
+
+
+async def _exit_without_scheduler(engine: Engine, state: ServerState, runner: web.AppRunner) -> int:
+    logger.error(
+        "the scheduler process is gone: shutting down with exit status %d so that the pod "
+        "restarts (%d requests in flight failed with 503)",
+        SCHEDULER_DIED_EXIT_STATUS,
+        state.in_flight,
+    )
+    await _wait_for(lambda: state.in_flight == 0, SCHEDULER_DEATH_GRACE_S)
+    await runner.cleanup()
+    await engine.async_shutdown()
+    return SCHEDULER_DIED_EXIT_STATUS
 
 
 async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
