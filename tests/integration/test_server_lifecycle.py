@@ -1,8 +1,10 @@
-"""Server lifecycle over real processes: SIGTERM drain, a dying scheduler, a full queue."""
+"""Server lifecycle over real processes: SIGTERM drain, a dying scheduler (the front end exits
+non-zero), a dying front end (the scheduler follows at once), a full queue."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -86,33 +88,85 @@ def test_sigterm_drains_an_in_flight_stream_and_exits_zero(tmp_path):
     assert wait_until(lambda: not any(pid_exists(pid) for pid in children))
 
 
-def test_a_dead_scheduler_fails_requests_and_health(tmp_path):
+def kill_leftovers(pids: list[int]) -> None:
+    for pid in pids:
+        if pid_exists(pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+LONG_STREAM = {
+    "input_ids": [1, 2, 3],
+    "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
+    "stream": True,
+}
+
+
+def test_a_dead_scheduler_fails_requests_and_the_server_exits_non_zero(tmp_path):
+    """The in-flight stream fails with a 503-shaped error, then the front end exits 1 within
+    seconds (so that Kubernetes restarts the pod) and its log says why."""
+    log = tmp_path / "log"
     args = ["--model", "random:tiny-llama", "--max-total-tokens", "4096"]
-    with ServerProcess(args, log_path=tmp_path / "log") as server:
+    with ServerProcess(args, log_path=log) as server:
         assert server.get("/health")[0] == 200
+        children = server.child_pids()
 
         async def scenario():
-            async with aiohttp.ClientSession() as session:
-                body = {
-                    "input_ids": [1, 2, 3],
-                    "sampling_params": {"max_new_tokens": 2000, "ignore_eos": True},
-                    "stream": True,
-                }
-                async with session.post(server.base_url + "/generate", json=body) as reply:
-                    assert (await reply.content.readline()).startswith(b"data: {")
-                    os.kill(scheduler_pid(server), signal.SIGKILL)
-                    events = await asyncio.wait_for(read_events(reply), timeout=60)
-                body.update(stream=False)
-                async with session.post(server.base_url + "/generate", json=body) as after:
-                    return events, after.status
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(server.base_url + "/generate", json=LONG_STREAM) as reply,
+            ):
+                assert (await reply.content.readline()).startswith(b"data: {")
+                os.kill(scheduler_pid(server), signal.SIGKILL)
+                killed_at = time.monotonic()
+                return killed_at, await asyncio.wait_for(read_events(reply), timeout=60)
 
-        events, status_after = asyncio.run(scenario())
-        errors = [e for e in events if isinstance(e, dict) and "error" in e]
-        assert errors and "scheduler" in errors[0]["error"]["message"]
-        assert status_after == 503
-        assert server.get("/health")[0] == 503
-        assert server.get("/ready")[0] == 503
-        assert server.stop() == 0
+        try:
+            killed_at, events = asyncio.run(scenario())
+            errors = [e for e in events if isinstance(e, dict) and "error" in e]
+            assert errors and "scheduler" in errors[0]["error"]["message"]
+            assert errors[0]["error"]["code"] == "unavailable"
+            status = server.process.wait(timeout=30)
+            exited_after = time.monotonic() - killed_at
+        finally:
+            kill_leftovers(children)
+    assert status == 1
+    assert exited_after < 10, f"the front end took {exited_after:.1f}s to exit"
+    text = log.read_text()
+    assert "the scheduler process exited (exit code -9)" in text
+    assert "the scheduler process is gone: shutting down with exit status 1" in text
+
+
+def test_the_scheduler_dies_with_its_front_end(tmp_path):
+    """A front end SIGKILLed mid-generation takes its scheduler along at once (the kernel's
+    parent-death signal and the loop's check of its parent), not after minutes of generating
+    for nobody."""
+    args = ["--model", "random:tiny-llama", "--max-total-tokens", "4096"]
+    server = ServerProcess(args, log_path=tmp_path / "log")
+    with server:
+        children = server.child_pids()
+        scheduler = scheduler_pid(server)
+
+        async def scenario():
+            async with (
+                aiohttp.ClientSession() as session,
+                session.post(server.base_url + "/generate", json=LONG_STREAM) as reply,
+            ):
+                assert (await reply.content.readline()).startswith(b"data: {")
+                assert (await reply.content.readline()) is not None
+                server.process.kill()  # mid-generation: 2000 tokens take far longer than this
+                killed_at = time.monotonic()
+                server.process.wait(timeout=10)
+                gone = wait_until(lambda: not pid_exists(scheduler), timeout=10)
+                return gone, time.monotonic() - killed_at
+
+        try:
+            gone, after = asyncio.run(scenario())
+        finally:
+            kill_leftovers(children)
+    print(f"the scheduler was gone {after:.2f}s after its front end")
+    assert gone, "the scheduler outlived its front end"
+    assert after < 2.0, f"the scheduler took {after:.1f}s to notice its front end was gone"
 
 
 def test_a_full_queue_answers_429_with_retry_after(tmp_path):

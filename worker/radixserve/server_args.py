@@ -120,6 +120,13 @@ class ServerArgs:
         "seconds the scheduler loop may go without a step or an idle heartbeat before /ready "
         "answers 503 (a wedged scheduler; a busy one keeps stepping)",
     )
+    watchdog_timeout: float = option(
+        300.0,
+        "seconds a scheduler step may go without completing while requests are pending before "
+        "the worker counts as hung: the scheduler dumps every thread's stack to the log and "
+        "exits, the server exits non-zero (a pod restarts), and /health answers 503 meanwhile "
+        "(0: off)",
+    )
     random_seed: int = option(0, "seed of weights from random:, and of unseeded sampling")
     log_level: str = option(
         "info", "log level", choices=("debug", "info", "warning", "error", "critical")
@@ -195,6 +202,8 @@ class ServerArgs:
             raise ValueError("--drain-timeout must not be negative")
         if self.scheduler_stall_timeout <= 0:
             raise ValueError("--scheduler-stall-timeout must be positive")
+        if self.watchdog_timeout < 0:
+            raise ValueError("--watchdog-timeout must not be negative (0 turns it off)")
 
     def public_dict(self) -> dict[str, Any]:
         """Every field, keys redacted: what introspection endpoints may show."""

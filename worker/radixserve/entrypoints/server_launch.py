@@ -33,7 +33,7 @@ def bind_listener(host: str, port: int) -> socket.socket:
 
 def run_server(server_args: ServerArgs) -> None:
     """Claim the port, load the model (blocking) while the HTTP stack imports, then serve on a
-    fresh event loop."""
+    fresh event loop. Exits non-zero (SystemExit) when the scheduler process died."""
     try:
         listener = bind_listener(server_args.host, server_args.port)
     except OSError as exc:
@@ -56,9 +56,11 @@ def run_server(server_args: ServerArgs) -> None:
             process_started_at=process_started_at(),
         )
         try:
-            asyncio.run(http_server.result().serve(engine, server_args, listener))
+            status = asyncio.run(http_server.result().serve(engine, server_args, listener))
         finally:
             engine.shutdown()
+    if status:  # the scheduler process died: a non-zero exit, so that the pod restarts
+        raise SystemExit(status)
 
 
 def _exit_during_startup(signum: int, frame: object) -> None:

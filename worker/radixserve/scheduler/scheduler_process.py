@@ -9,6 +9,9 @@ each step, so every rank makes the same scheduling decisions and runs its shard 
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import faulthandler
 import importlib
 import logging
 import multiprocessing
@@ -16,8 +19,10 @@ import multiprocessing.process
 import os
 import signal
 import socket
+import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -53,6 +58,12 @@ SEND_RECONNECT_MS = 5
 
 # an idle scheduler loop reports at least this often (what /ready's liveness check reads)
 HEARTBEAT_S = 1.0
+
+# the exit status of a scheduler process its watchdog ended (EX_SOFTWARE)
+WATCHDOG_EXIT_CODE = 70
+
+# prctl's option: a signal for this process when its parent dies (linux/prctl.h)
+PR_SET_PDEATHSIG = 1
 
 # while only grammar compiles are pending, the loop waits up to this long for a message instead
 # of spinning
@@ -163,6 +174,9 @@ def run_scheduler_process(
     """
     import zmq
 
+    # first thing: a front end (or rank 0) that dies, even by SIGKILL, takes this process along
+    # (PR_SET_PDEATHSIG)
+    parent = die_with_parent()
     startup = StartupPhases()
     if spawned_at is not None:
         startup.add("imports", time.time() - spawned_at)
@@ -177,7 +191,6 @@ def run_scheduler_process(
             if not _model_approved(ready_conn):
                 return  # the front end refused the model and says why; nothing to add
     configure_logging(server_args.log_level, server_args.log_format, f"scheduler{tp_rank or ''}")
-    parent = os.getppid()
     peers: list[multiprocessing.process.BaseProcess] = []
     try:
         if tp_rank == 0:
@@ -239,14 +252,52 @@ def run_scheduler_process(
             "startup_phases": startup.seconds,
         }
     )
-    _serve(scheduler, recv_sock, send_sock, to_ranks, parent)
-    if peers:
+    watchdog = None
+    if server_args.watchdog_timeout > 0:
+        watchdog = Watchdog(server_args.watchdog_timeout)
+        watchdog.start()
+    _serve(scheduler, recv_sock, send_sock, to_ranks, parent, watchdog)
+    if watchdog is not None:
+        watchdog.stop()
+    front_end_gone = os.getppid() != parent
+    if peers and not front_end_gone:
         _stop_peer_ranks(peers, to_ranks)
     # outputs for a front end that is gone must not hold the exit
     for sock in (recv_sock, send_sock, *to_ranks):
         sock.close(linger=0)
     ctx.term()
+    if front_end_gone:
+        # Nobody is left to serve: ranks 1..N-1 die with this process (their parent-death
+        # signal), and the interpreter's teardown of torch and the model (seconds of CPU) is
+        # skipped, so that the devices are free at once.
+        logger.info("the front end is gone; exiting")
+        _flush_logs()
+        os._exit(0)
     destroy_tensor_parallel()
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> int:
+    """Have the kernel send `sig` to this process the moment its parent dies (Linux
+    PR_SET_PDEATHSIG), and return the parent's pid for the loop's own check. SIGKILL: a parent
+    that died unexpectedly leaves nothing to finish (its requests are lost with it), and the
+    signal arrives while the parent is still exiting, before this process could tell it from
+    the SIGTERM of an orderly stop; ranks 1..N-1 follow the same way, even from inside a
+    collective. A parent already gone before the request took effect is caught by comparing
+    with the pid multiprocessing recorded. The kernel's notion of the parent is the thread
+    that started this process: the front end spawns from its main thread. Without prctl the
+    loop's check of the parent pid, every iteration, is the watch."""
+    spawner = multiprocessing.parent_process()
+    parent = spawner.pid if spawner is not None and spawner.pid else os.getppid()
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) != 0:
+                logger.warning("prctl(PR_SET_PDEATHSIG) failed: errno %d", ctypes.get_errno())
+        except (OSError, AttributeError) as exc:
+            logger.warning("cannot ask to die with the parent process: %s", exc)
+    if os.getppid() != parent:
+        os.kill(os.getpid(), sig)
+    return parent
 
 
 def _start_cuda_context(device_index: int) -> None:
@@ -291,8 +342,15 @@ def _serve(
     send_sock: Any,
     to_ranks: list[Any],
     parent: int,
+    watchdog: Watchdog | None = None,
 ) -> None:
     """Rank 0's loop, until SIGTERM (the front end stopping it) or the front end's death.
+
+    The front end's death ends this process at once: the kernel's PR_SET_PDEATHSIG
+    (`die_with_parent`), and where that is missing the loop's comparison of its parent's pid
+    every iteration (a syscall of well under a microsecond). Each
+    iteration feeds the `watchdog` (a time and whether work was pending): a step wedged for
+    `--watchdog-timeout` seconds with work pending ends the process.
 
     Each iteration's messages go to ranks 1..N-1 (`to_ranks`) before rank 0 applies them: a
     send, never a wait, so the host's critical path between two steps has no round trip
@@ -310,11 +368,14 @@ def _serve(
     idle_reported = True
     last_report = time.monotonic()
     while not stopping.is_set():
+        if os.getppid() != parent:
+            unfinished = len(scheduler.reqs_by_rid)
+            logger.warning("the front end is gone; exiting with %d requests unfinished", unfinished)
+            return
         busy = scheduler.has_work()
         # block (bounded, to notice a dead parent) only when there is nothing to run
-        if not busy and not recv_sock.poll(timeout=200) and os.getppid() != parent:
-            logger.info("front end is gone; exiting")
-            return
+        if not busy:
+            recv_sock.poll(timeout=200)
         if scheduler.waiting_only_for_grammars():
             # grammars compile on other threads: wait a little for them or a message, not spin
             recv_sock.poll(timeout=GRAMMAR_WAIT_MS)
@@ -332,6 +393,8 @@ def _serve(
             reply = scheduler.dispatch(msg)
             if reply is not None:
                 send_sock.send_pyobj(reply)
+        if watchdog is not None:
+            watchdog.feed(busy or bool(messages))
         ran = scheduler.step()
         outputs = scheduler.pop_outputs()
         # an idle loop still reports now and then: the front end's readiness reads it as the
@@ -344,19 +407,96 @@ def _serve(
                 not scheduler.has_work() or scheduler.waiting_only_for_grammars()
             )
             last_report = time.monotonic()
-        elif busy and os.getppid() != parent:
-            return
+
+
+class Watchdog:
+    """Ends a scheduler process whose loop is wedged: no iteration has completed for `timeout`
+    seconds while work was pending. It dumps every thread's stack to stderr (the log) and exits
+    with WATCHDOG_EXIT_CODE, so the front end, seeing its scheduler die, exits too and the pod
+    restarts (a wedged GPU or a deadlock does not come back by itself).
+
+    The loop calls `feed` once per iteration: two stores, no lock (a daemon thread reads them
+    every `interval` seconds; a torn read only delays the verdict by one look). `clock`, `dump`
+    and `exit` are there for tests."""
+
+    def __init__(
+        self,
+        timeout: float,
+        *,
+        interval: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        dump: Callable[[], None] | None = None,
+        exit: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.timeout = timeout
+        self.interval = interval if interval is not None else max(0.01, min(1.0, timeout / 4))
+        self.clock = clock
+        self.dump = dump or _dump_all_stacks
+        self.exit = exit
+        self.last_step = clock()
+        self.pending = False
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def feed(self, pending: bool) -> None:
+        """An iteration is under way (the one before it completed); `pending`: it has work."""
+        self.last_step = self.clock()
+        self.pending = pending
+
+    def check(self) -> bool:
+        """One look: fire (dump, then exit) if work is pending and no iteration completed for
+        longer than the timeout. True when it fired."""
+        pending, stalled = self.pending, self.clock() - self.last_step
+        if not pending or stalled <= self.timeout:
+            return False
+        logger.critical(
+            "watchdog: the scheduler loop has not completed a step for %.0fs with work pending "
+            "(--watchdog-timeout %.0fs); dumping every thread's stack and exiting",
+            stalled,
+            self.timeout,
+        )
+        self.dump()
+        self.exit(WATCHDOG_EXIT_CODE)
+        return True
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="scheduler-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self.interval):
+            if self.check():
+                return
+
+
+def _dump_all_stacks() -> None:
+    _flush_logs()
+    faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+    sys.stderr.flush()
+
+
+def _flush_logs() -> None:
+    """What the log handlers hold, written out before an os._exit (which flushes nothing)."""
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()
 
 
 def _follow_first_rank(scheduler: Scheduler, from_first: Any, parent: int) -> None:
     """Ranks 1..N-1: apply rank 0's messages and step in lockstep with it (one message list
     per rank-0 iteration, at least five a second); outputs are rank 0's job. Rank 0 ends this
-    with a StopRanksReq; a rank 0 that died instead is noticed as a changed parent."""
+    with a StopRanksReq; a rank 0 that died instead is noticed as a changed parent (and by
+    the kernel's PR_SET_PDEATHSIG, which also ends a rank blocked in a collective)."""
     while True:
+        if os.getppid() != parent:
+            logger.info("rank 0 is gone; exiting")
+            return
         if not from_first.poll(timeout=1000):
-            if os.getppid() != parent:
-                logger.info("rank 0 is gone; exiting")
-                return
             continue
         messages = from_first.recv_pyobj()
         if any(isinstance(msg, StopRanksReq) for msg in messages):
