@@ -448,7 +448,6 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     args = engine.server_args
     middlewares = [
         request_lifecycle,
-        anthropic_errors,
         request_ids,
         openai_errors,
         api_key_guard(args.api_key, args.admin_api_key),
