@@ -8,7 +8,7 @@ that already knows which request parameter is wrong, and the front end renders i
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -78,13 +78,36 @@ def error_body(
     return {"error": {"message": message, "type": type, "param": param, "code": code}}
 
 
-def http_exception_error(exc: web.HTTPException) -> APIError:
+def http_exception_error(
+    exc: web.HTTPException, path: str | None = None, endpoints: Sequence[str] = ()
+) -> APIError:
     """One of aiohttp's own error replies (an unknown route, a wrong method, a body too large),
     as every server here answers it: in OpenAI's shape, `not_found` for a 404, a server error
-    from 500 on."""
+    from 500 on. Given the request's path, a 404 names it and a 405 names the method and the
+    ones the path takes; both then list the server's `endpoints` (`endpoints_of`)."""
     code = "not_found" if exc.status == 404 else None
     kind = "invalid_request_error" if exc.status < 500 else "server_error"
-    return APIError(exc.reason, status=exc.status, type=kind, code=code)
+    message = exc.reason
+    if path is not None and exc.status in (404, 405):
+        if exc.status == 404:
+            message = f"There is no endpoint {path}"
+        else:
+            allowed = sorted(set(getattr(exc, "allowed_methods", ())) - {"HEAD"})
+            method = getattr(exc, "method", "this method")
+            message = f"{method} is not allowed on {path}, which takes {', '.join(allowed)}"
+        if endpoints:
+            message += f"; this server's endpoints: {', '.join(endpoints)}"
+    return APIError(message, status=exc.status, type=kind, code=code)
+
+
+def endpoints_of(app: web.Application) -> list[str]:
+    """`METHOD /path` for each route of an aiohttp app (the HEAD aiohttp adds to each GET, and
+    catch-all routes, left out)."""
+    return [
+        f"{route.method} {route.resource.canonical}"
+        for route in app.router.routes()
+        if route.method not in ("HEAD", "*") and route.resource is not None
+    ]
 
 
 def error_response(error: APIError) -> web.Response:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from importlib import metadata
 
 from radixserve.contract import add_server_args, server_args_from
 from radixserve.logging_config import configure_logging
@@ -24,17 +25,24 @@ BENCHMARKS: dict[str, str] = {
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="radixserve", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="radixserve",
+        description="LLM serving: a worker that serves one model, a router in front of many "
+        "workers, and benchmarks.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version()}")
     commands = parser.add_subparsers(dest="command", required=True)
     serve = commands.add_parser(
         "serve",
-        help="serve a model over HTTP (OpenAI-compatible)",
+        help="serve one model over HTTP: the OpenAI and Anthropic APIs, /generate, probes and "
+        "metrics",
         description="Serve a model over HTTP with an OpenAI-compatible API.",
     )
     add_server_args(serve)
     router = commands.add_parser(
         "router",
-        help="route requests across workers by prefix cache and load",
+        help="put one endpoint in front of many workers, routing each request by prefix cache "
+        "and load",
         description="One endpoint in front of many workers: cache-aware routing, failover, "
         "and holding requests while no worker is ready.",
     )
@@ -42,7 +50,11 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         from radixserve.router.args import add_router_args
 
         add_router_args(router)
-    bench = commands.add_parser("bench", help="run a benchmark")
+    bench = commands.add_parser(
+        "bench",
+        help="measure the model worker, the in-process engine, a running server or the router "
+        "(latency, offline, serving, router)",
+    )
     names = bench.add_subparsers(dest="benchmark", required=True)
     for name, module_path in BENCHMARKS.items():
         sub = names.add_parser(name, help=f"the {name} benchmark")
@@ -50,6 +62,14 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
         if len(argv) >= 2 and argv[0] == "bench" and argv[1] == name:
             importlib.import_module(module_path).add_args(sub)
     return parser
+
+
+def version() -> str:
+    """The installed package's version."""
+    try:
+        return metadata.version("radixserve")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

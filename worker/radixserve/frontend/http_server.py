@@ -39,10 +39,13 @@ from aiohttp import web
 from radixserve.api_errors import (
     RETRY_AFTER_S,
     APIError,
+    endpoints_of,
     error_response,
     http_exception_error,
 )
 from radixserve.frontend import native
+from radixserve.frontend.anthropic.http import anthropic_errors, stream_events
+from radixserve.frontend.anthropic.serving import AnthropicServing
 from radixserve.frontend.engine import Engine
 from radixserve.frontend.openai.protocol import (
     FieldPolicy,
@@ -166,7 +169,7 @@ async def openai_errors(
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        return error_response(http_exception_error(exc))
+        return error_response(http_exception_error(exc, request.path, endpoints_of(request.app)))
     except Exception as exc:
         error = as_api_error(exc)
         if error.status >= 500:
@@ -177,9 +180,10 @@ async def openai_errors(
 
 
 def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
-    """A middleware that asks for `Authorization: Bearer KEY`: the admin key on the admin
-    paths (the API key when no admin key is set), the API key elsewhere, none on the probes.
-    Keys are compared in constant time."""
+    """A middleware that asks for `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
+    Anthropic's clients send it): the admin key on the admin paths (the API key when no admin
+    key is set), the API key elsewhere, none on the probes. Keys are compared in constant
+    time."""
     admin_key = admin_api_key or api_key
 
     @web.middleware
@@ -188,7 +192,7 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
     ) -> web.StreamResponse:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not _bearer_matches(request, key):
+        if key is not None and not _key_matches(request, key):
             logger.info(
                 "request %s to %s: missing or wrong API key",
                 request[REQUEST_ID_KEY],
@@ -196,7 +200,8 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
             )
             refusal = error_response(
                 APIError(
-                    "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
+                    "Incorrect API key provided: send it as 'Authorization: Bearer <key>' "
+                    "or 'x-api-key: <key>'",
                     status=401,
                     code="invalid_api_key",
                 )
@@ -208,13 +213,17 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
     return guard
 
 
-def _bearer_matches(request: web.Request, key: str) -> bool:
+def _key_matches(request: web.Request, key: str) -> bool:
+    """Whether `Authorization: Bearer` or `x-api-key` carries the key."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
+    sent = [token] if scheme.lower() == "bearer" else []
+    if "x-api-key" in request.headers:
+        sent.append(request.headers["x-api-key"])
     # header bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes sent
-    sent = token.strip().encode("utf-8", "surrogateescape")
-    return hmac.compare_digest(sent, key.encode())
+    return any(
+        hmac.compare_digest(s.strip().encode("utf-8", "surrogateescape"), key.encode())
+        for s in sent
+    )
 
 
 async def read_json(request: web.Request) -> Any:
@@ -264,6 +273,7 @@ class Handlers:
         self.state = state
         self.policy = FieldPolicy(strict=engine.server_args.strict_api)
         self.openai = OpenAIServing(self.tm, engine.server_args, self.policy)
+        self.anthropic = AnthropicServing(self.openai)
         self.model_name = self.openai.model_name
 
     # -- shared plumbing
@@ -321,6 +331,22 @@ class Handlers:
             body, request[REQUEST_ID_KEY], self._observer(request)
         )
         return await self._reply(request, prepared)
+
+    # -- Anthropic (errors in its shape: anthropic.http.anthropic_errors)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        body = await read_json(request)
+        prepared = await self.anthropic.prepare(
+            body, request[REQUEST_ID_KEY], self._observer(request)
+        )
+        if not prepared.stream:
+            return await self._reply(request, prepared)
+        with self._counted():
+            return await stream_events(request, prepared.events(), as_api_error)
+
+    async def count_message_tokens(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.anthropic.count_tokens(await read_json(request)))
 
     # -- native API
 
@@ -448,6 +474,7 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     args = engine.server_args
     middlewares = [
         request_lifecycle,
+        anthropic_errors,
         request_ids,
         openai_errors,
         api_key_guard(args.api_key, args.admin_api_key),
@@ -462,6 +489,9 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat_completions)
     app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/v1/models/{model_id:.+}", h.model)
+    app.router.add_post("/v1/messages", h.messages)
+    app.router.add_post("/v1/messages/count_tokens", h.count_message_tokens)
     app.router.add_post("/generate", h.generate)
     app.router.add_get("/health", h.health)
     app.router.add_get("/ready", h.ready)

@@ -29,7 +29,9 @@ from radixserve.logging_config import escape_control
 logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("radixserve.requests")
 
-GENERATION_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/generate"})
+GENERATION_PATHS = frozenset(
+    {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/generate"}
+)
 CLIENT_CLOSED_REQUEST = 499
 LOG_REQUESTS_KEY = web.AppKey("log_requests", bool)
 MODEL_NAME_KEY = web.AppKey("model_name", str)
