@@ -23,7 +23,7 @@ from scheduler_harness import collect, drain
 from slow_grammar import SLOW, SlowRecipe
 from test_scheduler_grammar import CONSTRAINTS, EOS_ID, TABLE, TOKENIZER, V, params, prompts
 
-from radixserve.boundary import AbortReq, TokenizedGenerateReqInput
+from radixserve.boundary import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
 from radixserve.constrained.base_grammar_backend import CompiledGrammar, GrammarError
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.constrained.xgrammar_backend import XGrammarBackend
@@ -274,3 +274,31 @@ def test_the_server_reports_compiled_grammars_bytes():
     backend = XGrammarBackend(TOKENIZER, V, {EOS_ID})
     expected = sum(backend.compile(k, t).nbytes for k, t in CONSTRAINTS[:3])
     assert info["grammar_cache_bytes"] == expected > 0
+
+
+def test_with_ranks_every_rank_takes_rank_0s_verdict_on_a_compile(where):
+    """A time limit is not deterministic: rank 0's compile may run out while another rank's
+    finishes. Rank 0 passes its failures on in GrammarsReadyReq; the other ranks (no limit of
+    their own) finish those requests alike and drop their own compiles."""
+    first = make(where, grammar_compile_timeout=0.3)
+    first.polls_grammars = False  # what --tp-size > 1 sets
+    submit(first, "slow", "json_schema", SLOW_SCHEMA)
+    submit(first, "simple", *SIMPLE)
+    eventually(lambda: sorted(first.ready_grammar_rids()) == ["simple", "slow"])
+    ready = first.ready_grammar_rids()
+    failed = first.grammar_failures(ready)
+    assert list(failed) == ["slow"] and "longer than 0.3 s" in failed["slow"]["message"]
+
+    peer = make(where)
+    peer.polls_grammars = False
+    peer.grammar_cache.timeout = None  # what scheduler_process sets on ranks 1..N-1
+    submit(peer, "slow", "json_schema", SLOW_SCHEMA)
+    submit(peer, "simple", *SIMPLE)
+    for rank in (first, peer):
+        rank.dispatch(GrammarsReadyReq(ready, failed))
+        (out,) = rank.pop_outputs()
+        assert out.rid == "slow" and out.finished_reason == failed["slow"]
+        assert [r.rid for r in rank.waiting_queue] == ["simple"]
+    eventually(lambda: peer.grammar_cache.stats()["grammar_compiles_running"] == 0)
+    assert peer.grammar_cache.stats()["grammar_compiles_cancelled"] == 1
+    assert drain(peer).finish["simple"]["type"] == "stop"

@@ -44,6 +44,9 @@ class GrammarsReadyReq:
     admits them in the same step (only sent with --tp-size > 1)."""
 
     rids: list[str]
+    # rank 0's finished_reason for those whose compile failed, which every rank applies: a
+    # compile's time limit can run out on rank 0 while another rank's compile succeeds
+    failed: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass

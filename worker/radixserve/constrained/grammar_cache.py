@@ -9,8 +9,9 @@ Limits, so that pathological constraints (a 100k-value enum compiles for a minut
 gigabytes) cannot starve the others or grow the process:
 
 - at most `max_concurrent` distinct compiles run at once; the others wait, in arrival order;
-- a compile that runs longer than `timeout` seconds fails with `GrammarTimeoutError` (a
-  GrammarError, so its requests get a 400 naming the constraint), remembered like any failure;
+- a compile that runs longer than `timeout` seconds (None: no limit) fails with
+  `GrammarTimeoutError` (a GrammarError, so its requests get a 400 naming the constraint),
+  remembered like any failure;
 - a compile nobody waits for any more (`release` by its last request, an abort) is cancelled;
 - a backend with a `compile_recipe` compiles in worker processes (compile_worker.py): a compile
   that timed out or was cancelled is killed, and its memory goes with its process. Other
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 import weakref
@@ -73,7 +75,7 @@ class GrammarCache:
         make_backend: Callable[[], Any],
         max_entries: int = MAX_ENTRIES,
         max_bytes: int = MAX_BYTES,
-        timeout: float = TIMEOUT_S,
+        timeout: float | None = TIMEOUT_S,
         max_concurrent: int = MAX_CONCURRENT,
         processes: bool = True,
     ) -> None:
@@ -226,7 +228,7 @@ class GrammarCache:
     def _wait(self, job: _Job, done: Callable[[float], bool], on_stop: Callable[[], None]) -> None:
         """Wait for `done`, the time limit or a cancel; `on_stop` (kill, abandon) on the latter
         two."""
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (math.inf if self.timeout is None else self.timeout)
         while not done(max(0.0, min(_POLL_S, deadline - time.monotonic()))):
             if job.cancelled.is_set():
                 on_stop()

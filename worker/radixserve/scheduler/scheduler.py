@@ -277,26 +277,49 @@ class Scheduler:
         """Requests whose grammar compile has ended (compiled or failed); never waits."""
         return [r.rid for r in self.grammar_queue if r.grammar_future.done()]
 
-    def admit_grammars(self, rids: list[str]) -> None:
+    def grammar_failures(self, rids: list[str]) -> dict[str, dict[str, Any]]:
+        """The finished_reason of each of these requests whose compile failed (ended: rank 0
+        passes them on in its GrammarsReadyReq)."""
+        chosen = set(rids)
+        failures = {}
+        for req in self.grammar_queue:
+            if req.rid in chosen and (reason := self._compile_failure(req)) is not None:
+                failures[req.rid] = reason
+        return failures
+
+    def _compile_failure(self, req: Req) -> dict[str, Any] | None:
+        """Waits for the request's compile; its error as a finished_reason, None if it
+        compiled."""
+        kind = req.sampling_params.constraint[0]
+        try:
+            req.grammar_future.result()
+        except GrammarError as exc:
+            message = f"{kind} cannot be compiled: {exc}"
+            return {"type": "error", "message": message, "param": kind}
+        except Exception as exc:  # the backend itself failed: not the client's fault
+            logger.exception("grammar backend failed on a %s", kind)
+            return {"type": "error", "message": f"{kind}: {exc}"}
+        return None
+
+    def admit_grammars(self, rids: list[str], failed: dict[str, dict] | None = None) -> None:
         """Move these requests to the waiting queue with a fresh matcher each, or finish them
-        with the compile's error. Waits for compiles still running: only a rank following rank
-        0 can be behind it."""
+        with the compile's error: `failed`'s, when rank 0 says (with --tp-size > 1 every rank
+        takes rank 0's verdict; a rank's own compile, still running, is then released). Waits
+        for compiles still running: only a rank following rank 0 can be behind it."""
         chosen = set(rids)
         ready = [r for r in self.grammar_queue if r.rid in chosen]
         if not ready:
             return
         self.grammar_queue = [r for r in self.grammar_queue if r.rid not in chosen]
         for req in ready:
-            future, req.grammar_future = req.grammar_future, None
-            kind = req.sampling_params.constraint[0]
-            try:
-                req.grammar = future.result().new_grammar()
-            except GrammarError as exc:
-                message = f"{kind} cannot be compiled: {exc}"
-                req.finished_reason = {"type": "error", "message": message, "param": kind}
-            except Exception as exc:  # the backend itself failed: not the client's fault
-                logger.exception("grammar backend failed on a %s", kind)
-                req.finished_reason = {"type": "error", "message": f"{kind}: {exc}"}
+            if failed is not None and req.rid in failed:
+                req.finished_reason = failed[req.rid]
+                self.grammar_cache.release(*req.sampling_params.constraint)
+            else:
+                req.finished_reason = self._compile_failure(req)
+                if req.finished_reason is None:
+                    req.grammar = req.grammar_future.result().new_grammar()
+            req.grammar_future = None
             if req.finished():
                 self._finish_waiting(req)
             else:
@@ -744,7 +767,7 @@ class Scheduler:
         elif isinstance(msg, AbortReq):
             self.abort_request(msg.rid)
         elif isinstance(msg, GrammarsReadyReq):
-            self.admit_grammars(msg.rids)
+            self.admit_grammars(msg.rids, msg.failed)
         elif isinstance(msg, FlushCacheReq):
             ok = self.flush_cache()
             return FlushCacheReqOutput(ok, "" if ok else "requests are running; not flushed")

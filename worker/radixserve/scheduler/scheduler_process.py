@@ -221,6 +221,9 @@ def run_scheduler_process(
         return
     ctx = zmq.Context(1)
     if tp_rank != 0:
+        if scheduler.grammar_cache is not None:
+            # no time limit of its own: rank 0's verdict on each compile decides for every rank
+            scheduler.grammar_cache.timeout = None
         from_first = ctx.socket(zmq.PULL)
         from_first.connect(port_args.rank_ipc_name(tp_rank))
         _follow_first_rank(scheduler, from_first, parent)
@@ -386,7 +389,7 @@ def _serve(
             except zmq.Again:
                 break
         if to_ranks and (ready := scheduler.ready_grammar_rids()):
-            messages.append(GrammarsReadyReq(ready))
+            messages.append(GrammarsReadyReq(ready, scheduler.grammar_failures(ready)))
         for sock in to_ranks:
             sock.send_pyobj(messages)
         for msg in messages:
