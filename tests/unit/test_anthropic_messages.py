@@ -309,3 +309,71 @@ def test_the_api_key_is_read_from_x_api_key(smollm2_tokenizer):
             assert (r.status, (await r.json())["error"]["code"]) == (401, "invalid_api_key")
 
     serve(smollm2_tokenizer, ["ok"], test, client_key="sk-user", api_key="sk-user")
+
+
+def test_a_failure_mid_stream_is_an_error_event(smollm2_tokenizer):
+    from radixserve.frontend.tokenizer_manager import GenerateChunk, GenerationError
+
+    async def failing(requests, enforce_queue_limit=True, param_names=None):
+        yield 0, GenerateChunk(requests[0].rid, "Hel", [1], [], None, 5, 1, 0)
+        raise GenerationError("the scheduler lost this request")
+
+    async def test(client, session, tm):
+        tm.generate_many = failing
+        body = {"model": MODEL, "max_tokens": 8, "messages": QUESTION, "stream": True}
+        async with session.post("/v1/messages", json=body) as r:
+            text = await r.text()
+        assert r.status == 200
+        last = text.strip().split("\n\n")[-1].split("\n")
+        assert last[0] == "event: error"
+        error = json.loads(last[1][len("data: ") :])
+        assert error == {
+            "type": "error",
+            "error": {"type": "api_error", "message": "the scheduler lost this request"},
+        }
+        async with claude(client) as c:
+            with pytest.raises(anthropic.APIStatusError) as info:
+                async with c.messages.stream(model=MODEL, max_tokens=8, messages=QUESTION) as s:
+                    await s.get_final_message()
+            assert info.value.body["error"]["type"] == "api_error"
+
+    serve(smollm2_tokenizer, [], test)
+
+
+def test_stop_reasons():
+    from radixserve.frontend.anthropic.serving import stop_reason
+
+    stops = ["END"]
+    assert stop_reason({"type": "length"}, True, stops) == ("max_tokens", None)
+    assert stop_reason({"type": "stop", "matched": 2}, True, stops) == ("tool_use", None)
+    assert stop_reason({"type": "stop", "matched": "END"}, False, stops) == (
+        "stop_sequence",
+        "END",
+    )
+    assert stop_reason({"type": "stop", "matched": 2}, False, stops) == ("end_turn", None)
+    assert stop_reason(None, False, stops) == (None, None)
+
+
+def test_output_config_format_is_a_json_schema_constraint(smollm2_tokenizer):
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+
+    async def test(client, session, tm):
+        async with claude(client) as c:
+            message = await c.messages.create(
+                model=MODEL,
+                max_tokens=20,
+                messages=QUESTION,
+                output_config={"format": {"type": "json_schema", "schema": schema}},
+            )
+            assert json.loads(message.content[0].text) == {"city": "Paris"}
+            with pytest.raises(anthropic.BadRequestError) as info:
+                await c.messages.create(
+                    model=MODEL,
+                    max_tokens=20,
+                    messages=QUESTION,
+                    output_config={"format": {"type": "json_schema", "schema": {"type": 3}}},
+                )
+            assert "output_config.format.schema" in info.value.body["error"]["message"]
+
+    tm = serve(smollm2_tokenizer, ['{"city": "Paris"}'], test)
+    assert json.loads(tm.seen[0].sampling_params.json_schema) == schema

@@ -154,6 +154,17 @@ class ServerArgs:
         "refuse requests with fields the server does not know (default: ignore them, with one "
         "warning per field name)",
     )
+    responses_store_size: int = option(
+        1024,
+        "responses /v1/responses keeps (store: true, the default) for previous_response_id, "
+        "GET and DELETE, at most; the least recently used go first (0: none are kept). Kept "
+        "by this worker only: behind a router, continue a response on the worker that made it",
+    )
+    responses_store_dir: str | None = option(
+        None,
+        "keep stored responses as JSON files in this directory, so that they survive restarts "
+        "(default: in memory); one worker per directory",
+    )
     api_key: str | None = option(
         None,
         "clients must send 'Authorization: Bearer KEY' to every endpoint but /health, "
@@ -194,6 +205,8 @@ class ServerArgs:
             raise ValueError("--mem-fraction-static must be in (0, 1)")
         if not 0.0 < self.new_token_ratio <= 1.0:
             raise ValueError("--new-token-ratio must be in (0, 1]")
+        if self.responses_store_size < 0:
+            raise ValueError("--responses-store-size must not be negative (0 keeps none)")
         if self.grammar_compile_timeout <= 0:
             raise ValueError("--grammar-compile-timeout must be positive")
         if self.grammar_cache_mb < 0:

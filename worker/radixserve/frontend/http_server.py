@@ -55,6 +55,8 @@ from radixserve.frontend.openai.protocol import (
 )
 from radixserve.frontend.openai.responses import model_card
 from radixserve.frontend.openai.serving import OpenAIServing, PreparedRequest
+from radixserve.frontend.openai_responses.serving import ResponsesServing
+from radixserve.frontend.openai_responses.sse import write_events
 from radixserve.frontend.request_log import (
     LOG_REQUESTS_KEY,
     MODEL_NAME_KEY,
@@ -275,6 +277,7 @@ class Handlers:
         self.openai = OpenAIServing(self.tm, engine.server_args, self.policy)
         self.anthropic = AnthropicServing(self.openai)
         self.model_name = self.openai.model_name
+        self.responses = ResponsesServing(self.openai, engine.server_args)
 
     # -- shared plumbing
 
@@ -347,6 +350,29 @@ class Handlers:
 
     async def count_message_tokens(self, request: web.Request) -> web.Response:
         return web.json_response(await self.anthropic.count_tokens(await read_json(request)))
+
+    # -- OpenAI Responses API (frontend/openai_responses)
+
+    async def create_response(self, request: web.Request) -> web.StreamResponse:
+        self._admit()
+        body = await read_json(request)
+        prepared = await self.responses.prepare(
+            body, request[REQUEST_ID_KEY], self._observer(request)
+        )
+        with self._counted():
+            if not prepared.stream:
+                return web.json_response(await prepared.response())
+            return await write_events(
+                request, prepared.events(), prepared.error_event, as_api_error
+            )
+
+    async def get_response(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        return web.json_response(await self.responses.retrieve(response_id))
+
+    async def delete_response(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        return web.json_response(await self.responses.delete(response_id))
 
     # -- native API
 
@@ -488,6 +514,9 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     app[MODEL_NAME_KEY] = h.model_name
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/chat/completions", h.chat_completions)
+    app.router.add_post("/v1/responses", h.create_response)
+    app.router.add_get("/v1/responses/{response_id}", h.get_response)
+    app.router.add_delete("/v1/responses/{response_id}", h.delete_response)
     app.router.add_get("/v1/models", h.models)
     app.router.add_get("/v1/models/{model_id:.+}", h.model)
     app.router.add_post("/v1/messages", h.messages)
