@@ -73,14 +73,12 @@ def stop_reason(
 def usage(chunk: GenerateChunk | None, output_tokens: int | None = None) -> dict[str, int]:
     """Anthropic's usage: `input_tokens` are the prompt tokens not read from the prefix cache,
     `cache_read_input_tokens` those that were (their sum is the prompt)."""
-    prompt = chunk.prompt_tokens if chunk else 0
-    cached = chunk.cached_tokens if chunk else 0
+    if chunk is None:
+        return {"input_tokens": 0, "output_tokens": 0, "cache_read_input_tokens": 0}
     return {
-        "input_tokens": prompt - cached,
-        "output_tokens": (chunk.completion_tokens if chunk else 0)
-        if output_tokens is None
-        else output_tokens,
-        "cache_read_input_tokens": cached,
+        "input_tokens": chunk.prompt_tokens - chunk.cached_tokens,
+        "output_tokens": chunk.completion_tokens if output_tokens is None else output_tokens,
+        "cache_read_input_tokens": chunk.cached_tokens,
     }
 
 
