@@ -27,6 +27,7 @@ from radixserve.frontend.http_server import (
     _REQUEST_ID,
     REQUEST_ID_KEY,
     api_key_guard,
+    as_api_error,
     openai_errors,
     request_ids,
 )
@@ -34,9 +35,11 @@ from radixserve.frontend.openai.protocol import (
     MAX_JSON_DEPTH,
     MAX_WARNED_FIELDS,
     OPENAI_PARAM_NAMES,
+    ChatCompletionRequest,
     FieldPolicy,
     check_json_schema,
     decode_body,
+    parse_request,
 )
 from radixserve.frontend.tokenizer_manager import NATIVE_PARAM_NAMES, TokenizerManager
 from radixserve.logging_config import escape_control
@@ -126,7 +129,7 @@ def test_a_request_id_is_checked_whole():
     ("raw", "param", "says"),
     [
         (b"[" * 100_000 + b"]" * 100_000, None, "levels deep"),
-        (b'{"a": ' * (MAX_JSON_DEPTH + 1) + b"1" + b"}" * (MAX_JSON_DEPTH + 1), None, "deep"),
+        (b'{"a": ' * (MAX_JSON_DEPTH + 1) + b"1" + b"}" * (MAX_JSON_DEPTH + 1), "a", "deep"),
         (b'{"temperature": NaN}', None, "NaN is not a JSON value"),
         (b'{"temperature": -Infinity}', None, "Infinity is not a JSON value"),
         (b'{"max_tokens": ' + b"9" * 5000 + b"}", None, "not valid JSON"),
@@ -270,3 +273,20 @@ def test_a_request_larger_than_the_queue_is_a_400_naming_the_field(samples, para
         TokenizerManager.check_fan_out(tm, samples, "prompt", "n")  # type: ignore[arg-type]
     assert (info.value.status, info.value.param) == (400, param)
     TokenizerManager.check_fan_out(tm, [4] * 4, "prompt", "n")  # type: ignore[arg-type]
+
+
+def test_a_recursion_error_is_the_clients_400():
+    """A safety net: whatever library recurses on a client's deep input, the answer is a 400."""
+    error = as_api_error(RecursionError("maximum recursion depth exceeded"))
+    assert (error.status, error.type) == (400, "invalid_request_error")
+
+
+def test_chat_template_kwargs_are_bounded():
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": "x"}],
+        "chat_template_kwargs": {"x": json.loads("[" * 20 + "]" * 20)},
+    }
+    with pytest.raises(InvalidParameterError, match="levels deep") as info:
+        parse_request(ChatCompletionRequest, body, FieldPolicy(strict=False))
+    assert info.value.param == "chat_template_kwargs"

@@ -128,8 +128,23 @@ def as_api_error(exc: Exception) -> APIError:
         )
     if isinstance(exc, GenerationError):
         return APIError(str(exc), status=500, type="server_error")
+    if isinstance(exc, RecursionError):
+        # only a client's input nests this deep (the body's and schemas' own limits are
+        # checked first): its fault, whichever library recursed on it
+        logger.warning("a request nested too deeply for %s", _recursed_in(exc))
+        return APIError("the request nests too deeply to be processed", status=400)
     logger.exception("unexpected error", exc_info=exc)
     return APIError("internal server error", status=500, type="server_error")
+
+
+def _recursed_in(exc: BaseException) -> str:
+    """Where a RecursionError was raised: the innermost frame's file and function."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return "an unknown function"
+    return f"{tb.tb_frame.f_code.co_name} ({tb.tb_frame.f_code.co_filename})"
 
 
 @web.middleware

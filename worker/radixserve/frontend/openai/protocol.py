@@ -48,8 +48,10 @@ MAX_COMPLETION_LOGPROBS = 5
 MAX_CHAT_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100.0
 # how deep a request body may nest (every object and array counts); a schema inside it has its
-# own, lower bound (MAX_SCHEMA_DEPTH)
-MAX_JSON_DEPTH = 128
+# own, lower bound (MAX_SCHEMA_DEPTH), which names the schema's parameter
+MAX_JSON_DEPTH = 512
+# chat_template_kwargs are template variables: a few levels are plenty
+MAX_TEMPLATE_KWARGS_DEPTH = 16
 # unknown field names warned about, at most: a client sending fresh names cannot grow the set
 # (or the log) without bound
 MAX_WARNED_FIELDS = 256
@@ -111,7 +113,12 @@ def decode_body(raw: bytes) -> Any:
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a too-long integer
         raise InvalidParameterError(f"the body is not valid JSON: {exc}", None) from None
     if json_depth(body) > MAX_JSON_DEPTH:
-        raise InvalidParameterError(f"the body nests more than {MAX_JSON_DEPTH} levels deep", None)
+        # the top-level field that holds the depth, when there is one
+        fields = body.items() if isinstance(body, dict) else []
+        where = next((k for k, v in fields if json_depth(v) >= MAX_JSON_DEPTH), None)
+        raise InvalidParameterError(
+            f"{where or 'the body'} nests more than {MAX_JSON_DEPTH} levels deep", where
+        )
     check_unicode(body)
     return body
 
@@ -574,6 +581,12 @@ class ChatCompletionRequest(_SamplingFields):
     def check_supported(self) -> None:
         if self.top_logprobs and not self.logprobs:
             raise InvalidParameterError("top_logprobs needs logprobs: true", "top_logprobs")
+        if json_depth(self.chat_template_kwargs) > MAX_TEMPLATE_KWARGS_DEPTH:
+            # the template renderer copies them recursively
+            raise InvalidParameterError(
+                f"chat_template_kwargs nests more than {MAX_TEMPLATE_KWARGS_DEPTH} levels deep",
+                "chat_template_kwargs",
+            )
         if self.modalities is not None and set(self.modalities) - {"text"}:
             raise InvalidParameterError("only the text modality is supported", "modalities")
         for name in ("audio", "web_search_options"):
