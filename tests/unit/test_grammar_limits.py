@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -302,3 +305,42 @@ def test_with_ranks_every_rank_takes_rank_0s_verdict_on_a_compile(where):
     eventually(lambda: peer.grammar_cache.stats()["grammar_compiles_running"] == 0)
     assert peer.grammar_cache.stats()["grammar_compiles_cancelled"] == 1
     assert drain(peer).finish["simple"]["type"] == "stop"
+
+
+WORKER_OWNER = """
+import sys, time
+from char_tokenizer import make_char_tokenizer
+from slow_grammar import SLOW, SlowRecipe
+from radixserve.constrained.grammar_cache import GrammarCache
+from radixserve.constrained.xgrammar_backend import XGrammarBackend
+
+class Backend(XGrammarBackend):
+    def compile_recipe(self):
+        return SlowRecipe(super().compile_recipe())
+
+tok = make_char_tokenizer()
+cache = GrammarCache(lambda: Backend(tok, len(tok), {tok.eos_token_id}))
+cache.get("regex", SLOW)
+while not cache.compiling_pids():
+    time.sleep(0.01)
+print(cache.compiling_pids()[0], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_compile_worker_ends_with_the_scheduler_even_mid_compile():
+    """A scheduler killed outright leaves no compile running: its worker's parent is the fork
+    server, which a live worker keeps alive, so the worker watches the scheduler itself."""
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(__file__)}
+    owner = subprocess.Popen(
+        [sys.executable, "-c", WORKER_OWNER], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        pid = int(owner.stdout.readline())
+        assert worker_alive(pid)
+        os.kill(owner.pid, signal.SIGKILL)
+        owner.wait(timeout=30)
+        eventually(lambda: not worker_alive(pid))
+    finally:
+        owner.kill()
+        owner.wait(timeout=30)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import multiprocessing
+import os
 import signal
 import threading
 from dataclasses import dataclass
@@ -29,15 +30,26 @@ RETIRE_AFTER_BYTES = 32 << 20
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
-    # the fork server is the worker's parent, and ends with the scheduler
+def _die_with_scheduler() -> None:
+    """End with the scheduler, even mid-compile (which can last minutes) and even when it was
+    killed: the worker's parent is the fork server, which outlives the scheduler as long as a
+    worker lives, so the worker watches the process that started it."""
     with contextlib.suppress(Exception):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    starter = multiprocessing.parent_process()
+    if starter is None:
+        return
+
+    def watch() -> None:
+        starter.join()  # returns when it has exited; the compile runs without the GIL
+        os._exit(0)
+
+    threading.Thread(target=watch, name="watch-scheduler", daemon=True).start()
 
 
 def serve(conn: Any, recipe: CompileRecipe) -> None:
     """The worker's loop: one (kind, text) in, one outcome out, until the pipe closes."""
-    _die_with_parent()
+    _die_with_scheduler()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     compile_one = recipe.build()
     conn.send(("ready",))
