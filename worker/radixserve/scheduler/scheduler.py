@@ -10,8 +10,8 @@ scheduler_process.py's; statistics are scheduler_stats.py's. The worker is anyth
 `BatchWorker` shape, so the policy runs in tests with a fake worker and no model.
 
 Constrained requests (json_schema, regex, ebnf) wait in `grammar_queue` while their grammar
-compiles on the grammar cache's threads, and join the waiting queue once it has: the loop never
-waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
+compiles beside the loop (the grammar cache's worker processes, within its limits), and join the
+waiting queue once it has: the loop never waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
 then, once the batch before it has been resolved and every matcher has accepted its row's last
 token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
 device runs the forward while the host resolves the previous batch, and the masks are filled on
