@@ -139,6 +139,9 @@ def test_a_request_id_is_checked_whole():
         (b'{"stop": ["ok", "x\\udc00"]}', "stop.1", "lone surrogate"),
         (b'{"regex": "a\\ud800"}', "regex", "lone surrogate"),
         (b'{"metadata": {"\\ud800": 1}}', "metadata", "lone surrogate"),
+        (b'{"a": "\\ud83d\\ude00\\uD83D"}', "a", "lone surrogate"),  # a pair, then a lone one
+        (b'{"a": "\\uDE00\\ud83d"}', "a", "lone surrogate"),  # low before high: no pair
+        ('{"a": "\\ud800"}'.encode("utf-16"), None, "not valid JSON"),  # UTF-8 only
     ],
 )
 def test_malformed_bodies_are_400s(raw, param, says):
@@ -150,6 +153,7 @@ def test_malformed_bodies_are_400s(raw, param, says):
 def test_well_formed_bodies_decode():
     body = {"prompt": "caf\u00e9 \U0001f600", "a": [[[1.5e308]]], "n": 2**63}
     assert decode_body(json.dumps(body).encode()) == body
+    assert decode_body(b'{"a": "\\\\ud800 \\udbff\\udfff"}') == {"a": "\\ud800 \U0010ffff"}
     deep = b"[" * MAX_JSON_DEPTH + b"]" * MAX_JSON_DEPTH
     assert json_depth(decode_body(deep)) == MAX_JSON_DEPTH
 

@@ -170,21 +170,18 @@ def schema_features_problem(schema: Any) -> str | None:
 
 
 def json_depth(value: Any) -> int:
-    """How deep a decoded JSON value nests (a scalar is 0, `[]` and `{}` are 1), without
-    recursion."""
-    deepest = 0
-    stack = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children)
-    return deepest
+    """How deep a decoded JSON value nests (a scalar is 0, `[]` and `{}` are 1), level by
+    level, without recursion."""
+    depth = 0
+    level = [value] if isinstance(value, dict | list) else []
+    while level:
+        depth += 1
+        deeper: list[Any] = []
+        for node in level:
+            children = node.values() if isinstance(node, dict) else node
+            deeper += [child for child in children if isinstance(child, dict | list)]
+        level = deeper
+    return depth
 
 
 def _schema_text_problem(text: str) -> str | None:

@@ -25,6 +25,7 @@ import functools
 import json
 import logging
 import math
+import re
 from typing import Annotated, Any, Literal
 
 import jsonschema
@@ -97,29 +98,43 @@ class FieldPolicy:
                 )
 
 
+# a JSON escape of a lone surrogate: a high one not followed by a low one, or a low one alone
+# (a pair decodes to one character; an escaped backslash before "u" only costs the walk)
+_SURROGATE_ESCAPE = re.compile(
+    r"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F])"
+    r"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F]"
+)
+
+
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON value")
 
 
 def decode_body(raw: bytes) -> Any:
-    """A request body as JSON, or a 400: strict JSON (no NaN or Infinity), UTF-8, at most
+    """A request body as JSON, or a 400: strict JSON (UTF-8, no NaN or Infinity), at most
     MAX_JSON_DEPTH levels deep, no lone surrogate in any string (the 400 names where)."""
     try:
-        body = json.loads(raw, parse_constant=_reject_constant)
+        text = raw.decode("utf-8")  # JSON between systems is UTF-8 (RFC 8259), not UTF-16/32
+        body = json.loads(text, parse_constant=_reject_constant)
     except RecursionError:
         raise InvalidParameterError(
             f"the body nests more than {MAX_JSON_DEPTH} levels deep", None
         ) from None
     except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError, a too-long integer
         raise InvalidParameterError(f"the body is not valid JSON: {exc}", None) from None
-    if json_depth(body) > MAX_JSON_DEPTH:
+    # cheap bounds on the text first (a long prompt must not cost a walk of every value):
+    # fewer brackets than the limit cannot nest past it, and a lone surrogate can only arrive
+    # as a JSON escape (UTF-8 cannot carry one)
+    brackets = text.count("[") + text.count("{")
+    if brackets > MAX_JSON_DEPTH and json_depth(body) > MAX_JSON_DEPTH:
         # the top-level field that holds the depth, when there is one
         fields = body.items() if isinstance(body, dict) else []
         where = next((k for k, v in fields if json_depth(v) >= MAX_JSON_DEPTH), None)
         raise InvalidParameterError(
             f"{where or 'the body'} nests more than {MAX_JSON_DEPTH} levels deep", where
         )
-    check_unicode(body)
+    if _SURROGATE_ESCAPE.search(text):
+        check_unicode(body)
     return body
 
 
