@@ -442,3 +442,44 @@ def test_output_text_logprobs_come_with_include(smollm2_tokenizer):
 
     tm = serve(smollm2_tokenizer, ["ok"], test)
     assert tm.seen[0].return_logprob and tm.seen[0].top_logprobs_num == 2
+
+
+def test_a_failure_mid_stream_is_the_last_event_and_nothing_is_stored(
+    smollm2_tokenizer, monkeypatch
+):
+    from scripted_server import ScriptedTokenizerManager
+
+    from radixserve.frontend.tokenizer_manager import GenerationError
+
+    scripted = ScriptedTokenizerManager.generate_many
+
+    async def failing(self, requests, *args, **kwargs):
+        async for index, chunk in scripted(self, requests, *args, **kwargs):
+            yield index, chunk
+            raise GenerationError("the model failed")
+
+    monkeypatch.setattr(ScriptedTokenizerManager, "generate_many", failing)
+
+    async def test(client, session, tm):
+        async with client.responses.stream(model=MODEL, input="hi") as stream:
+            events = [event async for event in stream]
+        error = events[-1]
+        assert error.type == "error" and "the model failed" in error.message
+        assert [e.sequence_number for e in events] == list(range(len(events)))
+        with pytest.raises(openai.NotFoundError):
+            await client.responses.retrieve(events[0].response.id)
+        with pytest.raises(openai.InternalServerError):
+            await client.responses.create(model=MODEL, input="hi")
+
+    serve(smollm2_tokenizer, ["Hello there!", "Hello there!"], test)
+
+
+def test_strict_api_refuses_unknown_fields_of_items(smollm2_tokenizer):
+    async def test(client, session, tm):
+        body = {"model": MODEL, "input": [{"role": "user", "content": "hi", "shiny": 1}]}
+        async with session.post("/v1/responses", json=body) as reply:
+            error = (await reply.json())["error"]
+        assert reply.status == 400 and error["param"] == "input.0.shiny"
+        assert error["code"] == "unknown_field"
+
+    serve(smollm2_tokenizer, [], test, strict_api=True)

@@ -16,10 +16,11 @@ non-text input parts, `include` values this server cannot produce.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, Tag
+from pydantic import Discriminator, Field, Tag, TypeAdapter
 
 from radixserve.api_errors import InvalidParameterError
 from radixserve.frontend.openai.protocol import MAX_CHAT_TOP_LOGPROBS, _Request
@@ -579,8 +580,11 @@ def append_items(
             )
 
 
+@functools.cache
+def _items_adapter() -> TypeAdapter[list[Any]]:
+    return TypeAdapter(list[InputItem])
+
+
 def parse_items(items: list[dict[str, Any]]) -> list[Any]:
     """Stored items (input and output, in the Responses shape) as the models above."""
-    from pydantic import TypeAdapter
-
-    return TypeAdapter(list[InputItem]).validate_python(items, strict=False)
+    return _items_adapter().validate_python(items, strict=False) if items else []
