@@ -483,3 +483,83 @@ def test_strict_api_refuses_unknown_fields_of_items(smollm2_tokenizer):
         assert error["code"] == "unknown_field"
 
     serve(smollm2_tokenizer, [], test, strict_api=True)
+
+
+def test_items_become_the_chat_messages_the_chat_path_renders():
+    from radixserve.frontend.openai.protocol import FieldPolicy, parse_request
+    from radixserve.frontend.openai_responses.protocol import ItemSource, ResponsesRequest
+
+    call = {"type": "function_call", "name": "get_weather", "status": "completed"}
+    body = {
+        "model": MODEL,
+        "instructions": "Be brief.",
+        "input": [
+            {"role": "developer", "content": [{"type": "input_text", "text": "Use tools."}]},
+            {"role": "user", "content": "Weather?"},
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "T"}]},
+            {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": "Checking."}],
+            },
+            {**call, "call_id": "call_a", "arguments": '{"city": "Paris"}'},
+            {**call, "call_id": "call_b", "arguments": '{"city": "Rome"}'},
+            {"type": "function_call_output", "call_id": "call_a", "output": "18C"},
+            {
+                "type": "function_call_output",
+                "call_id": "call_b",
+                "output": [{"type": "input_text", "text": "21C"}],
+            },
+            {"type": "reasoning", "summary": [{"type": "summary_text", "text": "U"}]},
+            {**call, "call_id": "call_c", "arguments": "{}"},
+        ],
+        "tools": [WEATHER],
+        "tool_choice": {"type": "function", "name": "get_weather"},
+        "text": {"format": {"type": "json_schema", "name": "w", "schema": {"type": "object"}}},
+        "reasoning": {"effort": "high"},
+        "max_output_tokens": 9,
+    }
+    req = parse_request(ResponsesRequest, body, FieldPolicy(strict=True))
+    source = ItemSource()
+    chat = req.chat_body([], source)
+
+    def calls(*pairs):
+        return [
+            {"id": i, "type": "function", "function": {"name": "get_weather", "arguments": a}}
+            for i, a in pairs
+        ]
+
+    assert chat["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "developer", "content": "Use tools."},
+        {"role": "user", "content": "Weather?"},
+        {
+            "role": "assistant",
+            "content": "Checking.",
+            "reasoning_content": "T",
+            "tool_calls": calls(("call_a", '{"city": "Paris"}'), ("call_b", '{"city": "Rome"}')),
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "18C"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "21C"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": calls(("call_c", "{}")),
+            "reasoning_content": "U",
+        },
+    ]
+    assert chat["tools"] == [CHAT_WEATHER]
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "get_weather"}}
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "w", "schema": {"type": "object"}},
+    }
+    assert chat["chat_template_kwargs"] == {"reasoning_effort": "high"}
+    assert chat["max_completion_tokens"] == 9
+    # chat params named as the request named them
+    assert source.param("messages.0") == "instructions"
+    assert source.param("messages.3.content") == "input.3"
+    assert source.param("messages.6") == "input.9"
+    assert source.param("tools.0.function.parameters") == "tools.0.parameters"
+    assert source.param("response_format.json_schema.schema") == "text.format.schema"
+    assert source.param("max_tokens") == "max_output_tokens"

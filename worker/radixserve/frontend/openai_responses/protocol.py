@@ -556,7 +556,8 @@ def append_items(
             source.add(len(messages), where)
             message: dict[str, Any] = {"role": item.role, "content": item.text(where)}
             if item.role == "assistant" and reasoning is not None:
-                message["reasoning_content"], reasoning = reasoning, None
+                message["reasoning_content"] = reasoning
+            reasoning = None  # reasoning before another role's message ended with its turn
             messages.append(message)
         elif isinstance(item, FunctionCallItem):
             call = {
@@ -574,6 +575,7 @@ def append_items(
                     message["reasoning_content"], reasoning = reasoning, None
                 messages.append(message)
         elif isinstance(item, FunctionCallOutputItem):
+            reasoning = None
             source.add(len(messages), where)
             messages.append(
                 {"role": "tool", "tool_call_id": item.call_id, "content": item.text(where)}
