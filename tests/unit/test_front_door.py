@@ -189,3 +189,10 @@ def test_a_long_prompt_is_tokenized_off_the_event_loop(tm, monkeypatch):
     with pytest.raises(PromptTooLongError):  # tokenized (off the loop), then too long
         build(tm, GenerateRequest(prompts=[long], sampling_params=[{}]))
     assert len(threads) == 1 and threads[0].startswith("radixserve-tokenize")
+
+
+def test_a_lone_surrogate_from_an_in_process_caller_is_a_400(tm):
+    """HTTP bodies are checked as they are decoded; the Engine's callers pass strings as is."""
+    with pytest.raises(InvalidParameterError) as info:
+        build(tm, GenerateRequest(prompts=["ok \ud800"], sampling_params=[{}]))
+    assert info.value.param == "prompt" and "surrogate" in info.value.message

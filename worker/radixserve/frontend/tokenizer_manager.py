@@ -53,6 +53,7 @@ from radixserve.boundary import (
     TokenizedGenerateReqInput,
     TokenLogprob,
 )
+from radixserve.catalog.constraint_kinds import surrogate_problem
 from radixserve.frontend.detokenizer import IncrementalDetokenizer, StopStringTrimmer
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS, SamplingParams
@@ -760,6 +761,8 @@ class TokenizerManager:
             raise InvalidParameterError(
                 "this model has no tokenizer: send token ids instead of text", param
             )
+        if (problem := surrogate_problem(text)) is not None:  # in-process callers: no body check
+            raise InvalidParameterError(f"{param or 'the prompt'} {problem}", param)
         if len(text) > self.max_prompt_chars:
             raise PromptTooLongError(
                 f"The prompt has {len(text)} characters: more than this model's maximum context "
