@@ -13,8 +13,10 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 ANSWER = "It is 18C and sunny in Paris."
 
 
-@pytest.mark.parametrize("streamed", [False, True])
-def test_an_agent_with_a_function_tool_runs_to_completion(smollm2_tokenizer, streamed):
+@pytest.mark.parametrize(("streamed", "chained"), [(False, False), (True, False), (False, True)])
+def test_an_agent_with_a_function_tool_runs_to_completion(smollm2_tokenizer, streamed, chained):
+    """`chained`: the SDK sends only the new items, continuing the stored response by
+    previous_response_id."""
     calls: list[str] = []
 
     @agents.function_tool
@@ -23,7 +25,16 @@ def test_an_agent_with_a_function_tool_runs_to_completion(smollm2_tokenizer, str
         calls.append(city)
         return "18C, sunny"
 
+    sent: list[dict] = []
+
     async def test(client, session, tm):
+        create = client.responses.create
+
+        async def recorded(**kwargs):
+            sent.append(kwargs)
+            return await create(**kwargs)
+
+        client.responses.create = recorded
         model = agents.OpenAIResponsesModel(model=MODEL, openai_client=client)
         agent = agents.Agent(
             name="weather", instructions="Answer briefly.", model=model, tools=[get_weather]
@@ -35,11 +46,16 @@ def test_an_agent_with_a_function_tool_runs_to_completion(smollm2_tokenizer, str
             async for _ in result.stream_events():
                 pass
         else:
-            result = await agents.Runner.run(agent, question, run_config=config)
+            result = await agents.Runner.run(
+                agent, question, run_config=config, auto_previous_response_id=chained
+            )
         assert result.final_output == ANSWER
 
     tm = serve(smollm2_tokenizer, [CALL, ANSWER], test)
     assert calls == ["Paris"]
+    if chained:  # the second call sent only the tool's output
+        assert sent[1]["previous_response_id"].startswith("resp_")
+        assert [item["type"] for item in sent[1]["input"]] == ["function_call_output"]
     second = tm.prompt_text(1)
     assert "Answer briefly." in second and "What is the weather in Paris?" in second
     assert "<tool_response>\n18C, sunny\n</tool_response>" in second
