@@ -47,6 +47,8 @@ HTTP_ONLY_FIELDS: frozenset[str] = frozenset(
         "max_queued_requests",
         "drain_timeout",
         "scheduler_stall_timeout",
+        "responses_store_size",
+        "responses_store_dir",
     }
 )
 

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 request_logger = logging.getLogger("radixserve.requests")
 
 GENERATION_PATHS = frozenset(
-    {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/generate"}
+    {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate"}
 )
 CLIENT_CLOSED_REQUEST = 499
 LOG_REQUESTS_KEY = web.AppKey("log_requests", bool)
