@@ -9,11 +9,14 @@ from typing import Any
 
 # a constraint whose text holds this never finishes compiling
 SLOW = "never-compiles"
+# one whose text holds this compiles at once, and takes a second to serialize
+SLOW_TO_SERIALIZE = "slow-to-serialize"
 
 
 @dataclass(frozen=True)
 class SlowRecipe:
-    """`inner`'s compiles, but a constraint holding SLOW sleeps until its worker is killed."""
+    """`inner`'s compiles, but a constraint holding SLOW sleeps until its worker is killed, and
+    one holding SLOW_TO_SERIALIZE takes a second to serialize."""
 
     inner: Any
 
@@ -23,6 +26,9 @@ class SlowRecipe:
         def compile_slowly(kind: str, text: str):
             if SLOW in text:
                 time.sleep(600)
-            return compile_one(kind, text)
+            serialize, nbytes = compile_one(kind, text)
+            if SLOW_TO_SERIALIZE in text:
+                return (lambda: time.sleep(1.0) or serialize()), nbytes
+            return serialize, nbytes
 
         return compile_slowly

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 from scheduler_harness import Run as RunRecord
 from scheduler_harness import collect, drain
-from slow_grammar import SLOW, SlowRecipe
+from slow_grammar import SLOW, SLOW_TO_SERIALIZE, SlowRecipe
 from test_scheduler_grammar import CONSTRAINTS, EOS_ID, TABLE, TOKENIZER, V, params, prompts
 
 from radixserve.boundary import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
@@ -167,6 +167,17 @@ def test_a_compile_past_the_time_limit_is_a_400_naming_the_constraint(where, kin
     # and the next constraint compiles as usual
     submit(scheduler, "simple", *SIMPLE)
     assert drain(scheduler).finish["simple"]["type"] == "stop"
+
+
+def test_the_time_limit_is_the_compiles_not_the_serializations():
+    """A worker announces a finished compile before it serializes the grammar (which can take
+    twice as long): only the compile counts against the limit."""
+    scheduler = make("process", grammar_compile_timeout=0.5)
+    submit(scheduler, "r", "regex", SLOW_TO_SERIALIZE)
+    run = drain(scheduler)
+    assert run.finish["r"]["type"] == "stop", run.finish["r"]
+    assert TOKENIZER.decode(run.outputs["r"][:-1]) == SLOW_TO_SERIALIZE
+    assert scheduler.grammar_cache.stats()["grammar_compiles_timed_out"] == 0
 
 
 def test_an_abort_cancels_a_compile_only_when_nobody_else_waits_for_it(where):

@@ -42,10 +42,11 @@ class Grammar(ABC):
 
 class CompileRecipe(Protocol):
     """How a worker process compiles for a backend (compile_worker.py). Picklable; `build`
-    runs in the worker and returns its compile function: (kind, text) -> (payload, memory
-    bytes), raising GrammarError for a constraint the compiler rejects."""
+    runs in the worker and returns its compile function: (kind, text) -> (serialize, memory
+    bytes), raising GrammarError for a constraint the compiler rejects; `serialize()` makes the
+    payload `GrammarBackend.load_compiled` takes (it can take longer than the compile)."""
 
-    def build(self) -> Callable[[str, str], tuple[Any, int]]: ...
+    def build(self) -> Callable[[str, str], tuple[Callable[[], Any], int]]: ...
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,9 @@ def _die_with_scheduler() -> None:
 
 
 def serve(conn: Any, recipe: CompileRecipe) -> None:
-    """The worker's loop: one (kind, text) in, one outcome out, until the pipe closes."""
+    """The worker's loop: one (kind, text) in, its outcome out, until the pipe closes. A
+    compile that succeeds is announced ("compiled") before it is serialized: the time limit is
+    the compile's, not the serialization's."""
     _die_with_scheduler()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the server's to handle
     compile_one = recipe.build()
@@ -59,8 +61,9 @@ def serve(conn: Any, recipe: CompileRecipe) -> None:
         except (EOFError, OSError):
             return
         try:
-            payload, nbytes = compile_one(kind, text)
-            outcome: tuple = ("ok", payload, nbytes)
+            serialize, nbytes = compile_one(kind, text)
+            conn.send(("compiled",))
+            outcome: tuple = ("ok", serialize(), nbytes)
         except GrammarError as exc:
             outcome = ("grammar_error", str(exc))
         except Exception as exc:  # the backend failed: the cache reports it as such

@@ -82,6 +82,7 @@ class GrammarCache:
         self._make_backend = make_backend
         self._backend: Any = None
         self._backend_lock = threading.Lock()
+        self._recipe_made: tuple[Any] | None = None
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.timeout = timeout
@@ -220,15 +221,26 @@ class GrammarCache:
             return self._backend
 
     def _recipe(self, backend: Any) -> Any:
+        """The backend's compile recipe, made once (xgrammar's serializes the vocabulary)."""
         if not self._processes:
             return None
-        make = getattr(backend, "compile_recipe", None)
-        return make() if make is not None else None
+        with self._backend_lock:
+            if self._recipe_made is None:
+                make = getattr(backend, "compile_recipe", None)
+                self._recipe_made = (make() if make is not None else None,)
+            return self._recipe_made[0]
 
-    def _wait(self, job: _Job, done: Callable[[float], bool], on_stop: Callable[[], None]) -> None:
-        """Wait for `done`, the time limit or a cancel; `on_stop` (kill, abandon) on the latter
-        two."""
-        deadline = time.monotonic() + (math.inf if self.timeout is None else self.timeout)
+    def _wait(
+        self,
+        job: _Job,
+        done: Callable[[float], bool],
+        on_stop: Callable[[], None],
+        limited: bool = True,
+    ) -> None:
+        """Wait for `done`, the time limit (if `limited`) or a cancel; `on_stop` (kill,
+        abandon) on the latter two."""
+        limit = self.timeout if limited and self.timeout is not None else math.inf
+        deadline = time.monotonic() + limit
         while not done(max(0.0, min(_POLL_S, deadline - time.monotonic()))):
             if job.cancelled.is_set():
                 on_stop()
@@ -282,6 +294,9 @@ class GrammarCache:
         try:
             self._wait(job, worker.poll, kill)
             outcome = worker.receive()
+            if outcome[0] == "compiled":  # within the limit; now its serialization
+                self._wait(job, worker.poll, kill, limited=False)
+                outcome = worker.receive()
         except (_Cancelled, GrammarTimeoutError):
             raise
         except BaseException:
