@@ -1,7 +1,9 @@
 """In-process routers and scripted stand-in workers, for the router's HTTP behaviour.
 
 A `ScriptedWorker` speaks the worker's HTTP surface (`/ready`, `/metrics`, `/v1/completions`,
-`/flush_cache`, `/get_server_info`) and answers the way a test scripts it: normally, with an
+`/flush_cache`, `/get_server_info`; Anthropic's `/v1/messages` and `/v1/messages/count_tokens`,
+`/v1/models/{id}`, and the Responses API with a store of its own) and answers the way a test
+scripts it: normally, with an
 error status, with a stream that breaks after N events, or with a stream that waits until the
 client goes away, or dying of a poison request. `main` runs one in its own process (for a real
 router process in front of workers that really exit). Real-worker behaviour (the model, the
@@ -16,6 +18,7 @@ import contextlib
 import json
 import os
 import socket
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,6 +69,8 @@ class ScriptedWorker:
     admin_key: str | None = None  # /flush_cache and /get_server_info want this bearer key
     drop_models: bool = False  # /v1/models drops the connection
     models_asked: int = 0
+    api_keys: list[str | None] = field(default_factory=list)  # each request's x-api-key
+    stored: set[str] = field(default_factory=set)  # the ids of the responses it made
     port: int = field(default_factory=free_port)
     _runner: web.AppRunner | None = None
 
@@ -76,9 +81,16 @@ class ScriptedWorker:
     async def start(self) -> ScriptedWorker:
         app = web.Application()
         app.router.add_get("/ready", self._ready)
+        app.router.add_get("/health", self._health)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/v1/models/{model_id:.+}", self._model)
+        app.router.add_post("/v1/messages", self._messages)
+        app.router.add_post("/v1/messages/count_tokens", self._count_tokens)
+        app.router.add_post("/v1/responses", self._create_response)
+        app.router.add_get("/v1/responses/{response_id}", self._get_response)
+        app.router.add_delete("/v1/responses/{response_id}", self._delete_response)
         app.router.add_post("/flush_cache", self._flush)
         app.router.add_get("/get_server_info", self._info)
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.5)
@@ -98,6 +110,11 @@ class ScriptedWorker:
             return web.json_response({"status": "ready"})
         return web.json_response({"status": "not ready", "reason": "draining"}, status=503)
 
+    async def _health(self, request: web.Request) -> web.Response:
+        if self.dead:
+            return web.json_response({"status": "scheduler down"}, status=503)
+        return web.json_response({"status": "ok"})
+
     async def _metrics(self, request: web.Request) -> web.Response:
         text = (
             "# TYPE radixserve_num_queued_requests gauge\n"
@@ -113,6 +130,110 @@ class ScriptedWorker:
             assert request.transport is not None
             request.transport.abort()
         return web.json_response({"object": "list", "data": [{"id": self.name}]})
+
+    async def _model(self, request: web.Request) -> web.Response:
+        self.api_keys.append(request.headers.get("x-api-key"))
+        model_id = request.match_info["model_id"]
+        return web.json_response({"id": model_id, "object": "model", "owned_by": self.name})
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        body = await request.json()
+        self.requests.append(body)
+        self.api_keys.append(request.headers.get("x-api-key"))
+        return body
+
+    async def _events(
+        self, request: web.Request, events: list[tuple[str, dict[str, Any]]]
+    ) -> web.StreamResponse:
+        """`event:` + `data:` events (no [DONE]); in `break` mode the connection dies before
+        the last one."""
+        out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await out.prepare(request)
+        for index, (name, data) in enumerate(events):
+            if self.mode == "break" and index == len(events) - 1:
+                await out.write(b"event: " + name.encode() + b"\ndata: {")
+                assert request.transport is not None
+                request.transport.abort()
+                return out
+            await out.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+            await asyncio.sleep(0.01)
+        await out.write_eof()
+        return out
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        if self.mode == "status":
+            kind = "overloaded_error" if self.status == 503 else "invalid_request_error"
+            error = {"type": "error", "error": {"type": kind, "message": f"{self.name} says no"}}
+            return web.json_response(error, status=self.status)
+        message = {"id": "msg_1", "type": "message", "role": "assistant", "model": self.name}
+        text = {"type": "text", "text": f"from {self.name}"}
+        if not body.get("stream"):
+            return web.json_response({**message, "content": [text], "stop_reason": "end_turn"})
+        delta = {"type": "text_delta", "text": f"from {self.name}"}
+        return await self._events(
+            request,
+            [
+                ("message_start", {"type": "message_start", "message": {**message, "content": []}}),
+                ("content_block_start", {"type": "content_block_start", "index": 0}),
+                ("ping", {"type": "ping"}),
+                (
+                    "content_block_delta",
+                    {"type": "content_block_delta", "index": 0, "delta": delta},
+                ),
+                ("content_block_stop", {"type": "content_block_stop", "index": 0}),
+                ("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn"}}),
+                ("message_stop", {"type": "message_stop"}),
+            ],
+        )
+
+    async def _count_tokens(self, request: web.Request) -> web.Response:
+        await self._body(request)
+        return web.json_response({"input_tokens": 7})
+
+    @staticmethod
+    def _not_found(response_id: str, param: str | None = None) -> web.Response:
+        error = error_body(f"Response with id {response_id!r} not found", param=param)
+        error["error"]["code"] = "not_found"
+        return web.json_response(error, status=404)
+
+    async def _create_response(self, request: web.Request) -> web.StreamResponse:
+        body = await self._body(request)
+        previous = body.get("previous_response_id")
+        if previous is not None and previous not in self.stored:
+            return self._not_found(previous, "previous_response_id")
+        response_id = f"resp_{uuid.uuid4().hex}"
+        if body.get("store", True):
+            self.stored.add(response_id)
+        response = {"id": response_id, "object": "response", "worker": self.name}
+        if not body.get("stream"):
+            return web.json_response({**response, "status": "completed"})
+        events = [
+            ("response.created", {"response": {**response, "status": "in_progress"}}),
+            ("response.output_text.delta", {"delta": f"from {self.name}"}),
+            ("response.completed", {"response": {**response, "status": "completed"}}),
+        ]
+        return await self._events(
+            request,
+            [
+                (name, {"type": name, **data, "sequence_number": index})
+                for index, (name, data) in enumerate(events)
+            ],
+        )
+
+    async def _get_response(self, request: web.Request) -> web.Response:
+        self.api_keys.append(request.headers.get("x-api-key"))
+        response_id = request.match_info["response_id"]
+        if response_id not in self.stored:
+            return self._not_found(response_id)
+        return web.json_response({"id": response_id, "object": "response", "worker": self.name})
+
+    async def _delete_response(self, request: web.Request) -> web.Response:
+        response_id = request.match_info["response_id"]
+        if response_id not in self.stored:
+            return self._not_found(response_id)
+        self.stored.discard(response_id)
+        return web.json_response({"id": response_id, "object": "response", "deleted": True})
 
     def _refused(self, request: web.Request) -> web.Response | None:
         if self.admin_key is None or request.headers.get("Authorization") == (

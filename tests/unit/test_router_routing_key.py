@@ -52,3 +52,47 @@ def test_ids_keys_are_one_char_per_id_prefix_preserving_and_injective(a, b) -> N
     assert (ids_key(a) == ids_key(b)) == (a == b)
     assert all(not 0xD800 <= ord(c) < 0xE000 for c in ids_key(a))  # valid str, encodable
     ids_key(a).encode()
+
+
+def test_anthropic_messages_render_system_then_turns_as_the_equivalent_chat() -> None:
+    system = [{"type": "text", "text": "Be brief."}]
+    turn = {"role": "user", "content": [{"type": "text", "text": "Hi"}]}
+    call = {
+        "role": "assistant",
+        "content": [{"type": "tool_use", "id": "tu_1", "name": "lookup", "input": {"q": 1}}],
+    }
+    result = {
+        "role": "user",
+        "content": [{"type": "tool_result", "tool_use_id": "tu_1", "content": "42"}],
+    }
+    short = key("/v1/messages", {"system": system, "messages": [turn]})
+    long = key("/v1/messages", {"system": "Be brief.", "messages": [turn, call, result]})
+    assert long.startswith(short) and "lookup#tu_1" in long and "42" in long
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert short == key("/v1/chat/completions", {"messages": chat})
+    assert key("/v1/messages", {"messages": [turn]}) == "<user>Hi\n"  # no system: no turn
+    assert key("/v1/messages", {"system": "x", "messages": "hi"}) == ""
+    # counting tokens fills no cache: it must not claim a worker's tree
+    assert key("/v1/messages/count_tokens", {"messages": [turn]}) == ""
+
+
+def test_responses_render_instructions_then_input_as_the_equivalent_chat() -> None:
+    one = key("/v1/responses", {"instructions": "Be brief.", "input": "Hi"})
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    assert one == key("/v1/chat/completions", {"messages": chat})
+    items = [
+        {"role": "user", "content": [{"type": "input_text", "text": "Hi"}]},
+        {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": "Yo"}],
+        },
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": '{"a":1}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "done"},
+    ]
+    many = key("/v1/responses", {"instructions": "Be brief.", "input": items})
+    assert many.startswith(one) and '<assistant>f({"a":1})' in many and "<tool>done" in many
+    assert key("/v1/responses", {"input": "Hi"}) == "<user>Hi\n"
+    assert key("/v1/responses", {"input": 3}) == ""
+    assert key("/v1/responses", {"input": [1]}) == ""
+    assert key("/v1/responses/resp_1", {}) == ""

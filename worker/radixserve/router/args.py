@@ -78,13 +78,19 @@ class RouterArgs:
         " before a 503 with Retry-After",
     )
     max_pending: int = _option(1024, "requests that may wait for a worker; more get 503 at once")
+    response_affinity_size: int = _option(
+        100_000,
+        "Responses API ids remembered with the worker that made each (least recently used"
+        " forgotten first); a request naming one goes to that worker (0: no affinity)",
+    )
     health_check_interval: float = _option(2.0, "seconds between probes of each worker")
     model_name: str = _option("", "the model_name label of the router's metrics")
     drain_timeout: float = _option(30.0, "after SIGTERM, seconds in-flight requests get to finish")
     seed: int = _option(0, "seed of power_of_two's random draws")
     api_key: str | None = _option(
         None,
-        "clients must send 'Authorization: Bearer KEY' to every endpoint but /health, /ready"
+        "clients must send 'Authorization: Bearer KEY' (or 'x-api-key: KEY') to every endpoint"
+        " but /health, /ready"
         f" and /metrics (default: ${API_KEY_ENV}; unset: the workers check keys themselves)",
         metavar="KEY",
     )
@@ -122,6 +128,7 @@ class RouterArgs:
             "max_retries": (0, None),
             "pending_timeout": (0.0, None),
             "max_pending": (0, None),
+            "response_affinity_size": (0, None),
             "quarantine_ttl": (0.0, None),
             "drain_timeout": (0.0, None),
         }

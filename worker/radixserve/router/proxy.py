@@ -18,10 +18,19 @@ body can poison a worker) are fingerprinted: `GET /v1/models` is never quarantin
 
 Non-streaming answers are read whole before the first byte goes to the client. Server-sent
 events are relayed event by event as they arrive (reading the worker no faster than the client
-reads the router: backpressure); a stream that breaks midway ends with an OpenAI-shaped error
-event and `data: [DONE]`, never silently. A client that goes away cancels its handler
+reads the router: backpressure), unchanged, whichever API's shape they have; a stream that
+breaks midway ends with the error event its API's clients understand (`apis.StreamShape`:
+OpenAI's with `data: [DONE]`, Anthropic's `event: error`, the Responses API's `error`), never
+silently. A client that goes away cancels its handler
 (aiohttp's handler cancellation), and closing the upstream response closes its connection: the
 worker sees the disconnect and aborts the request.
+
+A 503 without an error code (Anthropic's error shape has none) counts as never started only when
+the worker says so: its `/health` is 200 (the scheduler lives) and its `/ready` answers 503
+`draining`. Responses API requests naming a stored response go to the worker that made it
+(`affinity.py`); the worker's answers teach the router which worker holds which response.
+Worker answers pass through marked `FROM_WORKER`: the router's own errors on `/v1/messages*`
+are rewritten in Anthropic's shape (`server.api_error_shapes`), the worker's never.
 """
 
 from __future__ import annotations
@@ -37,13 +46,22 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from radixserve.api_errors import RETRY_AFTER_S, APIError, error_body, error_response
+from radixserve.api_errors import RETRY_AFTER_S, APIError, error_response
+from radixserve.router.affinity import (
+    ResponseAffinity,
+    ResponseRequest,
+    not_held,
+    response_request,
+)
+from radixserve.router.apis import stream_shape
 from radixserve.router.logsafe import printable
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policies import Policy
 from radixserve.router.pool import (
     DOWN,
     NOT_READY,
+    PROBE_TIMEOUT_S,
+    READY,
     NoReadyWorkerError,
     PendingQueueFullError,
     Upstream,
@@ -68,7 +86,13 @@ _NOT_FORWARDED = frozenset(
     )
 )  # fmt: skip
 _SSE_END = b"\n\n"
-_DONE = b"data: [DONE]"
+# marks a response that is a worker's answer (passed through as it is, never reshaped)
+FROM_WORKER = web.ResponseKey("radixserve_from_worker", bool)
+
+
+def from_worker(response: web.StreamResponse) -> web.StreamResponse:
+    response[FROM_WORKER] = True
+    return response
 
 
 def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
@@ -101,7 +125,8 @@ class Refusal:
 
     def response(self) -> web.Response:
         if self.status:
-            return web.Response(status=self.status, headers=self.headers, body=self.body)
+            reply = web.Response(status=self.status, headers=self.headers, body=self.body)
+            return cast(web.Response, from_worker(reply))
         return error_response(
             APIError(
                 f"no worker could take the request: {self.problem}",
@@ -124,6 +149,7 @@ class Proxy:
         max_retries: int,
         pending_timeout: float,
         quarantine: Quarantine | None = None,
+        affinity: ResponseAffinity | None = None,
     ) -> None:
         self.session = session
         self.pool = pool
@@ -132,6 +158,7 @@ class Proxy:
         self.max_retries = max_retries
         self.pending_timeout = pending_timeout
         self.quarantine = quarantine if quarantine is not None else Quarantine(ttl=0)
+        self.affinity = affinity if affinity is not None else ResponseAffinity()
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -157,6 +184,11 @@ class Proxy:
             key = routing_key(request.path, body)
         except BodyTooDeepError as exc:
             return error_response(APIError(str(exc), 400, code="json_too_deep"))
+        responses = response_request(request.method, request.path, body)
+        if responses is not None and responses.named is not None:
+            holder = self.affinity.holder(responses.named)
+            if holder is not None:
+                return await self._forward_to_holder(request, body, print_, responses, holder)
         deadline = started + self.pending_timeout
         tried: set[str] = set()
         refusal = Refusal(problem="no attempt made")
@@ -192,7 +224,7 @@ class Proxy:
             self.metrics.routed(upstream.url, decision)
             upstream.in_flight += 1
             try:
-                outcome = await self._attempt(request, upstream, body, print_)
+                outcome = await self._attempt(request, upstream, body, print_, responses)
             finally:
                 upstream.in_flight -= 1
             if not isinstance(outcome, Refusal):
@@ -200,6 +232,71 @@ class Proxy:
             if outcome.status or not refusal.status:  # a worker's own answer beats silence
                 refusal = outcome
         return refusal.response()
+
+    async def _forward_to_holder(
+        self,
+        request: web.Request,
+        body: bytes,
+        print_: str,
+        responses: ResponseRequest,
+        url: str,
+    ) -> web.StreamResponse:
+        """A request naming a stored response goes to the worker that made it, or nowhere: no
+        other worker holds it, so none is tried instead."""
+        assert responses.named is not None
+        upstream = self.pool.get(url)
+        if upstream is None or upstream.state != READY:
+            state = "gone from the pool" if upstream is None else upstream.state
+            why = f"it was made on the worker {url}, which is {state}"
+            return error_response(not_held(responses.named, responses.param, why))
+        self.metrics.routed(upstream.url, "affinity")
+        upstream.in_flight += 1
+        try:
+            outcome = await self._attempt(request, upstream, body, print_, responses)
+        finally:
+            upstream.in_flight -= 1
+        if not isinstance(outcome, Refusal):
+            return outcome
+        if outcome.status:
+            return outcome.response()  # its own refusal (429, draining): the client may retry
+        why = f"it was made on the worker {url}, which is unreachable"
+        return error_response(not_held(responses.named, responses.param, why))
+
+    def _learn(
+        self, responses: ResponseRequest | None, url: str, status: int, payload: bytes
+    ) -> None:
+        """What a worker's whole answer to a Responses API request says about who holds what."""
+        if responses is None or status != 200:
+            return
+        if responses.deletes:
+            assert responses.named is not None
+            self.affinity.forget(responses.named)
+            return
+        if responses.named is not None:
+            self.affinity.remember(responses.named, url)  # it answered from that response
+        if responses.creates:
+            try:
+                response_id = json.loads(payload).get("id")
+            except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
+                return
+            if isinstance(response_id, str):
+                self.affinity.remember(response_id, url)
+
+    async def _says_draining(self, upstream: Upstream) -> bool:
+        """Whether a worker is alive but turning requests away (`/health` 200, `/ready` 503
+        `draining`): its 503 without an error code then means it never started the request."""
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        try:
+            async with self.session.get(upstream.url + "/health", timeout=timeout) as reply:
+                if reply.status != 200:
+                    return False
+            async with self.session.get(upstream.url + "/ready", timeout=timeout) as reply:
+                if reply.status != 503:
+                    return False
+                answer = await reply.json(content_type=None)
+        except (TimeoutError, aiohttp.ClientError, ValueError):
+            return False
+        return isinstance(answer, dict) and answer.get("reason") == "draining"
 
     async def _pick(
         self, key: str, tried: set[str], deadline: float
@@ -237,7 +334,12 @@ class Proxy:
             )
 
     async def _attempt(
-        self, request: web.Request, upstream: Upstream, body: bytes, print_: str
+        self,
+        request: web.Request,
+        upstream: Upstream,
+        body: bytes,
+        print_: str,
+        responses: ResponseRequest | None = None,
     ) -> web.StreamResponse | Refusal:
         try:
             reply = await self.session.request(
@@ -256,7 +358,7 @@ class Proxy:
             return self._broken(request, upstream, print_, exc)
         try:
             if reply.content_type == "text/event-stream" and reply.status == 200:
-                return await self._relay_events(request, reply, upstream, print_)
+                return await self._relay_events(request, reply, upstream, print_, responses)
             payload = await reply.read()
         except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError) as exc:
             # dropped before the whole answer came: nothing reached the client yet
@@ -269,12 +371,18 @@ class Proxy:
             self.metrics.upstream_error(upstream.url, f"status_{reply.status}")
             if reply.status == 503:
                 self.pool.set_state(upstream, NOT_READY, "answered 503")
-            if never_started(reply.status, payload):
+            refused = never_started(reply.status, payload) or (
+                reply.status == 503
+                and error_code(payload) is None
+                and await self._says_draining(upstream)
+            )
+            if refused:
                 return Refusal(reply.status, headers, payload, f"{upstream.url}: {reply.status}")
             self._died_with(request, print_, upstream, f"503 {error_code(payload)}")
             if not payload:
                 return self._failed(upstream, "it answered 503 without a body")
-        return web.Response(status=reply.status, headers=headers, body=payload)
+        self._learn(responses, upstream.url, reply.status, payload)
+        return from_worker(web.Response(status=reply.status, headers=headers, body=payload))
 
     def _broken(
         self, request: web.Request, upstream: Upstream, print_: str, exc: Exception
@@ -304,31 +412,33 @@ class Proxy:
         reply: aiohttp.ClientResponse,
         upstream: Upstream,
         print_: str,
+        responses: ResponseRequest | None = None,
     ) -> web.StreamResponse:
         headers = forwarded_headers(reply.headers)
         headers[WORKER_HEADER] = upstream.url
-        out = web.StreamResponse(status=reply.status, headers=headers)
+        out = from_worker(web.StreamResponse(status=reply.status, headers=headers))
         await out.prepare(request)
-        pending, finished = b"", False
+        shape = stream_shape(request.path)
+        pending, learnt = b"", responses is None or not responses.creates
         try:
             async for chunk in reply.content.iter_any():
                 pending += chunk
                 complete, sep, pending = pending.rpartition(_SSE_END)
                 if sep:
-                    finished = finished or any(
-                        event.strip() == _DONE for event in complete.split(_SSE_END)
-                    )
+                    for event in complete.split(_SSE_END):
+                        shape.feed(event)
+                    if not learnt and shape.response_id is not None:
+                        self.affinity.remember(shape.response_id, upstream.url)
+                        learnt = True
                     await out.write(complete + sep)
-            if not finished:
-                raise aiohttp.ClientPayloadError("the stream ended without data: [DONE]")
+            if not shape.ended:
+                raise aiohttp.ClientPayloadError(f"the stream ended without {shape.last_event}")
         except (TimeoutError, aiohttp.ClientError) as exc:
             self.metrics.upstream_error(upstream.url, "stream_broken")
             self._died_with(request, print_, upstream, f"stream broke: {exc!r}")
-            event = error_body(
-                f"the worker {upstream.url} stopped mid-stream: {exc}",
-                type="server_error",
-                code="upstream_disconnected",
-            )
-            await out.write(b"data: " + json.dumps(event).encode() + _SSE_END + _DONE + _SSE_END)
+            await out.write(shape.broken(f"the worker {upstream.url} stopped mid-stream: {exc}"))
+        else:
+            if responses is not None and responses.named is not None:
+                self.affinity.remember(responses.named, upstream.url)
         await out.write_eof()
         return out

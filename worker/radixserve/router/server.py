@@ -1,7 +1,11 @@
 """The router process: the worker's API in front of many workers, plus its own probes and metrics.
 
-Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /generate` and
-`GET /v1/models` go to a worker (`proxy.py`). `GET /health` is the router's own liveness;
+Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /generate`, `GET
+/v1/models`, `GET /v1/models/{id}`, Anthropic's `POST /v1/messages` and `POST
+/v1/messages/count_tokens`, and the Responses API's `POST /v1/responses`, `GET` and `DELETE
+/v1/responses/{id}` go to a worker (`proxy.py`; a stored response's requests to the worker
+that holds it, `affinity.py`). The router's own errors on `/v1/messages*` are in Anthropic's
+shape (`api_error_shapes`), as the worker's are. `GET /health` is the router's own liveness;
 `GET /ready` is 200 only while at least one worker is ready (the pod's readiness probe uses
 `/health` instead: a router with no worker must keep taking requests, and holding them, to wake
 a service scaled to zero). `GET /metrics` is the router's series. `GET /get_server_info` is the
@@ -12,10 +16,10 @@ answer these two calls, and the whole call at most `ADMIN_TOTAL_TIMEOUT_S`: a hu
 as failed, it does not hang the call.
 
 Keys: with `--api-key` (or `$RADIXSERVE_API_KEY`) the router asks for `Authorization: Bearer
-KEY` as the worker does: the admin key (`--admin-api-key`, else the API key) on the two admin
+KEY` or `x-api-key: KEY` (Anthropic's clients) as the worker does: the admin key (`--admin-api-key`, else the API key) on the two admin
 paths, the API key elsewhere, none on `/health`, `/ready` and `/metrics`; a refusal is 401
-`invalid_api_key` before any side effect. The client's `Authorization` is passed on to the
-workers, which check it too. Without a key of its own, the router still honours the workers'
+`invalid_api_key` before any side effect. The client's `Authorization` and `x-api-key` are
+passed on to the workers, which check them too. Without a key of its own, the router still honours the workers'
 refusal: a worker's 401/403 on an admin call makes the call a 401, with no worker listed and
 no prefix tree wiped.
 
@@ -39,13 +43,15 @@ import aiohttp
 from aiohttp import web
 
 from radixserve.api_errors import APIError, error_response, http_exception_error
+from radixserve.router.affinity import ResponseAffinity
+from radixserve.router.apis import as_anthropic_error, is_anthropic_path
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
 from radixserve.router.logsafe import printable
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
-from radixserve.router.proxy import Proxy, forwarded_headers
+from radixserve.router.proxy import FROM_WORKER, Proxy, forwarded_headers
 from radixserve.router.quarantine import Quarantine
 
 logger = logging.getLogger(__name__)
@@ -62,7 +68,8 @@ REQUEST_ID_HEADER = "X-Request-Id"
 def invalid_api_key() -> web.Response:
     refusal = error_response(
         APIError(
-            "Incorrect API key provided: send it as 'Authorization: Bearer <key>'",
+            "Incorrect API key provided: send it as 'Authorization: Bearer <key>' or"
+            " 'x-api-key: <key>'",
             status=401,
             code="invalid_api_key",
         )
@@ -85,6 +92,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None
         self.proxy: Proxy | None = None
         self.quarantine = Quarantine(args.quarantine_ttl)
+        self.affinity = ResponseAffinity(args.response_affinity_size)
         self._prober: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
@@ -101,6 +109,7 @@ class Router:
             max_retries=self.args.max_retries,
             pending_timeout=self.args.pending_timeout,
             quarantine=self.quarantine,
+            affinity=self.affinity,
         )
         if self.discovery is not None:
             # EndpointSlices list only pods whose readiness probe passed: ready from the start.
@@ -210,16 +219,22 @@ class Router:
         return web.json_response({"success": True, "workers": results})
 
 
-def _bearer_matches(request: web.Request, key: str) -> bool:
+def _key_matches(request: web.Request, key: str) -> bool:
+    """Whether `Authorization: Bearer` or `x-api-key` carries the key."""
     scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    sent = token.strip().encode("utf-8", "surrogateescape")  # header bytes that are not UTF-8
-    return hmac.compare_digest(sent, key.encode())
+    sent = [token] if scheme.lower() == "bearer" else []
+    if "x-api-key" in request.headers:
+        sent.append(request.headers["x-api-key"])
+    # header bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes sent
+    return any(
+        hmac.compare_digest(s.strip().encode("utf-8", "surrogateescape"), key.encode())
+        for s in sent
+    )
 
 
 def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
-    """Ask for `Authorization: Bearer KEY` before any handler runs (so before any side effect):
+    """Ask for `Authorization: Bearer KEY` (or `x-api-key: KEY`) before any handler runs (so
+    before any side effect):
     `admin_key` on the admin paths, `api_key` elsewhere, none on the probes."""
 
     @web.middleware
@@ -228,7 +243,7 @@ def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
     ) -> web.StreamResponse:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not _bearer_matches(request, key):
+        if key is not None and not _key_matches(request, key):
             logger.info(
                 "request %s to %s: missing or wrong API key",
                 printable(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
@@ -258,13 +273,46 @@ async def openai_errors(
         return error_response(APIError("internal router error", 500, "server_error", code="error"))
 
 
+@web.middleware
+async def api_error_shapes(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """The router's own errors on `/v1/messages*` (keys, retries exhausted, quarantine, unknown
+    routes) in Anthropic's shape; a worker's answers (`FROM_WORKER`) pass as they are."""
+    response = await handler(request)
+    if (
+        is_anthropic_path(request.path)
+        and response.status >= 400
+        and not response.get(FROM_WORKER)
+        and isinstance(response, web.Response)
+        and not response.prepared
+        and isinstance(response.body, bytes)
+    ):
+        reshaped = as_anthropic_error(response.body, response.status)
+        if reshaped is not None:
+            response.body = reshaped
+    return response
+
+
 def build_app(router: Router) -> web.Application:
     assert router.proxy is not None, "start() the router first"
     guard = api_key_guard(router.args.api_key, router.args.admin_key)
-    app = web.Application(middlewares=[openai_errors, guard], client_max_size=MAX_BODY_BYTES)
-    for path in ("/v1/completions", "/v1/chat/completions", "/generate"):
+    app = web.Application(
+        middlewares=[api_error_shapes, openai_errors, guard], client_max_size=MAX_BODY_BYTES
+    )
+    for path in (
+        "/v1/completions",
+        "/v1/chat/completions",
+        "/generate",
+        "/v1/messages",
+        "/v1/messages/count_tokens",
+        "/v1/responses",
+    ):
         app.router.add_post(path, router.proxy.handle)
     app.router.add_get("/v1/models", router.proxy.handle)
+    app.router.add_get("/v1/models/{model_id:.+}", router.proxy.handle)
+    app.router.add_get("/v1/responses/{response_id}", router.proxy.handle)
+    app.router.add_delete("/v1/responses/{response_id}", router.proxy.handle)
     app.router.add_get("/health", router.health)
     app.router.add_get("/ready", router.ready)
     app.router.add_get("/metrics", router.metrics_text)
