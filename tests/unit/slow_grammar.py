@@ -32,3 +32,11 @@ class SlowRecipe:
             return serialize, nbytes
 
         return compile_slowly
+
+
+@dataclass(frozen=True)
+class BrokenRecipe:
+    """A recipe whose worker cannot start."""
+
+    def build(self):
+        raise RuntimeError("no compiler here")

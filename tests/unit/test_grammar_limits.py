@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import pytest
 from scheduler_harness import Run as RunRecord
 from scheduler_harness import collect, drain
-from slow_grammar import SLOW, SLOW_TO_SERIALIZE, SlowRecipe
+from slow_grammar import SLOW, SLOW_TO_SERIALIZE, BrokenRecipe, SlowRecipe
 from test_scheduler_grammar import CONSTRAINTS, EOS_ID, TABLE, TOKENIZER, V, params, prompts
 
 from radixserve.boundary import AbortReq, GrammarsReadyReq, TokenizedGenerateReqInput
@@ -355,3 +355,17 @@ def test_a_compile_worker_ends_with_the_scheduler_even_mid_compile():
     finally:
         owner.kill()
         owner.wait(timeout=30)
+
+
+class NoWorkerBackend(XGrammarBackend):
+    def compile_recipe(self):
+        return BrokenRecipe()
+
+
+def test_without_worker_processes_grammars_compile_on_threads(caplog):
+    backend = NoWorkerBackend(TOKENIZER, V, {EOS_ID})
+    cache = GrammarCache(lambda: backend)
+    assert cache.get("regex", "a+b").result(timeout=60).nbytes > 0
+    assert "compile on threads from now on" in caplog.text
+    assert cache.get("regex", "c+").result(timeout=60).nbytes > 0
+    assert caplog.text.count("compile on threads from now on") == 1

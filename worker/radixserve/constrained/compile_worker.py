@@ -87,6 +87,10 @@ def processes_allowed() -> bool:
     return not multiprocessing.current_process().daemon
 
 
+class WorkerStartError(RuntimeError):
+    """No worker process could be started (the cache then compiles on threads)."""
+
+
 @dataclass
 class CompileWorker:
     """One worker process and the pipe to it."""
@@ -101,17 +105,21 @@ class CompileWorker:
         process = context.Process(
             target=serve, args=(child, recipe), name="radixserve-grammar", daemon=True
         )
-        process.start()
-        child.close()
+        try:
+            process.start()
+        except Exception as exc:
+            raise WorkerStartError(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            child.close()
         worker = cls(process, parent)
         if not parent.poll(timeout):
             worker.kill()
-            raise RuntimeError(f"a grammar compile worker did not start within {timeout:.0f} s")
+            raise WorkerStartError(f"a grammar compile worker did not start within {timeout:.0f} s")
         try:
             parent.recv()  # ("ready",)
         except EOFError:
             worker.kill()
-            raise RuntimeError(
+            raise WorkerStartError(
                 f"a grammar compile worker exited at start (code {process.exitcode})"
             ) from None
         return worker

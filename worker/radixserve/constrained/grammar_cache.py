@@ -36,7 +36,7 @@ from typing import Any
 
 from radixserve.constrained import compile_worker
 from radixserve.constrained.base_grammar_backend import CompiledGrammar, GrammarError
-from radixserve.constrained.compile_worker import CompileWorker
+from radixserve.constrained.compile_worker import CompileWorker, WorkerStartError
 
 logger = logging.getLogger(__name__)
 
@@ -202,10 +202,15 @@ class GrammarCache:
         try:
             backend = self._get_backend()
             recipe = self._recipe(backend)
+            if recipe is not None:
+                try:
+                    outcome = self._run_in_process(backend, recipe, job)
+                except WorkerStartError as exc:
+                    logger.warning("grammars compile on threads from now on: %s", exc)
+                    self._processes = False
+                    recipe = None
             if recipe is None:
                 outcome = self._run_on_thread(backend, job)
-            else:
-                outcome = self._run_in_process(backend, recipe, job)
         except _Cancelled:
             pass
         except BaseException as exc:
