@@ -3,18 +3,27 @@
 go to the worker that made it).
 
 A real router app on a loopback port in front of scripted workers (`router_harness`), as in
-`test_router_proxy.py`.
+`test_router_proxy.py`; the last test runs `radixserve router` and the workers as processes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import aiohttp
-from router_harness import ScriptedWorker, running_router, wait_until
+from router_harness import ScriptedWorker, free_port, running_router, wait_until
 
+from radixserve.bench.server_process import ServerProcess
 from radixserve.router.apis import parse_event
+
+HARNESS = Path(__file__).with_name("router_harness.py")
 
 
 def metric(router, name: str, **labels: str) -> float:
@@ -243,10 +252,20 @@ def test_a_stored_response_s_requests_go_to_the_worker_that_made_it() -> None:
             status, unstored, _ = await create(store=False)
             assert status == 200 and router.affinity.holder(unstored["id"]) is None
 
-            # An id the router never saw is routed as usual; the worker answers for itself.
+            # An id the router never saw is routed as usual; a worker's 404 sends it on to the
+            # next, and the one holding it answers (made through another router replica).
+            for _ in range(2):  # round robin: one of the two asks the wrong worker first
+                router.affinity.forget(first["id"])
+                status, reply, worker = await create(previous_response_id=first["id"], store=False)
+                assert (status, worker) == (200, maker)
+                assert router.affinity.holder(first["id"]) == maker  # learnt again
+            assert metric(router, "radixserve_router_retries_total") >= 1
             unknown = "resp_" + "0" * 32
             status, reply, _ = await create(previous_response_id=unknown)
             assert status == 404 and reply["error"]["code"] == "not_found"
+            assert [r.get("previous_response_id") for r in a.requests + b.requests].count(
+                unknown
+            ) == 2  # asked each worker once
 
             # The maker goes down: its responses went with it, and the router says so.
             await workers[maker].stop()
@@ -298,3 +317,72 @@ def test_a_broken_responses_stream_ends_with_its_error_event() -> None:
         await worker.stop()
 
     asyncio.run(scenario())
+
+
+def test_through_a_router_process_a_follow_up_finds_its_worker_or_a_clear_404(
+    tmp_path: Path,
+) -> None:
+    """`radixserve router` in its own process, two scripted workers in theirs: a response's
+    follow-ups and retrieval go to the worker that made it; once that process is killed, a
+    follow-up gets the router's 404 naming the id, and the other worker never sees it."""
+    workers: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name in ("a", "b"):
+            port = free_port()
+            command = [sys.executable, str(HARNESS), "--port", str(port), "--name", name]
+            workers[f"http://127.0.0.1:{port}"] = subprocess.Popen(command)
+        for url in workers:
+            wait_for(lambda url=url: call("GET", url + "/ready")[0] == 200)
+        args = [arg for url in workers for arg in ("--worker-url", url)]
+        args += ["--policy", "round_robin", "--health-check-interval", "0.2"]
+        with ServerProcess(args, tmp_path / "router.log", subcommand="router") as router:
+            base = router.base_url
+            status, headers, made = call("POST", base + "/v1/responses", {"input": "Hi"})
+            assert status == 200
+            maker = headers["X-Radixserve-Worker"]
+            for _ in range(3):  # round robin would alternate
+                follow_up = {"input": "More", "previous_response_id": made["id"]}
+                status, headers, _ = call("POST", base + "/v1/responses", follow_up)
+                assert (status, headers["X-Radixserve-Worker"]) == (200, maker)
+            status, headers, _ = call("GET", base + f"/v1/responses/{made['id']}")
+            assert (status, headers["X-Radixserve-Worker"]) == (200, maker)
+
+            workers[maker].kill()
+            workers[maker].wait(timeout=30)
+            wait_for(lambda: call("GET", base + "/ready")[2].get("ready_workers") == 1)
+            status, headers, reply = call("POST", base + "/v1/responses", follow_up)
+            assert status == 404 and "X-Radixserve-Worker" not in headers
+            assert reply["error"]["code"] == "response_not_found"
+            assert reply["error"]["param"] == "previous_response_id"
+            assert (
+                f"response {made['id']!r} is not held by any ready worker"
+                in (reply["error"]["message"])
+            )
+            status, _, _ = call("POST", base + "/v1/responses", {"input": "New"})
+            assert status == 200  # the survivor serves everything else
+    finally:
+        for process in workers.values():
+            if process.poll() is None:
+                process.kill()
+                process.wait(timeout=30)
+
+
+def call(method: str, url: str, body: dict | None = None) -> tuple[int, dict, dict]:
+    data = json.dumps({"model": "m", **body}).encode() if body is not None else None
+    request = urllib.request.Request(
+        url, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status, dict(reply.headers), json.loads(reply.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), json.loads(exc.read() or b"{}")
+    except OSError:
+        return 0, {}, {}
+
+
+def wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)

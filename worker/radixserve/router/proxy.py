@@ -28,7 +28,10 @@ worker sees the disconnect and aborts the request.
 A 503 without an error code (Anthropic's error shape has none) counts as never started only when
 the worker says so: its `/health` is 200 (the scheduler lives) and its `/ready` answers 503
 `draining`. Responses API requests naming a stored response go to the worker that made it
-(`affinity.py`); the worker's answers teach the router which worker holds which response.
+(`affinity.py`); the worker's answers teach the router which worker holds which response. One
+naming a response the router does not know (made through another router replica, or before
+this router started) is routed as usual, and a worker's 404 `not_found` sends it on to another
+worker (within `max_retries`): the first that holds it answers, and is remembered.
 Worker answers pass through marked `FROM_WORKER`: the router's own errors on `/v1/messages*`
 are rewritten in Anthropic's shape (`server.api_error_shapes`), the worker's never.
 """
@@ -107,6 +110,16 @@ def error_code(payload: bytes) -> str | None:
     except (ValueError, UnicodeDecodeError, AttributeError, RecursionError):
         return None
     return code if isinstance(code, str) else None
+
+
+def _not_found(response: web.StreamResponse) -> bool:
+    """Whether a worker's whole answer is its 404 `not_found` (a response it does not hold)."""
+    return (
+        response.status == 404
+        and isinstance(response, web.Response)
+        and isinstance(response.body, bytes)
+        and error_code(response.body) == "not_found"
+    )
 
 
 def never_started(status: int, payload: bytes) -> bool:
@@ -192,6 +205,8 @@ class Proxy:
         deadline = started + self.pending_timeout
         tried: set[str] = set()
         refusal = Refusal(problem="no attempt made")
+        refused = False
+        miss: web.StreamResponse | None = None  # a worker's 404 for the response named
         for attempt in range(self.max_retries + 1):
             try:
                 picked = await self._pick(key, tried, deadline)
@@ -228,9 +243,15 @@ class Proxy:
             finally:
                 upstream.in_flight -= 1
             if not isinstance(outcome, Refusal):
-                return outcome
+                if responses is None or responses.named is None or not _not_found(outcome):
+                    return outcome
+                miss = outcome  # made on another worker, maybe (another router's, or forgotten)
+                continue
+            refused = True
             if outcome.status or not refusal.status:  # a worker's own answer beats silence
                 refusal = outcome
+        if miss is not None and not refused:
+            return miss  # no worker asked holds it
         return refusal.response()
 
     async def _forward_to_holder(
