@@ -21,9 +21,9 @@ events are relayed event by event as they arrive (reading the worker no faster t
 reads the router: backpressure), unchanged, whichever API's shape they have; a stream that
 breaks midway ends with the error event its API's clients understand (`apis.StreamShape`:
 OpenAI's with `data: [DONE]`, Anthropic's `event: error`, the Responses API's `error`), never
-silently. A client that goes away cancels its handler
-(aiohttp's handler cancellation), and closing the upstream response closes its connection: the
-worker sees the disconnect and aborts the request.
+silently. A client that goes away cancels its handler (aiohttp's handler cancellation), and
+closing the upstream response closes its connection: the worker sees the disconnect and aborts
+the request.
 
 A 503 without an error code (Anthropic's error shape has none) counts as never started only when
 the worker says so: its `/health` is 200 (the scheduler lives) and its `/ready` answers 503
