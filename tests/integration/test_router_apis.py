@@ -67,6 +67,8 @@ def test_messages_count_tokens_and_model_go_to_a_worker_with_the_clients_x_api_k
             async with session.get(url + "/v1/models/org/some-model", headers=key) as reply:
                 assert (await reply.json())["id"] == "org/some-model"
             assert worker.api_keys == ["k", "k", "k"]  # the client's header reached the worker
+            async with session.get(url + "/get_server_info", headers=key) as reply:
+                assert reply.status == 200  # the admin paths take x-api-key too
             assert [r["messages"] for r in worker.requests] == [message()["messages"]] * 2
 
             # A wrong key is refused by the router, in Anthropic's shape on its paths.
