@@ -8,8 +8,8 @@ import json
 import pytest
 
 from radixserve.api_errors import error_body
+from radixserve.logging_config import escape_control
 from radixserve.router.args import parse_router_args
-from radixserve.router.logsafe import printable
 from radixserve.router.proxy import never_started
 from radixserve.router.quarantine import Quarantine, fingerprint
 
@@ -108,14 +108,14 @@ def test_a_ttl_of_zero_never_quarantines() -> None:
 
 def test_control_characters_in_client_text_are_escaped_on_log_lines() -> None:
     forged = "/v1/x\n2026-12-03 12:00:00 router INFO admin logged in\r\x00\x1b[31m\u2028\\n"
-    shown = printable(forged)
+    shown = escape_control(forged)
     assert shown == (
         "/v1/x\\n2026-12-03 12:00:00 router INFO admin logged in\\r\\x00\\x1b[31m\\u2028\\\\n"
     )
     assert all(c.isprintable() for c in shown)
-    assert printable("id\udcff") == "id\\udcff"  # a header byte that is not UTF-8
-    assert printable("/v1/completions") == "/v1/completions"
-    assert printable("é" * 10, limit=4) == "éééé..."
+    assert escape_control("id\udcff") == "id\\udcff"  # a header byte that is not UTF-8
+    assert escape_control("/v1/completions") == "/v1/completions"
+    assert escape_control("é" * 10, limit=4) == "éééé..."
 
 
 def test_keys_come_from_flags_or_the_workers_environment_and_never_show(monkeypatch) -> None:

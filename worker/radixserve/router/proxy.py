@@ -50,6 +50,7 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from radixserve.api_errors import RETRY_AFTER_S, APIError, error_response
+from radixserve.logging_config import escape_control
 from radixserve.router.affinity import (
     ResponseAffinity,
     ResponseRequest,
@@ -57,7 +58,6 @@ from radixserve.router.affinity import (
     response_request,
 )
 from radixserve.router.apis import stream_shape
-from radixserve.router.logsafe import printable
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policies import Policy
 from radixserve.router.pool import (
@@ -340,15 +340,15 @@ class Proxy:
             "worker %s failed with request %s %s inside (%s): not retried",
             upstream.url,
             request.method,
-            printable(request.path_qs),
-            printable(how),
+            escape_control(request.path_qs),
+            escape_control(how),
         )
         if request.method == "POST" and self.quarantine.strike(print_):
             logger.warning(
                 "request %s %s (fingerprint %s) coincided with two worker failures, the last at"
                 " %s: identical requests are refused for %gs",
                 request.method,
-                printable(request.path_qs),
+                escape_control(request.path_qs),
                 print_[:16],
                 upstream.url,
                 self.quarantine.ttl,

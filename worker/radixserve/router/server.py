@@ -43,11 +43,11 @@ import aiohttp
 from aiohttp import web
 
 from radixserve.api_errors import APIError, error_response, http_exception_error
+from radixserve.logging_config import escape_control
 from radixserve.router.affinity import ResponseAffinity
 from radixserve.router.apis import as_anthropic_error, is_anthropic_path
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
-from radixserve.router.logsafe import printable
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
@@ -246,8 +246,8 @@ def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
         if key is not None and not _key_matches(request, key):
             logger.info(
                 "request %s to %s: missing or wrong API key",
-                printable(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
-                printable(path),
+                escape_control(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
+                escape_control(path),
             )
             return invalid_api_key()
         return await handler(request)
@@ -269,7 +269,7 @@ async def openai_errors(
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception:
-        logger.exception("router error on %s", printable(request.path))
+        logger.exception("router error on %s", escape_control(request.path))
         return error_response(APIError("internal router error", 500, "server_error", code="error"))
 
 
