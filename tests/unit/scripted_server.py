@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
@@ -27,11 +28,20 @@ from radixserve.server_args import BUILTIN_SMOLLM2, ServerArgs
 MODEL = "smollm2-135m"
 
 
+@dataclass(frozen=True)
+class Scripted:
+    """A scripted output and how it ends: `finish` "stop" (EOS) or "length" (cut at
+    max_tokens). A plain string in a script ends with EOS."""
+
+    text: str
+    finish: str = "stop"
+
+
 class ScriptedTokenizerManager(TokenizerManager):
     """The real front door over a scripted model: request k gets script[k], 3 characters a
-    chunk, ending with EOS."""
+    chunk, ending with EOS (or as its `Scripted` says)."""
 
-    def __init__(self, tokenizer: Any, script: list[str]) -> None:
+    def __init__(self, tokenizer: Any, script: Sequence[str | Scripted]) -> None:
         super().__init__(
             tokenizer=tokenizer,
             scheduler_input_ipc_name="ipc://unused",
@@ -57,7 +67,12 @@ class ScriptedTokenizerManager(TokenizerManager):
     ) -> AsyncIterator[tuple[int, GenerateChunk]]:
         for index, request in enumerate(requests):
             self.seen.append(request)
-            text = self.script.pop(0)
+            item = self.script.pop(0)
+            if not isinstance(item, Scripted):
+                item = Scripted(item)
+            text = item.text
+            stop = {"type": "stop", "matched": 2}
+            reason = {"type": "length"} if item.finish == "length" else stop
             pieces = [text[i : i + 3] for i in range(0, len(text), 3)] or [""]
             for k, piece in enumerate(pieces):
                 last = k == len(pieces) - 1
@@ -68,7 +83,7 @@ class ScriptedTokenizerManager(TokenizerManager):
                         text=piece,
                         token_ids=[100 + k],
                         logprobs=[],
-                        finish_reason={"type": "stop", "matched": 2} if last else None,
+                        finish_reason=reason if last else None,
                         prompt_tokens=len(request.input_ids),
                         completion_tokens=k + 1,
                         cached_tokens=0,
@@ -88,7 +103,7 @@ class ScriptedTokenizerManager(TokenizerManager):
         return self.tokenizer.decode(self.seen[k].input_ids, skip_special_tokens=False)
 
 
-def scripted_engine(tokenizer: Any, script: list[str], **server_args: Any) -> Engine:
+def scripted_engine(tokenizer: Any, script: Sequence[str | Scripted], **server_args: Any) -> Engine:
     """The real Engine's request path (the native API included) with no scheduler process."""
     engine = Engine.__new__(Engine)
     engine.server_args = ServerArgs(model=BUILTIN_SMOLLM2, **server_args)
@@ -100,7 +115,13 @@ def scripted_engine(tokenizer: Any, script: list[str], **server_args: Any) -> En
     return engine
 
 
-def serve(tokenizer, script: list[str], test, client_key: str = "unused", **server_args: Any):
+def serve(
+    tokenizer,
+    script: Sequence[str | Scripted],
+    test,
+    client_key: str = "unused",
+    **server_args: Any,
+):
     """Run `test(client, session, engine)` against the app, on one event loop."""
     engine = scripted_engine(tokenizer, script, **server_args)
 

@@ -90,24 +90,28 @@ def test_auto_tool_round_trip_with_two_parallel_calls(smollm2_tokenizer, stream)
     assert "<tool_response>\n21C, cloudy\n</tool_response>" in second
 
 
-def test_streamed_tool_call_deltas_have_openai_shape(smollm2_tokenizer):
+def test_streamed_tool_calls_come_whole_as_soon_as_each_closes(smollm2_tokenizer):
+    """A call is one delta: `index`, `id`, `type`, `function.name` and all of
+    `function.arguments` (JSON), in the chunk where the model closed it."""
+
     async def test(client, session, tm):
         stream = await client.chat.completions.create(
             model=MODEL, messages=QUESTION, tools=[WEATHER], stream=True
         )
-        deltas = [c.choices[0].delta async for c in stream if c.choices]
-        tool_deltas = [d for delta in deltas for d in delta.tool_calls or []]
-        by_index: dict[int, list] = {}
-        for d in tool_deltas:
-            by_index.setdefault(d.index, []).append(d)
-        assert sorted(by_index) == [0, 1]
-        for pieces in by_index.values():
-            first, rest = pieces[0], pieces[1:]
-            assert first.id and first.type == "function" and first.function.name == "get_weather"
-            assert rest, "arguments stream in fragments after the first delta"
-            assert all(p.id is None and p.function.name is None for p in rest)
-        arguments = ["".join(p.function.arguments or "" for p in by_index[i]) for i in (0, 1)]
-        assert [json.loads(a) for a in arguments] == [{"city": "Paris"}, {"city": "Rome"}]
+        chunks = [c async for c in stream if c.choices]
+        tool_deltas = [
+            (k, d) for k, c in enumerate(chunks) for d in c.choices[0].delta.tool_calls or []
+        ]
+        assert [d.index for _, d in tool_deltas] == [0, 1]
+        for _, d in tool_deltas:
+            assert d.id and d.type == "function" and d.function.name == "get_weather"
+        assert [json.loads(d.function.arguments) for _, d in tool_deltas] == [
+            {"city": "Paris"},
+            {"city": "Rome"},
+        ]
+        first_call_chunk, second_call_chunk = (k for k, _ in tool_deltas)
+        assert first_call_chunk < second_call_chunk < len(chunks) - 1, "not held to the end"
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
     serve(smollm2_tokenizer, [TWO_CALLS], test)
 

@@ -6,8 +6,13 @@ whatever it writes. `required` and a named function are enforced with structured
 and parsed as that JSON, not through the family parser:
 
 - required: `[{"name": <one of the tools>, "parameters": <its arguments>}, ...]`, at least one
-  call (exactly one without `parallel_tool_calls`);
-- named: the arguments object of that function.
+  call and at most `MAX_FORCED_CALLS` (exactly one without `parallel_tool_calls`): a weak
+  model that repeats a call cannot loop until `max_tokens`, the grammar closes the array;
+- named: the arguments object of that function (one call by construction).
+
+Whatever the parser, a client gets a call only whole: `ChoiceOutput` lets each call out once
+its parser is done with it, with arguments that are JSON, and drops a call the output was cut
+inside (`CompleteCalls`).
 """
 
 from __future__ import annotations
@@ -18,11 +23,15 @@ from typing import Any, Protocol
 from radixserve.frontend.openai.reasoning_parsers import ReasoningDelta, ThinkTagParser
 from radixserve.frontend.openai.tool_parsers import (
     CallParser,
+    CompleteCalls,
     JsonCallArray,
     NamedCallParser,
     ParsedDelta,
     ToolCallDelta,
 )
+
+# The most calls `tool_choice: required` lets one turn make when parallel calls are allowed.
+MAX_FORCED_CALLS = 8
 
 
 class FunctionSpec(Protocol):
@@ -50,10 +59,12 @@ def forced_tool_schema(
         }
         for function in functions
     ]
-    schema: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    if not parallel:
-        schema["maxItems"] = 1
-    return schema
+    return {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": MAX_FORCED_CALLS if parallel else 1,
+        "items": {"anyOf": calls},
+    }
 
 
 def forced_call_parser(forced: str) -> CallParser:
@@ -67,7 +78,9 @@ def new_tool_call_id() -> str:
 
 class ChoiceOutput:
     """One choice's output on its way to the client: reasoning split off first, then tool
-    calls out of the rest. Streamed or whole, the same steps run in the same order."""
+    calls out of the rest, each call whole (`CompleteCalls`: held until complete, dropped
+    when the output ends inside it). Streamed or whole, the same steps run in the same
+    order. Without `parallel_tool_calls` only the first complete call goes out."""
 
     def __init__(
         self,
@@ -76,8 +89,9 @@ class ChoiceOutput:
         parallel_tool_calls: bool = True,
     ) -> None:
         self._reasoning = reasoning
-        self._calls = calls
-        self._parallel = parallel_tool_calls
+        self._calls = (
+            CompleteCalls(calls, limit=None if parallel_tool_calls else 1) if calls else None
+        )
         self.call_ids: list[str] = []
 
     @property
@@ -86,7 +100,8 @@ class ChoiceOutput:
 
     def feed(self, text: str, final: bool = False) -> tuple[str, str, list[ToolCallDelta]]:
         """(reasoning, content, call deltas) that `text` makes certain; with `final` (the
-        choice's last text) also whatever the parsers still held back."""
+        choice's last text) also whatever the parsers still held back. Each call comes whole
+        in one feed: a delta with its name, then one with all its arguments (JSON)."""
         split = ReasoningDelta(content=text)
         if self._reasoning is not None:
             split = self._reasoning.feed(text)
@@ -94,13 +109,8 @@ class ChoiceOutput:
                 split.add(self._reasoning.finish())
         parsed = ParsedDelta(content=split.content)
         if self._calls is not None:
-            parsed = self._calls.feed(split.content)
-            if final:
-                parsed.add(self._calls.finish())
-        calls = parsed.calls
-        if not self._parallel:
-            calls = [delta for delta in calls if delta.index == 0]
-        for delta in calls:
+            parsed = self._calls.feed(split.content, final)
+        for delta in parsed.calls:
             if delta.name is not None:
                 self.call_ids.append(new_tool_call_id())
-        return split.reasoning, parsed.content, calls
+        return split.reasoning, parsed.content, parsed.calls

@@ -11,11 +11,13 @@ from collections.abc import Iterable
 
 from radixserve.frontend.openai.tool_parsers.base import (
     CallParser,
+    CompleteCalls,
     ParsedDelta,
     ToolCall,
     ToolCallDelta,
     ToolParser,
     collect_calls,
+    whole_arguments,
 )
 from radixserve.frontend.openai.tool_parsers.hermes import HermesParser
 from radixserve.frontend.openai.tool_parsers.json_calls import JsonCallArray, NamedCallParser
@@ -53,6 +55,7 @@ __all__ = [
     "DEFAULT_TOOL_PARSER",
     "TOOL_PARSERS",
     "CallParser",
+    "CompleteCalls",
     "JsonCallArray",
     "NamedCallParser",
     "ParsedDelta",
@@ -61,4 +64,5 @@ __all__ = [
     "ToolParser",
     "collect_calls",
     "default_tool_parser",
+    "whole_arguments",
 ]

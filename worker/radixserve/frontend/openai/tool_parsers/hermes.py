@@ -41,6 +41,8 @@ class HermesParser(ScanningParser, ToolParser):
             return False
         if self._buf.startswith(END):
             self._buf = self._buf[len(END) :]
+        elif END.startswith(self._buf):  # the output ended inside the closing tag
+            self._buf = ""
         self._state = "content"
         return True
 

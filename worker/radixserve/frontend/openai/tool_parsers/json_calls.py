@@ -73,6 +73,7 @@ class NamedCallParser(CallParser):
         self._arguments = ContentStream()
         self._started = False
         self._sent_any = False
+        self._finished = False
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -89,6 +90,11 @@ class NamedCallParser(CallParser):
 
     def finish(self) -> ParsedDelta:
         out = self.feed("")
+        self._finished = True
         if not self._sent_any:
             out.calls.append(ToolCallDelta(0, arguments="{}"))
         return out
+
+    def open_call(self) -> int | None:
+        """The one call is open until the output ends (the output is its arguments)."""
+        return None if self._finished else 0

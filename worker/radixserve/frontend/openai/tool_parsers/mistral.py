@@ -47,7 +47,9 @@ class MistralParser(JsonCallArray, ToolParser):
             index = self._buf.find(ARGS)
             if index < 0:
                 partial = self._buf[: len(self._buf) - held_prefix_length(self._buf, ARGS)]
-                if not self._final and (not partial.strip() or _NAME.fullmatch(partial.strip())):
+                if not partial.strip() or _NAME.fullmatch(partial.strip()):
+                    if self._final:  # the output ended inside the call's name: dropped
+                        self._buf, self._state = "", "content"
                     return False
             name = self._buf[:index].strip()
             if index < 0 or not _NAME.fullmatch(name):

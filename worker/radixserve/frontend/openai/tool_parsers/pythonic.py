@@ -5,7 +5,8 @@ with keyword arguments,
 
 optionally wrapped in Llama 4's `<|python_start|>` ... `<|python_end|>`. An output that does
 not start with `[` is content. Arguments are Python literals, sent as JSON once a call is
-complete (a partial Python literal has no JSON prefix to stream). Being Python, the format
+complete (a partial Python literal has no JSON prefix to stream); a call the output ends
+inside (cut at `max_tokens`) is dropped, as every family's is. Being Python, the format
 has no way to write a function or argument named by a keyword (`[if()]` does not parse): such
 a call stays content, as in vLLM's parser of the same name.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +29,8 @@ from radixserve.frontend.openai.tool_parsers.scanning import ScanningParser
 
 PYTHON_START = "<|python_start|>"
 PYTHON_END = "<|python_end|>"
+# what a call cut short can be: its name so far, or its name and an open argument list
+_CALL_START = re.compile(r"[A-Za-z_]\w*(\s*\(.*)?", re.DOTALL)
 
 
 class PythonicParser(ScanningParser, ToolParser):
@@ -60,6 +64,8 @@ class PythonicParser(ScanningParser, ToolParser):
                 return False
             if self._buf.startswith(PYTHON_END):
                 self._buf = self._buf[len(PYTHON_END) :]
+            elif PYTHON_END.startswith(self._buf):  # the output ended inside the closing tag
+                self._buf = ""
             self._state = "content"
             return True
         self._emit_content(out, self._buf)  # content
@@ -91,6 +97,10 @@ class PythonicParser(ScanningParser, ToolParser):
             self._element.append(ch)
         self._buf = ""
         if self._final:  # the list never closed: what is complete was calls, the rest is text
+            source = "".join(self._element).strip()
+            if _CALL_START.fullmatch(source) and _parse_call(source) is None:
+                self._element = []  # a call the output ended inside (max_tokens): dropped
+                return False
             if not self._end_element(out) and not self._num_calls:
                 self._state = "content"
             return False

@@ -85,6 +85,9 @@ class ScanningParser(CallParser):
         out.content += self._content.flush()
         return out
 
+    def open_call(self) -> int | None:
+        return self._call.index if self._call is not None else None
+
     def _run(self) -> ParsedDelta:
         out = ParsedDelta()
         while self._step(out):
@@ -109,9 +112,15 @@ class ScanningParser(CallParser):
             self._content.drop()
             self._buf = self._buf[index + len(marker) :]
             return True
-        keep = 0 if self._final else held_prefix_length(self._buf, marker)
-        self._emit_content(out, self._buf[: len(self._buf) - keep])
-        self._buf = self._buf[len(self._buf) - keep :]
+        end = len(self._buf) - held_prefix_length(self._buf, marker)
+        if self._final:
+            # The output ended inside a marker: after calls, one more call was cut (dropped);
+            # before any, it is text.
+            self._emit_content(out, self._buf[: end if self._num_calls else None])
+            self._buf = ""
+            return False
+        self._emit_content(out, self._buf[:end])
+        self._buf = self._buf[end:]
         return False
 
     def _lstrip(self) -> bool:
@@ -152,10 +161,9 @@ class ScanningParser(CallParser):
         return "more"
 
     def _close_unfinished_call(self, out: ParsedDelta) -> None:
-        """The output ended inside a call: a named one keeps what its arguments got, an
-        unnamed one was text after all."""
-        call = self._call
-        assert call is not None
+        """The output ended inside a call (cut at max_tokens, or an EOS before it closed): a
+        named one keeps what its arguments got (a client gets it only when those are whole
+        JSON: `CompleteCalls`); one cut before its name was complete is dropped, not given
+        back as text (every character of it so far could still have been a call)."""
+        assert self._call is not None
         self._call = None
-        if not call.announced:
-            self._emit_content(out, call.consumed)
