@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import hmac
 import json
 import logging
 import re
@@ -43,6 +42,7 @@ from radixserve.api_errors import (
     error_response,
     http_exception_error,
 )
+from radixserve.api_keys import key_matches
 from radixserve.frontend import native
 from radixserve.frontend.anthropic.http import anthropic_errors, stream_events
 from radixserve.frontend.anthropic.serving import AnthropicServing
@@ -209,7 +209,7 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
     ) -> web.StreamResponse:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not _key_matches(request, key):
+        if key is not None and not key_matches(request, key):
             logger.info(
                 "request %s to %s: missing or wrong API key",
                 request[REQUEST_ID_KEY],
@@ -228,19 +228,6 @@ def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
         return await handler(request)
 
     return guard
-
-
-def _key_matches(request: web.Request, key: str) -> bool:
-    """Whether `Authorization: Bearer` or `x-api-key` carries the key."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    sent = [token] if scheme.lower() == "bearer" else []
-    if "x-api-key" in request.headers:
-        sent.append(request.headers["x-api-key"])
-    # header bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes sent
-    return any(
-        hmac.compare_digest(s.strip().encode("utf-8", "surrogateescape"), key.encode())
-        for s in sent
-    )
 
 
 async def read_json(request: web.Request) -> Any:

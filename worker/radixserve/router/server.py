@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 import signal
 import sys
@@ -43,6 +42,7 @@ import aiohttp
 from aiohttp import web
 
 from radixserve.api_errors import APIError, error_response, http_exception_error
+from radixserve.api_keys import key_matches
 from radixserve.logging_config import escape_control
 from radixserve.router.affinity import ResponseAffinity
 from radixserve.router.apis import as_anthropic_error, is_anthropic_path
@@ -219,19 +219,6 @@ class Router:
         return web.json_response({"success": True, "workers": results})
 
 
-def _key_matches(request: web.Request, key: str) -> bool:
-    """Whether `Authorization: Bearer` or `x-api-key` carries the key."""
-    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-    sent = [token] if scheme.lower() == "bearer" else []
-    if "x-api-key" in request.headers:
-        sent.append(request.headers["x-api-key"])
-    # header bytes that are not UTF-8 arrive as surrogate escapes: compared as the bytes sent
-    return any(
-        hmac.compare_digest(s.strip().encode("utf-8", "surrogateescape"), key.encode())
-        for s in sent
-    )
-
-
 def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
     """Ask for `Authorization: Bearer KEY` (or `x-api-key: KEY`) before any handler runs (so
     before any side effect):
@@ -243,7 +230,7 @@ def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
     ) -> web.StreamResponse:
         path = request.path
         key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not _key_matches(request, key):
+        if key is not None and not key_matches(request, key):
             logger.info(
                 "request %s to %s: missing or wrong API key",
                 escape_control(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
