@@ -1,7 +1,7 @@
 """Every knob of the worker in one dataclass, shared by the CLI, the Engine and the scheduler.
 
 One place for defaults and descriptions means the CLI (`--help` included), the in-process Engine
-and the operator's generated arguments cannot drift apart: `entrypoints/arguments.py` derives
+and the operator's generated arguments cannot drift apart: `contract.py` derives
 the flags from these fields. Choices that name implementations (attention backends, schedule
 policies) are not listed here: they come from their registries, which that module consults.
 This module imports nothing of radixserve, so every layer may read it.

@@ -88,7 +88,7 @@ def internal_error(exc: Exception) -> dict[str, Any]:
 
 
 class BatchWorker(Protocol):
-    """What the policy needs of a model worker (managers/tp_worker.py's ModelWorker): the
+    """What the policy needs of a model worker (scheduler/tp_worker.py's ModelWorker): the
     memory it allocates from, and `launch`, which returns at once with a pending result."""
 
     req_to_token_pool: ReqToTokenPool
