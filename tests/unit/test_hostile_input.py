@@ -294,3 +294,20 @@ def test_chat_template_kwargs_are_bounded():
     with pytest.raises(InvalidParameterError, match="levels deep") as info:
         parse_request(ChatCompletionRequest, body, FieldPolicy(strict=False))
     assert info.value.param == "chat_template_kwargs"
+
+
+@pytest.mark.parametrize(("size", "status"), [(2 * 1024 * 1024, 400), (65 * 1024 * 1024, 413)])
+def test_a_large_body_is_read_and_decoded_off_the_loop_and_bounded(smollm2_tokenizer, size, status):
+    """Bodies over a megabyte are joined and decoded on a thread (aiohttp's own read copies
+    them on the loop); over MAX_BODY_BYTES is a 413 in OpenAI's shape."""
+    from scripted_server import serve
+
+    body = json.dumps({"model": "smollm2-135m", "prompt": "x" * size, "max_tokens": 1})
+
+    async def test(client, session, tm):
+        async with session.post("/v1/completions", data=body.encode()) as response:
+            error = (await response.json())["error"]
+            assert response.status == status, error
+            assert error["type"] == "invalid_request_error"
+
+    serve(smollm2_tokenizer, [], test)
