@@ -67,7 +67,8 @@ def write_checkpoint_here() -> None:
     import torch
     from safetensors.torch import save_file
 
-    from radixserve.catalog import checkpoint_files, random_init
+    from radixserve.catalog import checkpoint_files
+    from radixserve.model_loader import random_init
 
     CHECKPOINT.mkdir(parents=True)
     hf_config = random_init.random_hf_config(PRESET)
