@@ -8,6 +8,8 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PROMETHEUS_STAMP := $(VENV)/.prometheus
+# Tests find the virtualenv's tools (prometheus, promtool, hadolint) first.
+TEST_PATH := $(abspath $(BIN)):$(PATH)
 # `make serve` listens on HOST:PORT, loopback only unless told otherwise (HOST=0.0.0.0: every
 # interface, reachable by anyone who can reach the machine); ARGS goes to `radixserve serve`
 # as is, e.g. ARGS="--api-key KEY --max-total-tokens 8192" (`radixserve serve --help`).

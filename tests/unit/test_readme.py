@@ -136,3 +136,16 @@ def test_make_bench_runs_a_benchmark_that_exists() -> None:
     args = build_parser(argv).parse_args(argv)  # argparse exits on an unknown benchmark or flag
     assert (args.command, args.benchmark) == ("bench", "offline")
     assert args.model == ServerArgs().model
+
+
+def test_make_test_runs_pytest_with_the_virtualenvs_tools_and_the_machines_path() -> None:
+    """The suite finds prometheus and promtool in .venv and bash, git and curl on the machine:
+    an empty PATH (an undefined make variable) failed every test that runs one of them."""
+    dry_run = subprocess.run(
+        ["make", "-n", "test"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert dry_run.returncode == 0, dry_run.stderr
+    line = next(line for line in dry_run.stdout.splitlines() if "-m pytest" in line)
+    path = line.split()[0].removeprefix("PATH=").strip("\"").split(":")
+    assert path[0] == str(REPO_ROOT / ".venv" / "bin")
+    assert set(os.environ["PATH"].split(":")) <= set(path[1:])
