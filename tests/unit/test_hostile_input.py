@@ -16,6 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from radixserve.api_errors import InvalidParameterError
+from radixserve.api_keys import api_key_guard
 from radixserve.catalog.constraint_kinds import (
     MAX_SCHEMA_DEPTH,
     json_depth,
@@ -26,7 +27,6 @@ from radixserve.catalog.constraint_kinds import (
 from radixserve.frontend.http_server import (
     _REQUEST_ID,
     REQUEST_ID_KEY,
-    api_key_guard,
     as_api_error,
     openai_errors,
     request_ids,
@@ -89,7 +89,18 @@ async def test_an_unauthorized_path_cannot_forge_a_log_line_and_a_non_utf8_key_i
     async def ok(request: web.Request) -> web.Response:
         return web.json_response({"id": request[REQUEST_ID_KEY]})
 
-    app = web.Application(middlewares=[request_ids, openai_errors, api_key_guard("sk-k", None)])
+    app = web.Application(
+        middlewares=[
+            request_ids,
+            openai_errors,
+            api_key_guard(
+                "sk-k",
+                "sk-k",
+                lambda r: r[REQUEST_ID_KEY],
+                logging.getLogger("radixserve.frontend.http_server"),
+            ),
+        ]
+    )
     app.router.add_get("/{tail:.*}", ok)
     caplog.set_level(logging.INFO)
     async with TestServer(app) as server:

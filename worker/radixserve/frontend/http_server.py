@@ -42,7 +42,7 @@ from radixserve.api_errors import (
     error_response,
     http_exception_error,
 )
-from radixserve.api_keys import key_matches
+from radixserve.api_keys import api_key_guard
 from radixserve.frontend import native
 from radixserve.frontend.anthropic.http import anthropic_errors, stream_events
 from radixserve.frontend.anthropic.serving import AnthropicServing
@@ -93,8 +93,6 @@ REQUEST_ID_HEADER = "X-Request-Id"
 MAX_REQUEST_ID_LENGTH = 256
 _REQUEST_ID = re.compile(r"^[\x21-\x7e]+$")  # printable ASCII, no spaces
 # Paths that answer without a key: probes and scrapers cannot hold secrets.
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
 
 ENGINE_KEY = web.AppKey("engine", Engine)
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
@@ -196,40 +194,6 @@ async def openai_errors(
                 "request %s failed: %s", request.get(REQUEST_ID_KEY), escape_control(error.message)
             )
         return error_response(error)
-
-
-def api_key_guard(api_key: str | None, admin_api_key: str | None) -> Any:
-    """A middleware that asks for `Authorization: Bearer KEY` (or `x-api-key: KEY`, as
-    Anthropic's clients send it): the admin key on the admin paths (the API key when no admin
-    key is set), the API key elsewhere, none on the probes. Keys are compared in constant
-    time."""
-    admin_key = admin_api_key or api_key
-
-    @web.middleware
-    async def guard(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        path = request.path
-        key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not key_matches(request, key):
-            logger.info(
-                "request %s to %s: missing or wrong API key",
-                request[REQUEST_ID_KEY],
-                escape_control(path),
-            )
-            refusal = error_response(
-                APIError(
-                    "Incorrect API key provided: send it as 'Authorization: Bearer <key>' "
-                    "or 'x-api-key: <key>'",
-                    status=401,
-                    code="invalid_api_key",
-                )
-            )
-            refusal.headers["WWW-Authenticate"] = "Bearer"
-            return refusal
-        return await handler(request)
-
-    return guard
 
 
 async def read_json(request: web.Request) -> Any:
@@ -519,7 +483,12 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
         anthropic_errors,
         request_ids,
         openai_errors,
-        api_key_guard(args.api_key, args.admin_api_key),
+        api_key_guard(
+            args.api_key,
+            args.admin_api_key or args.api_key,
+            lambda r: r[REQUEST_ID_KEY],
+            logger,
+        ),
     ]
     app = web.Application(middlewares=middlewares, client_max_size=MAX_BODY_BYTES)
     app.on_response_prepare.append(echo_request_id)

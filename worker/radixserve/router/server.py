@@ -36,13 +36,12 @@ import signal
 import sys
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 import aiohttp
 from aiohttp import web
 
 from radixserve.api_errors import APIError, error_response, http_exception_error
-from radixserve.api_keys import key_matches
+from radixserve.api_keys import api_key_guard, invalid_api_key
 from radixserve.logging_config import escape_control
 from radixserve.router.affinity import ResponseAffinity
 from radixserve.router.apis import as_anthropic_error, is_anthropic_path
@@ -60,22 +59,7 @@ MAX_BODY_BYTES = 64 * 1024 * 1024
 UPSTREAM_CONNECT_TIMEOUT_S = 10.0
 ADMIN_WORKER_TIMEOUT_S = 10.0  # one worker's answer to /flush_cache or /get_server_info
 ADMIN_TOTAL_TIMEOUT_S = 20.0  # /get_server_info tries the workers in turn within this
-OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
 REQUEST_ID_HEADER = "X-Request-Id"
-
-
-def invalid_api_key() -> web.Response:
-    refusal = error_response(
-        APIError(
-            "Incorrect API key provided: send it as 'Authorization: Bearer <key>' or"
-            " 'x-api-key: <key>'",
-            status=401,
-            code="invalid_api_key",
-        )
-    )
-    refusal.headers["WWW-Authenticate"] = "Bearer"
-    return refusal
 
 
 class Router:
@@ -219,29 +203,6 @@ class Router:
         return web.json_response({"success": True, "workers": results})
 
 
-def api_key_guard(api_key: str | None, admin_key: str | None) -> Any:
-    """Ask for `Authorization: Bearer KEY` (or `x-api-key: KEY`) before any handler runs (so
-    before any side effect):
-    `admin_key` on the admin paths, `api_key` elsewhere, none on the probes."""
-
-    @web.middleware
-    async def guard(
-        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
-    ) -> web.StreamResponse:
-        path = request.path
-        key = None if path in OPEN_PATHS else admin_key if path in ADMIN_PATHS else api_key
-        if key is not None and not key_matches(request, key):
-            logger.info(
-                "request %s to %s: missing or wrong API key",
-                escape_control(request.headers.get(REQUEST_ID_HEADER, "-"), 128),
-                escape_control(path),
-            )
-            return invalid_api_key()
-        return await handler(request)
-
-    return guard
-
-
 @web.middleware
 async def openai_errors(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -283,7 +244,12 @@ async def api_error_shapes(
 
 def build_app(router: Router) -> web.Application:
     assert router.proxy is not None, "start() the router first"
-    guard = api_key_guard(router.args.api_key, router.args.admin_key)
+    guard = api_key_guard(
+        router.args.api_key,
+        router.args.admin_key,
+        lambda r: r.headers.get(REQUEST_ID_HEADER, "-"),
+        logger,
+    )
     app = web.Application(
         middlewares=[api_error_shapes, openai_errors, guard], client_max_size=MAX_BODY_BYTES
     )
