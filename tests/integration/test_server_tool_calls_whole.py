@@ -10,27 +10,12 @@ import json
 
 import jsonschema
 import pytest
+from test_server_structured import MODEL, WEATHER
+
+from radixserve.frontend.openai.tool_calls import MAX_FORCED_CALLS
 
 pytestmark = pytest.mark.slow
 
-MODEL = "smollm2-135m"
-MAX_FORCED_CALLS = 8  # radixserve.frontend.openai.tool_calls.MAX_FORCED_CALLS, in docs/api.md
-WEATHER = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "Get the current weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Rome", "Tokyo"]},
-                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris, Rome and Tokyo?"}]
 
 
