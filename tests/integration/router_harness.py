@@ -25,7 +25,7 @@ from typing import Any
 
 from aiohttp import web
 
-from radixserve.api_errors import error_body
+from radixserve.api_errors import ERROR_CODE_HEADER, error_body
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import EndpointSliceDiscovery
 from radixserve.router.server import Router, build_app
@@ -165,7 +165,10 @@ class ScriptedWorker:
         if self.mode == "status":
             kind = "overloaded_error" if self.status == 503 else "invalid_request_error"
             error = {"type": "error", "error": {"type": kind, "message": f"{self.name} says no"}}
-            return web.json_response(error, status=self.status)
+            # the code rides in a header, as the real worker's error replies carry it
+            code = "unavailable" if self.dead else "draining" if not self.ready else None
+            headers = {ERROR_CODE_HEADER: code} if code is not None else None
+            return web.json_response(error, status=self.status, headers=headers)
         message = {"id": "msg_1", "type": "message", "role": "assistant", "model": self.name}
         text = {"type": "text", "text": f"from {self.name}"}
         if not body.get("stream"):

@@ -165,9 +165,9 @@ def test_router_errors_on_messages_are_anthropic_shaped() -> None:
     asyncio.run(scenario())
 
 
-def test_a_draining_workers_codeless_503_is_retried_a_dead_ones_is_not() -> None:
+def test_a_draining_workers_anthropic_503_is_retried_a_dead_ones_is_not() -> None:
     async def scenario() -> None:
-        # Anthropic's 503 carries no error code: the router asks the worker what it meant.
+        # Anthropic's 503 body carries no error code: the worker's error-code header does.
         refusing = ScriptedWorker("refusing", mode="status", status=503)
         fine = ScriptedWorker("fine")
         await refusing.start()
@@ -181,7 +181,7 @@ def test_a_draining_workers_codeless_503_is_retried_a_dead_ones_is_not() -> None
             aiohttp.ClientSession() as session,
         ):
             await wait_until(lambda: len(router.pool.ready()) == 2)
-            refusing.ready = False  # draining since the last probe: /ready says so
+            refusing.ready = False  # draining since the last probe: its 503 says `draining`
             for _ in range(2):
                 async with session.post(url + "/v1/messages", json=message()) as reply:
                     assert reply.status == 200

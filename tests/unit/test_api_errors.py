@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from radixserve.api_errors import http_exception_error
+from radixserve.api_errors import ERROR_CODE_HEADER, APIError, error_response, http_exception_error
 
 
 def test_aiohttp_errors_keep_their_status_and_say_whose_fault():
@@ -25,3 +25,13 @@ def test_aiohttp_errors_keep_their_status_and_say_whose_fault():
     assert (too_large.status, too_large.type) == (413, "invalid_request_error")
     broken = http_exception_error(web.HTTPServiceUnavailable())
     assert (broken.status, broken.type) == (503, "server_error")
+
+
+def test_an_error_reply_carries_its_code_in_a_header_whatever_its_body_becomes():
+    """The router reads it to tell a refusal (draining) from a failure (unavailable), also on
+    the Anthropic API, whose error body has no code."""
+
+    reply = error_response(APIError("shutting down", status=503, code="draining", retry_after=1))
+    assert reply.headers[ERROR_CODE_HEADER] == "draining"
+    assert reply.headers["Retry-After"] == "1"
+    assert ERROR_CODE_HEADER not in error_response(APIError("no code", status=500)).headers

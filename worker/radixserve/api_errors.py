@@ -110,10 +110,20 @@ def endpoints_of(app: web.Application) -> list[str]:
     ]
 
 
+# The error's code, beside the body: a body reshaped for another API (Anthropic's has no code)
+# still tells a router whether the worker refused the request or failed while running it.
+ERROR_CODE_HEADER = "X-Radixserve-Error-Code"
+
+
 def error_response(error: APIError) -> web.Response:
-    """`error` as an HTTP reply: its JSON body, its status, and Retry-After when it has one
-    (aiohttp imported here: the layers that only raise never load it)."""
+    """`error` as an HTTP reply: its JSON body, its status, its code in ERROR_CODE_HEADER, and
+    Retry-After when it has one (aiohttp imported here: the layers that only raise never load
+    it)."""
     from aiohttp import web
 
-    headers = {"Retry-After": str(error.retry_after)} if error.retry_after is not None else None
+    headers = {}
+    if error.retry_after is not None:
+        headers["Retry-After"] = str(error.retry_after)
+    if error.code is not None:
+        headers[ERROR_CODE_HEADER] = error.code
     return web.json_response(error.body(), status=error.status, headers=headers)

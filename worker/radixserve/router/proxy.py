@@ -25,9 +25,9 @@ silently. A client that goes away cancels its handler (aiohttp's handler cancell
 closing the upstream response closes its connection: the worker sees the disconnect and aborts
 the request.
 
-A 503 without an error code (Anthropic's error shape has none) counts as never started only when
-the worker says so: its `/health` is 200 (the scheduler lives) and its `/ready` answers 503
-`draining`. Responses API requests naming a stored response go to the worker that made it
+A worker's error code is read from its `X-Radixserve-Error-Code` header (every worker error
+reply carries it; Anthropic's body shape has no code), else from an OpenAI-shaped body.
+Responses API requests naming a stored response go to the worker that made it
 (`affinity.py`); the worker's answers teach the router which worker holds which response. One
 naming a response the router does not know (made through another router replica, or before
 this router started) is routed as usual, and a worker's 404 `not_found` sends it on to another
@@ -49,7 +49,7 @@ import aiohttp
 from aiohttp import web
 from multidict import CIMultiDict
 
-from radixserve.api_errors import RETRY_AFTER_S, APIError, error_response
+from radixserve.api_errors import ERROR_CODE_HEADER, RETRY_AFTER_S, APIError, error_response
 from radixserve.logging_config import escape_control
 from radixserve.router.affinity import (
     ResponseAffinity,
@@ -63,7 +63,6 @@ from radixserve.router.policies import Policy
 from radixserve.router.pool import (
     DOWN,
     NOT_READY,
-    PROBE_TIMEOUT_S,
     READY,
     NoReadyWorkerError,
     PendingQueueFullError,
@@ -102,8 +101,11 @@ def forwarded_headers(headers: Mapping[str, str]) -> CIMultiDict[str]:
     return CIMultiDict((k, v) for k, v in headers.items() if k.lower() not in _NOT_FORWARDED)
 
 
-def error_code(payload: bytes) -> str | None:
-    """The `error.code` of an OpenAI-shaped error body, if it is one."""
+def error_code(payload: bytes, headers: Mapping[str, str] | None = None) -> str | None:
+    """A worker's error code: its ERROR_CODE_HEADER (every error reply of a worker carries it,
+    whatever API shape the body has), else the `error.code` of an OpenAI-shaped body."""
+    if headers is not None and (code := headers.get(ERROR_CODE_HEADER)):
+        return code
     try:
         error = json.loads(payload).get("error")
         code = error.get("code") if isinstance(error, dict) else None
@@ -122,9 +124,10 @@ def _not_found(response: web.StreamResponse) -> bool:
     )
 
 
-def never_started(status: int, payload: bytes) -> bool:
+def never_started(status: int, payload: bytes, headers: Mapping[str, str] | None = None) -> bool:
     """Whether a worker's answer says it turned the request away before starting it."""
-    return status == 429 or (status == 503 and error_code(payload) in NEVER_STARTED_503_CODES)
+    code = error_code(payload, headers)
+    return status == 429 or (status == 503 and code in NEVER_STARTED_503_CODES)
 
 
 @dataclass
@@ -303,22 +306,6 @@ class Proxy:
             if isinstance(response_id, str):
                 self.affinity.remember(response_id, url)
 
-    async def _says_draining(self, upstream: Upstream) -> bool:
-        """Whether a worker is alive but turning requests away (`/health` 200, `/ready` 503
-        `draining`): its 503 without an error code then means it never started the request."""
-        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
-        try:
-            async with self.session.get(upstream.url + "/health", timeout=timeout) as reply:
-                if reply.status != 200:
-                    return False
-            async with self.session.get(upstream.url + "/ready", timeout=timeout) as reply:
-                if reply.status != 503:
-                    return False
-                answer = await reply.json(content_type=None)
-        except (TimeoutError, aiohttp.ClientError, ValueError):
-            return False
-        return isinstance(answer, dict) and answer.get("reason") == "draining"
-
     async def _pick(
         self, key: str, tried: set[str], deadline: float
     ) -> tuple[Upstream, str] | None:
@@ -392,14 +379,9 @@ class Proxy:
             self.metrics.upstream_error(upstream.url, f"status_{reply.status}")
             if reply.status == 503:
                 self.pool.set_state(upstream, NOT_READY, "answered 503")
-            refused = never_started(reply.status, payload) or (
-                reply.status == 503
-                and error_code(payload) is None
-                and await self._says_draining(upstream)
-            )
-            if refused:
+            if never_started(reply.status, payload, reply.headers):
                 return Refusal(reply.status, headers, payload, f"{upstream.url}: {reply.status}")
-            self._died_with(request, print_, upstream, f"503 {error_code(payload)}")
+            self._died_with(request, print_, upstream, f"503 {error_code(payload, reply.headers)}")
             if not payload:
                 return self._failed(upstream, "it answered 503 without a body")
         self._learn(responses, upstream.url, reply.status, payload)
