@@ -4,6 +4,8 @@ Each edge holds a run of token ids (`key`) and the KV slots that hold their K/V 
 Requests that share a prompt prefix share those slots: admission matches the longest cached
 prefix and locks it; a finished request inserts its tokens so later requests can reuse them.
 Unlocked leaves are evicted least-recently-used first when the allocator runs dry.
+With KV events on, the cache tells its `event_sink` (see `kv_event_sink`) what it stores and
+drops on the GPU; with them off the sink is None and nothing else runs.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from radixserve.mem_cache.base_prefix_cache import (
     MatchResult,
     empty_slots,
 )
+from radixserve.mem_cache.kv_event_sink import KVEventSink
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 
 _node_ids = itertools.count()
@@ -55,13 +58,20 @@ class RadixCache(BasePrefixCache):
     disabled = False
 
     def __init__(
-        self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool_allocator: TokenSlotAllocator
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: TokenSlotAllocator,
+        event_sink: KVEventSink | None = None,
     ) -> None:
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool_allocator = token_to_kv_pool_allocator
+        self.event_sink: KVEventSink | None = None
         self.reset()
+        self.event_sink = event_sink  # after the first reset: a new cache clears nothing
 
     def reset(self) -> None:
+        if self.event_sink is not None:
+            self.event_sink.cleared()
         self.root_node = TreeNode([], empty_slots(), None)
         self._evictable_size = 0
         self._protected_size = 0
@@ -117,6 +127,8 @@ class RadixCache(BasePrefixCache):
                 leaf.last_access_time = now
                 node.children[key[pos]] = leaf
                 self._evictable_size += len(leaf.key)
+                if self.event_sink is not None:
+                    self.event_sink.stored(key, pos, "GPU")
                 break
             child.last_access_time = now
             n = _common_prefix_len(child.key, key, pos)
@@ -179,6 +191,9 @@ class RadixCache(BasePrefixCache):
             _, _, leaf = heapq.heappop(heap)
             parent = leaf.parent
             assert parent is not None
+            if self.event_sink is not None:
+                path = self.token_path(leaf)
+                self.event_sink.removed(path, len(path) - len(leaf.key), "GPU")
             del parent.children[leaf.key[0]]
             freed.append(leaf.value)
             num_evicted += len(leaf.key)
@@ -188,6 +203,14 @@ class RadixCache(BasePrefixCache):
         if freed:
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return num_evicted
+
+    def token_path(self, node: TreeNode) -> list[int]:
+        """The tokens from the root to the end of `node` (what an event sink is given)."""
+        keys = []
+        while node is not self.root_node and node is not None:
+            keys.append(node.key)
+            node = node.parent
+        return [token for key in reversed(keys) for token in key]
 
     def _evictable_leaves(self) -> list[TreeNode]:
         leaves = []

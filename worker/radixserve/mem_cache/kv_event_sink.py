@@ -1,0 +1,34 @@
+"""The radix cache's side of KV events: what it tells a sink when it stores or drops KV.
+
+The cache speaks in token ranges of its tree (a node is a run of tokens under a path from the
+root), not in blocks: a sink (`radixserve.mem_cache.kv_events.BlockEventSink` for
+`--kv-events-endpoint`) turns the ranges into fixed-size blocks and hashes. Every tier of the
+cache reports through the same three calls, naming its medium, so a consumer sees pages move.
+The cache holds `None` instead of a sink when events are off: one attribute test per call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal, Protocol
+
+# vLLM's medium names: a consumer (llm-d's indexer, Dynamo) reads the tier from them
+Medium = Literal["GPU", "CPU", "DISK"]
+
+
+class KVEventSink(Protocol):
+    """Receives what a prefix cache stores and drops, per tier.
+
+    `token_ids` is the whole token path from the root to the end of the node; `start` is where
+    the node's own tokens begin in it (token_ids[start:] are the node's). A node's tokens are
+    reported stored once they hold KV on `medium`, removed when that medium lets them go.
+    """
+
+    def stored(self, token_ids: Sequence[int], start: int, medium: Medium) -> None:
+        """token_ids[start:] now hold KV on `medium` (token_ids[:start] already did)."""
+
+    def removed(self, token_ids: Sequence[int], start: int, medium: Medium) -> None:
+        """token_ids[start:] no longer hold KV on `medium`."""
+
+    def cleared(self) -> None:
+        """The whole cache was flushed: every block on every medium is gone."""
