@@ -5,7 +5,8 @@ slot 0 never used), puts requests in random req_to_token rows, fills the whole p
 random values (never zeros: they hide unwritten outputs), and keeps its own dense copy of
 every request's K/V so the reference does not trust the pool it is checking.
 
-A case may narrow attention to a sliding window, soft-cap the scores, and keep its KV in FP8
+A case may narrow attention to a sliding window, soft-cap the scores, give each head an
+attention sink (a random logit in the softmax's denominator), and keep its KV in FP8
 (`kv_dtype`): new K/V values are then drawn on the FP8 grid times a power-of-two scale, so
 storing them is exact and every backend, however it reads K/V, sees the same values.
 """
@@ -76,6 +77,7 @@ def make_case(
     logit_cap: float = 0.0,
     kv_dtype: torch.dtype | None = None,
     kv_scales: tuple[float, float] = (0.5, 0.25),
+    sinks: bool = False,
 ) -> AttentionCase:
     """One pass over len(prefix_lens) requests; decode passes need every extend_len == 1.
 
@@ -176,7 +178,13 @@ def make_case(
         layer_id=0,
         sliding_window_size=sliding_window,
         logit_cap=logit_cap,
+        has_sinks=sinks,
     )
+    if layer.sinks is not None:
+        # around the scores' own scale, so a sink takes a real share of the softmax
+        with torch.no_grad():
+            layer.sinks.copy_(torch.randn(num_heads, generator=generator) * 2)
+        layer.to(device)
     context = make_context(num_heads, num_kv_heads, head_dim, dtype, device, req_pool, kv_pool)
     context = dataclasses.replace(context, variants=(layer.variant,))
     return AttentionCase(
@@ -205,7 +213,12 @@ def dense_reference(case: AttentionCase) -> torch.Tensor:
         if layer.sliding_window_size > 0:
             visible &= key_pos > query_pos - layer.sliding_window_size
         scores = scores.masked_fill(~visible[None], float("-inf"))
-        out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), vh)
+        if layer.sinks is not None:
+            sinks = layer.sinks.detach().double().to(q.device).view(-1, 1, 1)
+            weights = torch.cat([scores, sinks.expand(-1, ext, 1)], -1).softmax(-1)[..., :-1]
+        else:
+            weights = scores.softmax(-1)
+        out = torch.einsum("hqk,khd->qhd", weights, vh)
         outs.append(out.reshape(ext, -1))
     return torch.cat(outs)
 

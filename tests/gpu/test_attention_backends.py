@@ -93,9 +93,12 @@ def test_backend_matches_torch_native(backend_name, mode) -> None:
 
 
 # Gemma- and Mistral-like variants: a window shorter than most sequences, a soft-cap of the
-# order of the scores (so tanh bends them), an FP8 pool (values on its grid: storing is exact)
+# order of the scores (so tanh bends them), an FP8 pool (values on its grid: storing is exact),
+# gpt-oss's attention sinks (with its 128-token window on alternate layers)
 VARIANTS = {
     "window": {"sliding_window": 200},
+    "sinks": {"sinks": True},
+    "window-sinks": {"sliding_window": 128, "sinks": True},
     "window-softcap": {"sliding_window": 64, "logit_cap": 2.0},
     "fp8-kv": {"kv_dtype": torch.float8_e4m3fn, "kv_scales": (2**-2, 2**-3)},
 }

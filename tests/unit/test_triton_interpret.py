@@ -1,7 +1,7 @@
 """The Triton attention kernels, run on the CPU by Triton's interpreter (no GPU needed).
 
 Checks decode (split-KV with GQA), extend with cached prefixes, mixed batches, sliding
-windows, logit soft-caps, FP8 KV and the page-table gather against a float64 dense reference. The kernels themselves are the same
+windows, logit soft-caps, attention sinks, FP8 KV and the page-table gather against a float64 dense reference. The kernels themselves are the same
 source the GPU compiles; tests/gpu repeats this at full size and in bf16.
 """
 
@@ -29,10 +29,11 @@ def test_attention_kernels_match_dense_reference(interpreted) -> None:
 
 
 def test_windows_soft_caps_and_fp8_kv_match_dense_reference(interpreted) -> None:
-    """Sliding windows, logit soft-caps and an FP8 pool (values on the FP8 grid, so storing is
-    exact) in the Triton kernels and the torch_native reference backend alike."""
+    """Sliding windows, logit soft-caps, attention sinks and an FP8 pool (values on the FP8
+    grid, so storing is exact) in the Triton kernels and the torch_native reference backend
+    alike."""
     results = interpreted["variants"]
-    assert len(results) == 6
+    assert len(results) == 9
     for result in results:
         assert result["rel_err"] < TOLERANCE["torch.float32"], result
         assert result["native_rel_err"] < TOLERANCE["torch.float32"], result

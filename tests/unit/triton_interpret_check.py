@@ -69,6 +69,10 @@ VARIANT_CASES = [
         {"kv_dtype": torch.float8_e4m3fn},
     ),
     (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"kv_dtype": torch.float8_e4m3fn}),
+    # attention sinks (gpt-oss): decode over several splits, extend and mixed with a window
+    (ForwardMode.DECODE, [5, 130, 0, 300], [1, 1, 1, 1], 8, 2, 64, {"sinks": True}),
+    (ForwardMode.EXTEND, [0, 40, 7], [33, 5, 70], 4, 1, 32, {"sinks": True, "sliding_window": 20}),
+    (ForwardMode.MIXED, [70, 9, 3], [40, 1, 1], 2, 2, 48, {"sinks": True}),
 ]
 
 

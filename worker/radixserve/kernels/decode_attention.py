@@ -13,7 +13,9 @@ group instead of once per query head. KV slots are looked up through
 A sliding window W makes the KV of a request its last W tokens: the splits cut that range
 (computed on the device from seq_len, so a captured graph stays valid). A logit soft-cap
 applies cap * tanh(score / cap) to the scores; FP8 KV is read as stored and its per-tensor
-scales are folded in (k's into the score scale, v's into the output).
+scales are folded in (k's into the score scale, v's into the output). Attention sinks (a
+learned logit per head in the softmax's denominator, gpt-oss) join in the merge, once per head,
+whatever the split count.
 """
 
 from __future__ import annotations
@@ -176,20 +178,32 @@ def _decode_grouped_split_kernel(
 
 
 @triton.jit
-def _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, BLOCK_S: tl.constexpr):
+def sink_log2(Sinks, head, HAS_SINKS: tl.constexpr):
+    """A head's sink logit in base-2 units (the kernels' logits), -inf without sinks."""
+    if HAS_SINKS:
+        return tl.load(Sinks + head).to(tl.float32) * 1.4426950408889634
+    return float("-inf")
+
+
+@triton.jit
+def _merged_splits(
+    lse_row, out_row, filled, stride_mos, offs_d, mask_d, sink, BLOCK_S: tl.constexpr
+):
     """The first `filled` splits of one (request, head) merged, read as one [BLOCK_S,
     head_dim] tile: a loop over the splits would be a chain of dependent loads, and at batch 1
-    that chain is the kernel's time."""
+    that chain is the kernel's time. `sink` (base 2, -inf for none) adds its weight to the
+    denominator only."""
     offs_s = tl.arange(0, BLOCK_S)
     mask_s = offs_s < filled
     lse = tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf"))
-    weights = tl.exp2(lse - tl.max(lse, 0))
+    top = tl.maximum(tl.max(lse, 0), sink)
+    weights = tl.exp2(lse - top)
     parts = tl.load(
         out_row + offs_s[:, None] * stride_mos + offs_d[None, :],
         mask=mask_s[:, None] & mask_d[None, :],
         other=0.0,
     )
-    return tl.sum(parts * weights[:, None], 0) / tl.sum(weights, 0)
+    return tl.sum(parts * weights[:, None], 0) / (tl.sum(weights, 0) + tl.exp2(sink - top))
 
 
 @triton.jit
@@ -198,6 +212,7 @@ def _decode_merge_splits_kernel(
     Mid_Lse,
     Out,
     Seq_lens,
+    Sinks,
     window,
     num_kv_splits,
     stride_mob,
@@ -212,6 +227,7 @@ def _decode_merge_splits_kernel(
     BLOCK_S: tl.constexpr,
     FEW_SPLITS: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """All of a (request, head)'s filled splits merged at once. A short sequence fills few of
@@ -229,10 +245,11 @@ def _decode_merge_splits_kernel(
     filled = tl.cdiv(kv_len, split_len)  # the splits _split_bounds left non-empty
     lse_row = Mid_Lse + batch * stride_mlb + head * stride_mlh
     out_row = Mid_O + batch * stride_mob + head * stride_moh
+    sink = sink_log2(Sinks, head, HAS_SINKS)
     if filled <= FEW_SPLITS:
-        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, FEW_SPLITS)
+        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, sink, FEW_SPLITS)
     else:
-        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, BLOCK_S)
+        out = _merged_splits(lse_row, out_row, filled, stride_mos, offs_d, mask_d, sink, BLOCK_S)
     tl.store(
         Out + batch * stride_ob + head * stride_oh + offs_d,
         out.to(Out.dtype.element_ty),
@@ -272,10 +289,12 @@ def decode_attention_fwd(
     logit_cap: float = 0.0,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """o[b, h] = softmax(q[b, h] . K[b]^T * sm_scale) V[b] over the first seq_lens[b] tokens
     (the last `sliding_window` of them if it is positive; scores soft-capped at `logit_cap`
-    if positive). K and V are the buffers' values times k_scale and v_scale.
+    if positive). K and V are the buffers' values times k_scale and v_scale. `sinks`
+    ([q_heads], natural-log logits) join each head's softmax denominator.
 
     q, o: [bs, q_heads, head_dim]; k_buffer, v_buffer: [slots, kv_heads, head_dim];
     mid_o: [>= bs, q_heads, >= num_kv_splits, head_dim] float32 and mid_lse:
@@ -330,6 +349,7 @@ def decode_attention_fwd(
         mid_lse,
         o,
         seq_lens,
+        sinks if sinks is not None else seq_lens,  # never read without sinks
         sliding_window,
         num_kv_splits,
         mid_o.stride(0),
@@ -344,6 +364,7 @@ def decode_attention_fwd(
         BLOCK_S=triton.next_power_of_2(num_kv_splits),
         FEW_SPLITS=min(_FEW_SPLITS, triton.next_power_of_2(num_kv_splits)),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
+        HAS_SINKS=sinks is not None,
         num_warps=4 if head_dim >= 128 else 2,
         **dependent_launch(q),
     )

@@ -11,7 +11,8 @@ BLOCK_M new tokens of one query head and makes two passes with one online softma
 
 So prefix tokens never need to be copied, and the new K/V need not be in the pool yet.
 A sliding window W also hides keys W or more positions behind a query (both passes start at
-the tile's first visible key); a logit soft-cap and FP8 prefix scales are applied as in decode.
+the tile's first visible key); a logit soft-cap and FP8 prefix scales are applied as in decode,
+and a head's attention sink joins the softmax's denominator once, after both passes.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixserve.kernels.decode_attention import dot_precision, soft_cap_log2
+from radixserve.kernels.decode_attention import dot_precision, sink_log2, soft_cap_log2
 
 
 @triton.jit
@@ -50,6 +51,7 @@ def _extend_kernel(
     Prefix_lens,
     Extend_lens,
     Extend_start_loc,
+    Sinks,
     sm_scale,
     logit_cap,
     k_scale,
@@ -76,6 +78,7 @@ def _extend_kernel(
     DOT_PRECISION: tl.constexpr,
     HAS_CAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -159,6 +162,12 @@ def _extend_kernel(
             )
             m_i, l_i, acc = _online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
 
+        if HAS_SINKS:
+            sink = sink_log2(Sinks, head, HAS_SINKS)
+            top = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - top)
+            acc = acc * alpha[:, None]
+            l_i = l_i * alpha + tl.exp2(sink - top)
         tl.store(
             Out + (token_start + offs_m[:, None]) * stride_ot + head * stride_oh + offs_d[None, :],
             (acc / l_i[:, None]).to(Out.dtype.element_ty),
@@ -198,6 +207,7 @@ def extend_attention_fwd(
     logit_cap: float = 0.0,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    sinks: torch.Tensor | None = None,
 ) -> None:
     """Causal attention of each request's new tokens over its prefix and themselves.
 
@@ -206,7 +216,8 @@ def extend_attention_fwd(
     k_buffer, v_buffer: [slots, kv_heads, head_dim], read for the first prefix_lens[b] tokens.
     tile overrides tile_config (for tuning). A positive sliding_window W hides keys at W or
     more positions behind a query; a positive logit_cap soft-caps the scores; the buffers'
-    values times k_scale / v_scale are the prefix's K / V (FP8 pools).
+    values times k_scale / v_scale are the prefix's K / V (FP8 pools); `sinks` ([q_heads],
+    natural-log logits) join each head's softmax denominator.
     """
     _, num_heads, head_dim = q_extend.shape
     num_kv_heads = k_extend.shape[1]
@@ -225,6 +236,7 @@ def extend_attention_fwd(
         prefix_lens,
         extend_lens,
         extend_start_loc,
+        sinks if sinks is not None else extend_lens,  # never read without sinks
         sm_scale,
         logit_cap,
         k_scale,
@@ -251,6 +263,7 @@ def extend_attention_fwd(
         DOT_PRECISION=dot_precision(q_extend.dtype),
         HAS_CAP=logit_cap > 0,
         HAS_WINDOW=sliding_window > 0,
+        HAS_SINKS=sinks is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

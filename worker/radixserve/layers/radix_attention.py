@@ -1,6 +1,6 @@
-"""RadixAttention: the attention layer models call. It owns only shapes, the layer id and the
-layer's attention variant (scale, sliding window, logit soft-cap); the work is the backend's,
-so a new backend never touches a model."""
+"""RadixAttention: the attention layer models call. It owns only shapes, the layer id, the
+layer's attention variant (scale, sliding window, logit soft-cap, sinks) and, with sinks, their
+learned per-head logits; the work is the backend's, so a new backend never touches a model."""
 
 from __future__ import annotations
 
@@ -24,11 +24,14 @@ class AttentionVariant:
     itself included: Hugging Face's `sliding_window`), NO_WINDOW for all of them. The KV of
     every token is kept whatever the window (the radix cache shares prefixes of any length);
     the window is a mask. `logit_cap`: scores become cap * tanh(score / cap) before the
-    softmax (Gemma 2), 0 for none."""
+    softmax (Gemma 2), 0 for none. `sinks`: each head has a learned logit that joins the
+    softmax's denominator and attends to nothing (gpt-oss): outputs are scaled by
+    sum(exp(s)) / (sum(exp(s)) + exp(sink))."""
 
     scaling: float
     sliding_window: int = NO_WINDOW
     logit_cap: float = 0.0
+    sinks: bool = False
 
     @property
     def windowed(self) -> bool:
@@ -45,6 +48,7 @@ class RadixAttention(nn.Module):
         layer_id: int,
         sliding_window_size: int = NO_WINDOW,
         logit_cap: float = 0.0,
+        has_sinks: bool = False,
     ) -> None:
         super().__init__()
         self.tp_q_head_num = num_heads
@@ -57,7 +61,10 @@ class RadixAttention(nn.Module):
         self.layer_id = layer_id
         self.sliding_window_size = sliding_window_size if sliding_window_size > 0 else NO_WINDOW
         self.logit_cap = logit_cap
-        self.variant = AttentionVariant(scaling, self.sliding_window_size, logit_cap)
+        self.variant = AttentionVariant(scaling, self.sliding_window_size, logit_cap, has_sinks)
+        # [this rank's heads] in natural-log units, compared with the scaled scores (the
+        # checkpoint's `self_attn.sinks`); every backend reads it as float32
+        self.sinks = nn.Parameter(torch.zeros(num_heads)) if has_sinks else None
 
     def forward(
         self,

@@ -14,11 +14,18 @@ FlashInfer fixes the scale, sliding window and logit soft-cap at plan time, so a
 layers differ in those (Gemma's local and global layers) gets one planned wrapper per
 attention variant (AttentionContext.variants), all over the same page table; a layer runs
 the wrapper of its variant. An FP8 pool is planned as such and run with its scales.
+
+Attention sinks (gpt-oss) are applied to a wrapper's output with its log-sum-exp: a head's
+softmax over its keys and the sink differs from the one over its keys alone by the factor
+sum / (sum + exp(sink)) = sigmoid(lse - sink). That is exact, one element-wise op per layer,
+captured in the decode graphs like the run, and the same for every FlashInfer wrapper and
+version (the prefill and decode wrappers have no sink argument of their own on Hopper).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -84,6 +91,14 @@ def plan_options(variant: AttentionVariant) -> dict[str, Any]:
         "window_left": window_left(variant),
         "logits_soft_cap": variant.logit_cap if variant.logit_cap > 0 else None,
     }
+
+
+def with_sinks(out: torch.Tensor, lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """out [tokens, heads, d] of a softmax over the keys alone, lse [tokens, heads] its
+    log-sum-exp in base 2 (FlashInfer's), sinks [heads] natural-log logits: the output of
+    the softmax that also counts the sinks."""
+    keep = torch.sigmoid(lse * math.log(2.0) - sinks.float())
+    return (out.float() * keep.unsqueeze(-1)).to(out.dtype)
 
 
 def host_indptr(lengths: list[int] | torch.Tensor) -> torch.Tensor:
@@ -263,8 +278,10 @@ class FlashInferAttnBackend(AttentionBackend):
         # page size 1: [slots, kv_heads, d] is [pages, page_size=1, kv_heads, d] in NHD
         pool = forward_batch.token_to_kv_pool
         scales = {"k_scale": k_scale, "v_scale": v_scale} if pool.is_fp8 else {}
-        return meta.wrappers[variant].run(
-            q.contiguous(), (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1)), **scales
-        )
+        wrapper, kv = meta.wrappers[variant], (k_buffer.unsqueeze(1), v_buffer.unsqueeze(1))
+        if layer.sinks is None:
+            return wrapper.run(q.contiguous(), kv, **scales)
+        out, lse = wrapper.run(q.contiguous(), kv, return_lse=True, **scales)
+        return with_sinks(out, lse, layer.sinks)
 
     run_extend = run_decode

@@ -133,8 +133,8 @@ def _attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
 ) -> torch.Tensor:
     """q: [b, h, s, d]; k, v: [b, kvh, L, d]; mask broadcastable to [b, h, s, L] (True = attend)."""
-    if layer.logit_cap > 0:
-        return _capped_attention(q, k, v, mask, layer)
+    if layer.logit_cap > 0 or layer.sinks is not None:
+        return _explicit_attention(q, k, v, mask, layer)
     # enable_gqa: each KV head serves its group of query heads without copying K/V per head
     return F.scaled_dot_product_attention(
         q,
@@ -146,17 +146,24 @@ def _attention(
     )
 
 
-def _capped_attention(
+def _explicit_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
 ) -> torch.Tensor:
-    """Explicit softmax with the scores soft-capped: cap * tanh(q.k * scale / cap), then the
-    mask, then a float32 softmax rounded to q's dtype (Gemma 2's eager attention)."""
+    """Explicit softmax: the scores, soft-capped if the layer caps them (cap * tanh(q.k *
+    scale / cap), Gemma 2), masked, then a float32 softmax rounded to q's dtype; with sinks,
+    each head's sink logit is one more column of that softmax whose weight is dropped
+    (gpt-oss's eager attention)."""
     group = layer.tp_q_head_num // layer.tp_k_head_num
     k = k.repeat_interleave(group, dim=1)
     v = v.repeat_interleave(group, dim=1)
     scores = torch.matmul(q, k.transpose(-1, -2)) * layer.scaling
-    cap = layer.logit_cap
-    scores = torch.tanh(scores / cap) * cap
-    scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    return torch.matmul(weights, v)
+    if layer.logit_cap > 0:
+        cap = layer.logit_cap
+        scores = torch.tanh(scores / cap) * cap
+    scores = scores.masked_fill(~mask, float("-inf")).float()
+    if layer.sinks is not None:
+        sinks = layer.sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        weights = torch.softmax(torch.cat([scores, sinks], dim=-1), dim=-1)[..., :-1]
+    else:
+        weights = torch.softmax(scores, dim=-1)
+    return torch.matmul(weights.to(q.dtype), v)

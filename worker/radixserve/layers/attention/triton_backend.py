@@ -141,6 +141,7 @@ class TritonAttnBackend(AttentionBackend):
             logit_cap=layer.logit_cap,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=layer.sinks,
         )
         return out
 
@@ -176,5 +177,6 @@ class TritonAttnBackend(AttentionBackend):
             logit_cap=layer.logit_cap,
             k_scale=k_scale,
             v_scale=v_scale,
+            sinks=layer.sinks,
         )
         return out
