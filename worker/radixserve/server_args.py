@@ -92,6 +92,20 @@ class ServerArgs:
         "while a long prompt is prefilled chunk by chunk",
     )
     disable_radix_cache: bool = option(False, "no prefix sharing across requests")
+    kv_events_endpoint: str | None = option(
+        None,
+        "publish what the prefix cache stores and drops as vLLM's KV events (ZMQ PUB, msgpack) "
+        "on this endpoint, e.g. tcp://*:5557, for llm-d's KV-cache indexer, Dynamo or "
+        "'radixserve router --prefix-source events' (default: off)",
+    )
+    kv_events_replay_endpoint: str | None = option(
+        None,
+        "a ZMQ ROUTER endpoint (e.g. tcp://*:5558) serving the last 10000 event batches by "
+        "sequence number to subscribers that missed some",
+    )
+    kv_events_block_size: int = option(
+        16, "tokens per block in KV events (and in the cache_config_info metric)"
+    )
     disable_cuda_graph: bool = option(False, "launch decode kernels eagerly (no CUDA graphs)")
     cuda_graph_max_bs: int = option(
         256, "largest decode batch captured in a CUDA graph; bigger batches run eagerly"
@@ -217,6 +231,22 @@ class ServerArgs:
             raise ValueError("--scheduler-stall-timeout must be positive")
         if self.watchdog_timeout < 0:
             raise ValueError("--watchdog-timeout must not be negative (0 turns it off)")
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        """KV events need the radix cache and real ZMQ endpoints."""
+        if self.kv_events_block_size < 1:
+            raise ValueError("--kv-events-block-size must be positive")
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and "://" not in value:
+                raise ValueError(f"{flag_of(name)} must be a ZMQ endpoint such as tcp://*:5557")
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        if self.kv_events_endpoint and self.disable_radix_cache:
+            raise ValueError(
+                "--kv-events-endpoint needs the radix cache (no --disable-radix-cache)"
+            )
 
     def public_dict(self) -> dict[str, Any]:
         """Every field, keys redacted: what introspection endpoints may show."""

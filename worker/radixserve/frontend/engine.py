@@ -216,6 +216,9 @@ class Engine:
         )
         self.metrics = ServerMetrics(server_args.served_model_name or server_args.model)
         self.metrics.max_total_tokens.set(self.model_info.max_total_tokens)
+        self.metrics.set_cache_config(
+            server_args.kv_events_block_size, self.model_info.max_total_tokens
+        )
         self.tokenizer_manager = TokenizerManager(
             tokenizer=tokenizer,
             scheduler_input_ipc_name=port_args.scheduler_input_ipc_name,

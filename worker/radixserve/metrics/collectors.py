@@ -87,6 +87,20 @@ class ServerMetrics:
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.retractions = counter("retractions", "Requests retracted for lack of KV slots")
+        self.kv_events_published = counter(
+            "kv_events_published", "KV cache events published (--kv-events-endpoint)"
+        )
+        self.kv_events_dropped = counter(
+            "kv_events_dropped",
+            "Prefix cache updates not published: the event publisher's queue was full",
+        )
+        # the Gateway API Inference Extension's prefix-cache metric: value 1, the facts in labels
+        self._cache_config_info = Gauge(
+            PREFIX + "cache_config_info",
+            "KV cache configuration (block_size: tokens per KV event block; num_gpu_blocks)",
+            ["model_name", "block_size", "num_gpu_blocks"],
+            registry=reg,
+        )
         self._requests = Counter(
             PREFIX + "requests",
             "Finished requests by finish reason",
@@ -137,6 +151,13 @@ class ServerMetrics:
             self._startup_seconds.labels(self._model_name, phase).set(seconds)
         self._startup_seconds.labels(self._model_name, "total").set(sum(phases.values()))
 
+    def set_cache_config(self, block_size: int, max_total_tokens: int) -> None:
+        """`cache_config_info`: the KV pool in blocks of the events' size."""
+        self._cache_config_info.clear()
+        self._cache_config_info.labels(
+            self._model_name, str(block_size), str(max_total_tokens // block_size)
+        ).set(1)
+
     def apply_scheduler_stats(self, stats: SchedulerStats) -> None:
         self.num_running_requests.set(stats.num_running_requests)
         self.num_queued_requests.set(stats.num_queued_requests)
@@ -147,6 +168,8 @@ class ServerMetrics:
         self.prefix_cache_queries_tokens.inc(stats.prefix_cache_queries_tokens)
         self.prefix_cache_hits_tokens.inc(stats.prefix_cache_hits_tokens)
         self.retractions.inc(stats.retractions)
+        self.kv_events_published.inc(stats.kv_events_published)
+        self.kv_events_dropped.inc(stats.kv_events_dropped)
         for mode, batch_size, batch_tokens, seconds in stats.steps:
             self._batch_size.labels(self._model_name, mode).observe(batch_size)
             self._batch_tokens.labels(self._model_name, mode).observe(batch_tokens)

@@ -22,5 +22,7 @@ class SchedulerStats:
     prefix_cache_queries_tokens: int = 0  # deltas
     prefix_cache_hits_tokens: int = 0
     retractions: int = 0
+    kv_events_published: int = 0  # KV events sent (--kv-events-endpoint)
+    kv_events_dropped: int = 0  # cache updates dropped: the publisher's queue was full
     # (mode label, batch size, batch tokens, seconds) for each forward step since last report
     steps: list[tuple[str, int, int, float]] = field(default_factory=list)

@@ -50,6 +50,7 @@ from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarE
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.forward.mode import ForwardMode
 from radixserve.mem_cache.chunk_cache import ChunkCache
+from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
@@ -185,6 +186,13 @@ class Scheduler:
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = server_args.new_token_ratio
         self.counters = SchedulerCounters()
+        self.kv_events: KVEventPublisher | None = None
+
+    def publish_kv_events(self, publisher: KVEventPublisher) -> None:
+        """Make `publisher` the prefix cache's event sink (rank 0, --kv-events-endpoint)."""
+        assert isinstance(self.tree_cache, RadixCache), "KV events need the radix cache"
+        self.kv_events = publisher
+        self.tree_cache.event_sink = publisher
 
     # -- requests ----------------------------------------------------------------------------
     def handle_generate_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -360,6 +368,9 @@ class Scheduler:
             "chunked_prefill_size": self.server_args.chunked_prefill_size,
             "schedule_policy": self.server_args.schedule_policy,
             "radix_cache": not self.server_args.disable_radix_cache,
+            "kv_events_endpoint": self.server_args.kv_events_endpoint,
+            "kv_events_replay_endpoint": self.server_args.kv_events_replay_endpoint,
+            "kv_events_block_size": self.server_args.kv_events_block_size,
             "num_running_requests": len(self.running_batch),
             "num_queued_requests": len(self.waiting_queue) + len(self.grammar_queue),
             "num_compiling_grammars": len(self.grammar_queue),
@@ -737,13 +748,16 @@ class Scheduler:
         return outputs
 
     def pop_stats(self) -> SchedulerStats:
-        return self.counters.pop(
+        stats = self.counters.pop(
             running=len(self.running_batch) + (1 if self.chunked_req else 0),
             queued=len(self.waiting_queue) + len(self.grammar_queue),
             kv_usage=self.kv_usage(),
             kv_evictable=self.kv_evictable(),
             max_total_tokens=self.max_total_tokens,
         )
+        if self.kv_events is not None:
+            stats.kv_events_published, stats.kv_events_dropped = self.kv_events.pop_counts()
+        return stats
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
         return ScheduleBatch(

@@ -39,6 +39,7 @@ from radixserve.catalog.servable import check_servable
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from radixserve.layers.attention.registry import library_to_import_early
 from radixserve.logging_config import configure_logging
+from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_loader.loader import ModelSource, derived_hf_config, load_model_source_for
 from radixserve.model_loader.tokenizer import frontend_tokenizer_dir
@@ -208,6 +209,15 @@ def run_scheduler_process(
                 torch.device(f"cuda:{tp_rank}") if device == "cuda" else torch.device("cpu"),
             )
         scheduler = build_scheduler(server_args, startup=startup)
+        if tp_rank == 0 and server_args.kv_events_endpoint:
+            # bound here, so that a port in use fails the start with its reason
+            scheduler.publish_kv_events(
+                KVEventPublisher(
+                    server_args.kv_events_endpoint,
+                    server_args.kv_events_replay_endpoint,
+                    server_args.kv_events_block_size,
+                )
+            )
         if scheduler.worker.device.type == "cuda":  # the CPU's torch code compiles nothing
             with startup.timed("kernel_warmup"):
                 warm_up(scheduler)
@@ -262,6 +272,8 @@ def run_scheduler_process(
     _serve(scheduler, recv_sock, send_sock, to_ranks, parent, watchdog)
     if watchdog is not None:
         watchdog.stop()
+    if scheduler.kv_events is not None:
+        scheduler.kv_events.close()
     front_end_gone = os.getppid() != parent
     if peers and not front_end_gone:
         _stop_peer_ranks(peers, to_ranks)

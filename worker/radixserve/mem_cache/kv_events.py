@@ -1,0 +1,195 @@
+"""`--kv-events-endpoint`: the prefix cache's stores and drops, published as vLLM's KV events.
+
+`KVEventPublisher` is the radix cache's event sink (`kv_event_sink.KVEventSink`). The cache calls
+it on the scheduler's thread, where it only queues the token range (a tuple copy); a thread of
+its own turns the ranges into blocks and hashes (`kv_event_format`), batches what has queued
+into one `EventBatch`, and sends it on a ZMQ PUB socket as `(topic, sequence number, payload)`.
+The queue is bounded: when the thread falls behind, an update is dropped and counted, never
+waited for, so the step loop is never held by a slow or absent subscriber (PUB itself never
+blocks). The last `REPLAY_BATCHES` payloads are kept for the optional ROUTER replay socket,
+which answers a request `(8-byte start sequence number)` with every kept batch from there on,
+then `END_SEQ` (vLLM's protocol), so a subscriber that saw a gap can catch up.
+
+Token ranges become blocks so: the blocks a range reports are the full `block_size` blocks of
+the path whose last token lies in token_ids[start:]. A node's stored range thus publishes
+each block once, when its last token arrives (a trailing partial block waits for the node
+that completes it), and a removed leaf withdraws every full block that overlapped it.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from itertools import count
+
+import msgspec
+import zmq
+
+from radixserve.kv_event_format import (
+    END_SEQ,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    block_hashes,
+)
+from radixserve.mem_cache.kv_event_sink import Medium
+
+logger = logging.getLogger(__name__)
+
+# updates queued for the publisher thread before new ones are dropped
+QUEUE_SIZE = 100_000
+# batches kept for replay (vLLM's buffer_steps default)
+REPLAY_BATCHES = 10_000
+# the PUB socket's high-water mark in frames: beyond it ZMQ drops for a slow subscriber
+SEND_HWM = 100_000
+# at most this many updates go into one batch
+MAX_UPDATES_PER_BATCH = 1024
+_POLL_S = 0.02
+
+# (kind, token path, start, medium); kind "cleared" carries no range
+_Update = tuple[str, tuple[int, ...], int, str]
+
+
+def block_event(
+    kind: str, tokens: tuple[int, ...], start: int, medium: str, block_size: int
+) -> BlockStored | BlockRemoved | None:
+    """The event for one stored or removed token range: the full blocks whose last token lies
+    in tokens[start:]; None when there is none."""
+    first, end = start // block_size, len(tokens) // block_size
+    if first >= end:
+        return None
+    chain = block_hashes(tokens, block_size, end)
+    if kind == "removed":
+        return BlockRemoved(block_hashes=chain[first:], medium=medium)
+    return BlockStored(
+        block_hashes=chain[first:],
+        parent_block_hash=chain[first - 1] if first else None,
+        token_ids=list(tokens[first * block_size : end * block_size]),
+        block_size=block_size,
+        lora_id=None,
+        medium=medium,
+        lora_name=None,
+    )
+
+
+class KVEventPublisher:
+    """The radix cache's event sink and its publisher thread; see the module docstring.
+
+    Sockets are bound here, so a port in use fails the start; after that only the thread
+    touches them.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        block_size: int = 16,
+        topic: str = "",
+        queue_size: int = QUEUE_SIZE,
+    ) -> None:
+        self.block_size = block_size
+        self._topic = topic.encode()
+        self._updates: queue.Queue[_Update] = queue.Queue(maxsize=queue_size)
+        self.dropped_updates = 0  # written by the scheduler's thread only
+        self.published_events = 0  # written by the publisher thread only
+        self._ctx = zmq.Context()
+        self._pub = self._ctx.socket(zmq.PUB)
+        self._pub.set_hwm(SEND_HWM)
+        self._pub.bind(endpoint)
+        self._replay: zmq.Socket | None = None
+        if replay_endpoint:
+            self._replay = self._ctx.socket(zmq.ROUTER)
+            self._replay.bind(replay_endpoint)
+        self._buffer: deque[tuple[int, bytes]] = deque(maxlen=REPLAY_BATCHES)
+        self._seq = count()
+        self._reported = (0, 0)  # (published, dropped) at the last pop_counts
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="kv-events", daemon=True)
+        self._thread.start()
+
+    # --- the sink (scheduler's thread) -----------------------------------------------------
+
+    def stored(self, token_ids: Sequence[int], start: int, medium: Medium) -> None:
+        self._put(("stored", tuple(token_ids), start, medium))
+
+    def removed(self, token_ids: Sequence[int], start: int, medium: Medium) -> None:
+        self._put(("removed", tuple(token_ids), start, medium))
+
+    def cleared(self) -> None:
+        self._put(("cleared", (), 0, ""))
+
+    def _put(self, update: _Update) -> None:
+        try:
+            self._updates.put_nowait(update)
+        except queue.Full:
+            self.dropped_updates += 1
+
+    def pop_counts(self) -> tuple[int, int]:
+        """Events published and updates dropped since the last call (for the metrics)."""
+        now = (self.published_events, self.dropped_updates)
+        published, dropped = now[0] - self._reported[0], now[1] - self._reported[1]
+        self._reported = now
+        return published, dropped
+
+    # --- the publisher thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        encoder = msgspec.msgpack.Encoder()
+        while not self._stop.is_set() or not self._updates.empty():
+            if self._replay is not None and self._replay.poll(0):
+                self._serve_replay()
+            try:
+                updates = [self._updates.get(timeout=_POLL_S)]
+            except queue.Empty:
+                continue
+            while len(updates) < MAX_UPDATES_PER_BATCH:
+                try:
+                    updates.append(self._updates.get_nowait())
+                except queue.Empty:
+                    break
+            events = [event for u in updates if (event := self._event(u)) is not None]
+            if not events:
+                continue
+            batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0)
+            payload = encoder.encode(batch)
+            seq = next(self._seq)
+            try:
+                self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
+            except zmq.ZMQError:
+                logger.exception("kv events: sending batch %d failed", seq)
+            self._buffer.append((seq, payload))
+            self.published_events += len(events)
+
+    def _event(self, update: _Update) -> BlockStored | BlockRemoved | AllBlocksCleared | None:
+        kind, tokens, start, medium = update
+        if kind == "cleared":
+            return AllBlocksCleared()
+        return block_event(kind, tokens, start, medium, self.block_size)
+
+    def _serve_replay(self) -> None:
+        """One replay request: [identity, empty, start seq] -> the kept batches from there."""
+        assert self._replay is not None
+        frames = self._replay.recv_multipart()
+        if len(frames) != 3 or len(frames[2]) != 8:
+            logger.warning("kv events: malformed replay request (%d frames)", len(frames))
+            return
+        client, _, start_bytes = frames
+        start = int.from_bytes(start_bytes, "big")
+        for seq, payload in list(self._buffer):
+            if seq >= start:
+                self._replay.send_multipart((client, b"", seq.to_bytes(8, "big"), payload))
+        self._replay.send_multipart((client, b"", END_SEQ, b""))
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Publish what is queued (within `timeout`), then close the sockets."""
+        self._stop.set()
+        self._thread.join(timeout)
+        for sock in (self._pub, self._replay):
+            if sock is not None:
+                sock.close(linger=0)
+        self._ctx.term()
