@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from interpreter_harness import run_interpreted
 
 from radixserve.kernels.fused_moe import select_experts_native
+from radixserve.layers.activation import clamped_swiglu_native
 from radixserve.layers.moe.reference import fused_moe_native
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 2e-3}
@@ -49,6 +50,26 @@ def test_fused_moe_fp8_experts_match_dequantized_reference(interpreted):
     assert len(interpreted["fp8"]) == 3
     for case in interpreted["fp8"]:
         assert case["rel_err"] < TOLERANCE["torch.float16"], case
+
+
+def test_fused_moe_biases_and_clamped_swiglu_match_reference(interpreted):
+    """gpt-oss's experts: biased products and the clamped SwiGLU, the clamp in play."""
+    assert len(interpreted["swiglu"]) == 2
+    for case in interpreted["swiglu"]:
+        assert case["clamped"] > 0.05, case
+        assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+
+
+def test_clamped_swiglu_reference_is_gpt_oss_activation():
+    """The reference activation on [gate; up] halves against transformers' GptOssExperts
+    gate, which reads them interleaved."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.GptOssConfig(swiglu_limit=1.0)
+    experts = transformers.models.gpt_oss.modeling_gpt_oss.GptOssExperts(config)
+    gate_up = torch.randn(5, 2 * 16, generator=torch.Generator().manual_seed(1)) * 3
+    interleaved = torch.stack([gate_up[:, :16], gate_up[:, 16:]], dim=-1).reshape(5, 32)
+    expected = experts._apply_gate(interleaved)
+    assert torch.equal(clamped_swiglu_native(gate_up, config.swiglu_alpha, 1.0), expected)
 
 
 def test_reference_is_the_dense_mixture():

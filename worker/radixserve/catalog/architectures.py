@@ -18,6 +18,7 @@ MODEL_CLASSES: dict[str, str] = {
     "mixtral": "radixserve.models.mixtral:MixtralForCausalLM",
     "gemma2": "radixserve.models.gemma2:Gemma2ForCausalLM",
     "gemma3_text": "radixserve.models.gemma3:Gemma3ForCausalLM",
+    "gpt_oss": "radixserve.models.gpt_oss:GptOssForCausalLM",
 }
 # architecture -> its model class, as "module:Class"
 CLASS_BY_ARCHITECTURE: dict[str, str] = {

@@ -21,6 +21,11 @@ CHECKPOINT_METHODS: dict[str, str] = {
     "fp8": "fp8",  # Hugging Face FineGrainedFP8: per-tensor or block-wise weight scales
     "compressed-tensors": "fp8",  # float-quantized 8-bit: per-tensor or per-channel scales
 }
+# checkpoint quant_method -> what is dequantized at load: the model is then served like an
+# unquantized checkpoint (in the model dtype, or quantized again by --quantization)
+DEQUANTIZED_AT_LOAD: dict[str, str] = {
+    "mxfp4": "gpt-oss's MoE experts (MXFP4 blocks and scales)",
+}
 
 
 class UnsupportedQuantizationError(ValueError):
@@ -38,7 +43,7 @@ def method_for_checkpoint(quant_method: str) -> str:
     if quant_method not in CHECKPOINT_METHODS:
         raise UnsupportedQuantizationError(
             f"unsupported checkpoint quantization method {quant_method!r}; supported: "
-            f"{', '.join(CHECKPOINT_METHODS)}"
+            f"{', '.join([*CHECKPOINT_METHODS, *DEQUANTIZED_AT_LOAD])}"
         )
     return CHECKPOINT_METHODS[quant_method]
 
@@ -51,7 +56,7 @@ def check_quantization(checkpoint: dict[str, Any] | None, requested: str | None)
     the method's layers."""
     if requested is not None:
         check_method(requested)
-    if checkpoint is None:
+    if checkpoint is None or dequantized_at_load(checkpoint):
         return requested
     quant_method = str(checkpoint.get("quant_method", "")).lower()
     method = method_for_checkpoint(quant_method)
@@ -63,6 +68,12 @@ def check_quantization(checkpoint: dict[str, Any] | None, requested: str | None)
     if quant_method == "compressed-tensors":
         _check_compressed_tensors(checkpoint)
     return method
+
+
+def dequantized_at_load(checkpoint: dict[str, Any]) -> bool:
+    """Whether a checkpoint's `quantization_config` names a format the loader dequantizes
+    (the model is then served as if unquantized: `--quantization` applies as to one)."""
+    return str(checkpoint.get("quant_method", "")).lower() in DEQUANTIZED_AT_LOAD
 
 
 def _check_compressed_tensors(qc: dict[str, Any]) -> None:

@@ -18,7 +18,9 @@ a decode step is captured in a CUDA graph like any other layer:
 
 Expert weights may be FP8 with one scale per (expert, output channel): the tiles are widened
 to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
-reads half the bytes). `fused_moe_native` is the torch reference: the CPU path, and what the
+reads half the bytes). Experts may have biases (gpt-oss: one per output of gate/up and of
+down, added after each product), and the gated activation is SiLU, GELU-tanh or gpt-oss's
+clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)). `fused_moe_native` is the torch reference: the CPU path, and what the
 kernels are tested against.
 """
 
@@ -30,6 +32,11 @@ import torch
 
 from radixserve.kernels.fused_ops import gelu_tanh
 from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
+
+# the gated activations the GEMM's epilogue applies, by a config's name; any other name is
+# GELU-tanh (gelu_pytorch_tanh and its aliases), as for the dense MLP
+ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}
+_GELU = 1
 
 # Largest expert count the one-program align kernel holds in registers.
 MAX_EXPERTS = 512
@@ -142,6 +149,7 @@ def _moe_gemm_kernel(
     B,
     C,
     BScale,
+    Bias,
     TopkWeights,
     SortedIds,
     ExpertIds,
@@ -155,11 +163,15 @@ def _moe_gemm_kernel(
     stride_bn,
     stride_cm,
     stride_se,
+    stride_biase,
+    alpha,
+    limit,
     A_ROWS_PER_PAIR: tl.constexpr,
     GATED: tl.constexpr,
-    GELU: tl.constexpr,
+    ACT: tl.constexpr,
     MUL_WEIGHT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -170,7 +182,9 @@ def _moe_gemm_kernel(
 
     A row of a pair is pair // A_ROWS_PER_PAIR (top_k for the hidden states: every slot of a
     token reads its row; 1 for the activations, one row per pair). B is [E, N(or 2N), K] with
-    unit-stride K. GATED: B's rows N.. are the up projection and C = act(gate) * up."""
+    unit-stride K. GATED: B's rows N.. are the up projection and C = act(gate) * up, act by
+    ACT (0 SiLU, 1 GELU-tanh, 2 clamped SwiGLU with alpha and limit). HAS_BIAS: Bias [E, N
+    (or 2N)] is added to each product, rounded, as the reference's separate add is."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -213,10 +227,20 @@ def _moe_gemm_kernel(
         # each product is rounded to the activation dtype before the epilogue, as the
         # reference's separate matmuls are
         out = acc.to(C.dtype.element_ty).to(tl.float32)
+        if HAS_BIAS:
+            bias = tl.load(Bias + expert * stride_biase + offs_n, mask=n_mask, other=0.0)
+            out = (out + bias.to(tl.float32)).to(C.dtype.element_ty).to(tl.float32)
         if GATED:
             up = acc_up.to(C.dtype.element_ty).to(tl.float32)
-            if GELU:
+            if HAS_BIAS:
+                bias_up = tl.load(Bias + expert * stride_biase + N + offs_n, mask=n_mask, other=0.0)
+                up = (up + bias_up.to(tl.float32)).to(C.dtype.element_ty).to(tl.float32)
+            if ACT == 1:
                 out = gelu_tanh(out) * up
+            elif ACT == 2:
+                gate = tl.minimum(out, limit)
+                up = tl.minimum(tl.maximum(up, -limit), limit)
+                out = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
             else:
                 out = out / (1.0 + tl.exp(-out)) * up
         if MUL_WEIGHT:
@@ -343,8 +367,10 @@ def _grouped_gemm(
     a_rows_per_pair: int,
     config: GemmConfig,
     gated: bool = False,
-    gelu: bool = False,
+    activation: str = "silu",
     mul_weight: bool = False,
+    bias: torch.Tensor | None = None,
+    swiglu: tuple[float, float] = (1.702, 7.0),
 ) -> None:
     if a.stride(-1) != 1 or b.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("fused MoE needs unit-stride rows")
@@ -355,6 +381,7 @@ def _grouped_gemm(
         b,
         out,
         b_scale if b_scale is not None else b,
+        bias if bias is not None else b,
         topk_weights,
         align.sorted_ids,
         align.expert_ids,
@@ -368,11 +395,15 @@ def _grouped_gemm(
         b.stride(1),
         out.stride(0),
         b_scale.stride(0) if b_scale is not None else 0,
+        bias.stride(0) if bias is not None else 0,
+        swiglu[0],
+        swiglu[1],
         A_ROWS_PER_PAIR=a_rows_per_pair,
         GATED=gated,
-        GELU=gelu,
+        ACT=ACTIVATIONS.get(activation, _GELU),
         MUL_WEIGHT=mul_weight,
         HAS_SCALE=b_scale is not None,
+        HAS_BIAS=bias is not None,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
@@ -394,11 +425,15 @@ def fused_moe(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     config: GemmConfig | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu: tuple[float, float] = (1.702, 7.0),
 ) -> torch.Tensor:
     """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] ([gate; up] per expert); w2 [E, H, I]; scales, for FP8
-    weights, [E, 2I] and [E, H] float32 per output channel. Returns [T, H] in hidden's dtype."""
+    weights, [E, 2I] and [E, H] float32 per output channel; biases [E, 2I] and [E, H];
+    swiglu: (alpha, limit) of the clamped SwiGLU. Returns [T, H] in hidden's dtype."""
     tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -408,8 +443,33 @@ def fused_moe(
     weights = topk_weights.reshape(-1)
     inter = two_i // 2
     acts = torch.empty((numel, inter), dtype=hidden.dtype, device=hidden.device)
-    gelu = activation != "silu"
-    _grouped_gemm(hidden, w13, w13_scale, acts, align, weights, inter, top_k, config, True, gelu)
+    _grouped_gemm(
+        hidden,
+        w13,
+        w13_scale,
+        acts,
+        align,
+        weights,
+        inter,
+        top_k,
+        config,
+        gated=True,
+        activation=activation,
+        bias=w13_bias,
+        swiglu=swiglu,
+    )
     down = torch.empty((numel, hidden_size), dtype=hidden.dtype, device=hidden.device)
-    _grouped_gemm(acts, w2, w2_scale, down, align, weights, hidden_size, 1, config, mul_weight=True)
+    _grouped_gemm(
+        acts,
+        w2,
+        w2_scale,
+        down,
+        align,
+        weights,
+        hidden_size,
+        1,
+        config,
+        mul_weight=True,
+        bias=w2_bias,
+    )
     return down.view(tokens, top_k, hidden_size).sum(dim=1)

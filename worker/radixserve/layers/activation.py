@@ -1,5 +1,6 @@
 """Gated activations over a fused gate/up projection: one matmul produces both halves.
-SiLU (Llama, Qwen, Mistral, the MoE experts) and GELU with the tanh approximation (Gemma)."""
+SiLU (Llama, Qwen, Mistral, the MoE experts), GELU with the tanh approximation (Gemma), and
+gpt-oss's clamped SwiGLU (its experts only: the fused MoE kernel applies it on CUDA)."""
 
 from __future__ import annotations
 
@@ -36,6 +37,15 @@ def gelu_tanh_and_mul_native(gate_up: torch.Tensor) -> torch.Tensor:
     """The torch reference of `gelu_tanh_and_mul` (transformers' `gelu_pytorch_tanh`)."""
     d = gate_up.shape[-1] // 2
     return F.gelu(gate_up[..., :d], approximate="tanh") * gate_up[..., d:]
+
+
+def clamped_swiglu_native(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """[..., 2d] ([gate; up]) -> [..., d]: gpt-oss's (clamp(up, -l, l) + 1) * g * sigmoid(alpha
+    * g) with g = min(gate, l), the limit bounding the activations of its MXFP4 experts."""
+    d = gate_up.shape[-1] // 2
+    gate = gate_up[..., :d].clamp(max=limit)
+    up = gate_up[..., d:].clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
 
 
 def gated_activation(name: str):

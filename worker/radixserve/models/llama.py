@@ -51,7 +51,8 @@ class LlamaAttention(nn.Module):
 
     The variant knobs are arguments so other families reuse the block: `scaling` (Gemma's
     query_pre_attn_scalar), `sliding_window`, `logit_cap`, and `qk_norm` (the norm class
-    applied per head to q and k before the rotary embedding: Qwen3's, Gemma 3's)."""
+    applied per head to q and k before the rotary embedding: Qwen3's, Gemma 3's), and `sinks`
+    (a learned per-head logit in the softmax: gpt-oss)."""
 
     def __init__(
         self,
@@ -64,6 +65,7 @@ class LlamaAttention(nn.Module):
         sliding_window: int = NO_WINDOW,
         logit_cap: float = 0.0,
         qk_norm: type[RMSNorm] | None = None,
+        sinks: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim_of(config)
@@ -92,6 +94,7 @@ class LlamaAttention(nn.Module):
             layer_id,
             sliding_window_size=sliding_window,
             logit_cap=logit_cap,
+            has_sinks=sinks,
         )
 
     def forward(

@@ -5,7 +5,10 @@ Weights: `w13_weight` [E, 2 * I_rank, H] ([gate; up] of every expert) and `w2_we
 MLP's: each rank holds rows [lo, hi) of every expert's gate and up and the same columns of
 its down projection, so the ranks' outputs are partial sums and one all-reduce finishes the
 layer. With FP8 (`--quantization fp8` or an FP8 checkpoint) the weights are float8 with a
-float32 scale per (expert, output channel).
+float32 scale per (expert, output channel). Experts may have biases (`bias=True`, gpt-oss:
+`w13_bias` [E, 2 * I_rank] and `w2_bias` [E, H], the latter added by rank 0 only, since the
+ranks' outputs are summed) and gpt-oss's clamped SwiGLU (`activation="swiglu_oai"`, `swiglu`:
+its alpha and limit).
 
 Routing (softmax, top-k, renormalisation) is here too, so a model gives the layer its hidden
 states and router logits only. On CUDA the Triton kernels run (fused_moe.py); elsewhere the
@@ -42,6 +45,8 @@ class FusedMoE(nn.Module):
         round_weights: bool,
         activation: str = "silu",
         fp8: bool = False,
+        bias: bool = False,
+        swiglu: tuple[float, float] = (1.702, 7.0),
     ) -> None:
         """`round_weights`: round the routing weights to the model dtype before using them
         (Qwen3-MoE does, Mixtral keeps them in float32)."""
@@ -51,6 +56,7 @@ class FusedMoE(nn.Module):
         self.renormalize = renormalize
         self.round_weights = round_weights
         self.activation = activation
+        self.swiglu = swiglu
         self.intermediate_size = intermediate_size
         self.rows = even_shard(intermediate_size, tp_rank(), tp_size())
         local = self.rows[1] - self.rows[0]
@@ -71,6 +77,11 @@ class FusedMoE(nn.Module):
             self.w2_weight_scale = nn.Parameter(
                 torch.ones(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
             )
+        self.w13_bias: nn.Parameter | None = None
+        self.w2_bias: nn.Parameter | None = None
+        if bias:
+            self.w13_bias = nn.Parameter(torch.zeros(num_experts, 2 * local), requires_grad=False)
+            self.w2_bias = nn.Parameter(torch.zeros(num_experts, hidden_size), requires_grad=False)
         # [experts that got a token, passes], summed over passes: the expert weights a pass
         # actually streams (bench latency reads it). A buffer that moves with the layer, not
         # state: no checkpoint has it.
@@ -93,6 +104,9 @@ class FusedMoE(nn.Module):
                 self.activation,
                 self.w13_weight_scale,
                 self.w2_weight_scale,
+                w13_bias=self.w13_bias,
+                w2_bias=self.w2_bias,
+                swiglu=self.swiglu,
             )
         else:
             weights, ids = select_experts_native(
@@ -108,6 +122,9 @@ class FusedMoE(nn.Module):
                 self.w13_weight_scale,
                 self.w2_weight_scale,
                 self.expert_use,
+                w13_bias=self.w13_bias,
+                w2_bias=self.w2_bias,
+                swiglu=self.swiglu,
             )
         return all_reduce(out)
 
@@ -119,7 +136,14 @@ class FusedMoE(nn.Module):
     @property
     def expert_bytes(self) -> int:
         """Bytes of one expert's weights and scales on this rank."""
-        tensors = [self.w13_weight, self.w2_weight, self.w13_weight_scale, self.w2_weight_scale]
+        tensors = [
+            self.w13_weight,
+            self.w2_weight,
+            self.w13_weight_scale,
+            self.w2_weight_scale,
+            self.w13_bias,
+            self.w2_bias,
+        ]
         total = sum(t.numel() * t.element_size() for t in tensors if t is not None)
         return total // self.num_experts
 
@@ -129,10 +153,12 @@ class FusedMoE(nn.Module):
     ) -> set[str]:
         """Load a checkpoint tensor of one expert (`expert`) or of all of them (None: the
         stacked [E, ...] form transformers builds in memory); `projection` is gate, up, down
-        or gate_up (stacked only), `kind` weight or weight_scale. This rank takes its rows of
-        the intermediate dimension. Returns the parameter names written."""
+        or gate_up (stacked only), `kind` weight, weight_scale or bias. This rank takes its
+        rows of the intermediate dimension. Returns the parameter names written."""
         lo, hi = self.rows
         experts = slice(None) if expert is None else expert
+        if kind == "bias":
+            return self._load_bias(projection, experts, tensor)
         if projection == "gate_up":  # [E, 2I, H]: halves are gate and up
             size = self.intermediate_size
             gate, up = tensor[:, lo:hi], tensor[:, size + lo : size + hi]
@@ -149,6 +175,20 @@ class FusedMoE(nn.Module):
         if kind == "weight" and tensor.shape[-1] == self.intermediate_size:
             tensor = tensor[..., lo:hi]  # down: this rank's columns of the intermediate dim
         return self._write(name, experts, slice(None), kind, tensor)
+
+    def _load_bias(self, projection: str, experts: int | slice, tensor: torch.Tensor) -> set[str]:
+        """A gate_up bias ([E or one, 2I]: [gate; up]) or a down bias ([E or one, H])."""
+        if self.w13_bias is None or self.w2_bias is None:
+            raise KeyError("these experts have no biases")
+        if projection == "down":
+            self.w2_bias[experts].copy_(tensor if tp_rank() == 0 else torch.zeros_like(tensor))
+            return {"w2_bias"}
+        if projection != "gate_up":
+            raise KeyError(f"expert biases load as gate_up or down, not {projection}")
+        (lo, hi), size = self.rows, self.intermediate_size
+        rows = torch.cat([tensor[..., lo:hi], tensor[..., size + lo : size + hi]], dim=-1)
+        self.w13_bias[experts].copy_(rows)
+        return {"w13_bias"}
 
     def _write(
         self,

@@ -6,7 +6,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from radixserve.layers.activation import gelu_tanh_and_mul_native, silu_and_mul_native
+from radixserve.layers.activation import (
+    clamped_swiglu_native,
+    gelu_tanh_and_mul_native,
+    silu_and_mul_native,
+)
 from radixserve.layers.quantization.fp8 import dequantize_rows
 
 
@@ -25,11 +29,19 @@ def fused_moe_native(
     w13_scale: torch.Tensor | None = None,
     w2_scale: torch.Tensor | None = None,
     expert_use: torch.Tensor | None = None,
+    w13_bias: torch.Tensor | None = None,
+    w2_bias: torch.Tensor | None = None,
+    swiglu: tuple[float, float] = (1.702, 7.0),
 ) -> torch.Tensor:
     """The reference: expert by expert in ascending id, each over the tokens that chose it,
     results weighted and accumulated per token in that order (transformers' own loop).
-    `expert_use` [2], if given, accumulates (experts used, passes) as `fused_moe`'s does."""
-    act = silu_and_mul_native if activation == "silu" else gelu_tanh_and_mul_native
+    `expert_use` [2], if given, accumulates (experts used, passes) as `fused_moe`'s does;
+    biases are added after each product; swiglu: (alpha, limit) of the clamped SwiGLU."""
+    acts = {
+        "silu": silu_and_mul_native,
+        "swiglu_oai": lambda gate_up: clamped_swiglu_native(gate_up, *swiglu),
+    }
+    act = acts.get(activation, gelu_tanh_and_mul_native)
     out = torch.zeros_like(hidden)
     experts = torch.unique(topk_ids).tolist()
     if expert_use is not None:
@@ -39,7 +51,8 @@ def fused_moe_native(
         tokens, slots = torch.where(topk_ids == expert)
         gate_up = dequantize_experts(w13[expert], _row(w13_scale, expert), hidden.dtype)
         down = dequantize_experts(w2[expert], _row(w2_scale, expert), hidden.dtype)
-        y = F.linear(act(F.linear(hidden[tokens], gate_up)), down)
+        gated = act(F.linear(hidden[tokens], gate_up, _row(w13_bias, expert)))
+        y = F.linear(gated, down, _row(w2_bias, expert))
         y = y * topk_weights[tokens, slots, None]
         out.index_add_(0, tokens, y.to(out.dtype))
     return out

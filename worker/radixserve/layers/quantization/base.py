@@ -16,7 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixserve.catalog.quantization_methods import QUANTIZATION_METHODS, check_quantization
+from radixserve.catalog.quantization_methods import (
+    QUANTIZATION_METHODS,
+    check_quantization,
+    dequantized_at_load,
+)
 from radixserve.layers.linear import Linear
 
 WeightStream = Iterator[tuple[str, torch.Tensor]]
@@ -64,12 +68,13 @@ def _method_class(name: str) -> type[QuantizationConfig]:
 def resolve_quantization(hf_config: Any, requested: str | None) -> QuantizationConfig | None:
     """The method a model is served with: the checkpoint's own when it is quantized (and
     `--quantization` names the same method or nothing), else `--quantization`'s, applied
-    at load time, else None. Raises UnsupportedQuantizationError naming what is supported."""
+    at load time, else None (a checkpoint the loader dequantizes, MXFP4 experts, counts as
+    unquantized). Raises UnsupportedQuantizationError naming what is supported."""
     checkpoint = checkpoint_quantization(hf_config)
     method = check_quantization(checkpoint, requested)
     if method is None:
         return None
-    if checkpoint is None:
+    if checkpoint is None or dequantized_at_load(checkpoint):
         return _method_class(method).at_load()
     return _method_class(method).from_checkpoint(checkpoint)
 
