@@ -6,18 +6,23 @@ and evictions."""
 
 from __future__ import annotations
 
-import hashlib
 import time
 from typing import Any
 
-import cbor2
-import msgspec
 import pytest
 import torch
 import zmq
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from tests.unit.vllm_kv_events import (
+    DECODER,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+    reference_hashes,
+)
 
 from radixserve.kv_event_format import block_hashes
 from radixserve.mem_cache.allocator import TokenSlotAllocator
@@ -25,57 +30,7 @@ from radixserve.mem_cache.kv_events import KVEventPublisher, block_event
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.mem_cache.radix_cache import RadixCache
 
-# --- the reference: vllm/distributed/kv_events.py's wire types, as vLLM defines them --------
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):  # type: ignore[call-arg]
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):  # type: ignore[call-arg]
-    """Base class for all KV cache-related events"""
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    medium: str | None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
-
-
-DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
 BS = 4  # block size: small, so short keys span several blocks
-
-
-def reference_hashes(tokens: list[int], block_size: int) -> list[int]:
-    """vLLM's hash_block_tokens with sha256_cbor, written out: each block hashes
-    (parent, its tokens, extra keys); the low 64 bits go on the wire."""
-    parent = hashlib.sha256(cbor2.dumps("0", canonical=True)).digest()
-    out = []
-    for i in range(len(tokens) // block_size):
-        block = tuple(tokens[i * block_size : (i + 1) * block_size])
-        parent = hashlib.sha256(cbor2.dumps((parent, block, None), canonical=True)).digest()
-        out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
-    return out
 
 
 # --- a publisher, a subscriber and a cache ------------------------------------------------
@@ -164,7 +119,12 @@ def test_a_prefill_stores_its_full_blocks_chained_parent_to_child(stream) -> Non
     assert event.block_hashes == reference_hashes(prompt, BS)
     assert event.parent_block_hash is None
     assert event.token_ids == prompt[:8]
-    assert (event.block_size, event.medium, event.lora_id, event.lora_name) == (BS, "GPU", None, None)
+    assert (event.block_size, event.medium, event.lora_id, event.lora_name) == (
+        BS,
+        "GPU",
+        None,
+        None,
+    )
 
     # the partial third block is published once a longer prompt completes it
     longer = prompt + [7, 7, 7, 7, 7]
