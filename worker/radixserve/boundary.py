@@ -22,6 +22,16 @@ from radixserve.sampling.sampling_params import SamplingParams
 
 
 @dataclass
+class PoolingParams:
+    """Asks the scheduler for the prompt's pooled vector (embed) or score (rerank) instead of
+    new tokens: the request is one prefill, answered with `ReqOutput.pooled`."""
+
+    # Matryoshka: keep the first `dimensions` values of the embedding (normalised after the
+    # cut when the model normalises); None keeps them all
+    dimensions: int | None = None
+
+
+@dataclass
 class TokenizedGenerateReqInput:
     rid: str
     input_ids: list[int]
@@ -31,6 +41,8 @@ class TokenizedGenerateReqInput:
     top_logprobs_num: int = 0
     # Wall-clock arrival time in the front end (time.time()), for queue-time metrics.
     arrival_time: float = 0.0
+    # set on an embedding or rerank model's requests: pool instead of sampling
+    pooling: PoolingParams | None = None
 
 
 @dataclass
@@ -96,6 +108,9 @@ class ReqOutput:
     logprobs: list[TokenLogprob] | None = None
     # seconds between arrival at the scheduler and first scheduling, sent once
     queue_time: float | None = None
+    # a pooling request's result, with its finish: the embedding, or the one score of a
+    # rerank, as little-endian float32 bytes (OpenAI's base64 embeddings are these bytes)
+    pooled: bytes | None = None
 
 
 @dataclass

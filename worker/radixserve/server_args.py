@@ -39,6 +39,14 @@ class ServerArgs:
     served_model_name: str | None = option(
         None, "the model name clients ask for (default: derived from --model)"
     )
+    task: str = option(
+        "auto",
+        "what the model serves: generate (text), embed (/v1/embeddings) or rerank (/v1/rerank, "
+        "/v1/score); auto: from the checkpoint (a *ForSequenceClassification architecture, a "
+        "sentence-transformers modules.json, a reranker's or embedding model's name; else "
+        "generate)",
+        choices=("auto", "generate", "embed", "rerank"),
+    )
     host: str = option("0.0.0.0", "address to listen on")
     port: int = option(8000, "HTTP port")
     device: str = option("auto", "where the model runs", choices=("auto", "cpu", "cuda"))

@@ -7,6 +7,8 @@ the class. A new architecture is its model file plus one line in `MODEL_CLASSES`
 
 from __future__ import annotations
 
+import re
+
 # model_type -> the model class it is served with, as "module:Class"; the class's name is the
 # architecture (config.architectures[0]) a config of that model_type is served as
 MODEL_CLASSES: dict[str, str] = {
@@ -41,6 +43,10 @@ def check_architecture(model_type: str | None, architectures: list[str] | None =
     does) fails the same one-line way."""
     named = (architectures or [None])[0]
     served = SUPPORTED_ARCHITECTURES.get(model_type or "")
+    if named is not None and named.endswith(("ForSequenceClassification", "Model")):
+        # a reranker's classifier, or an embedder saved without its LM head
+        # (catalog/model_tasks.py): served as the causal LM's body with a pooling head
+        named = re.sub("(ForSequenceClassification|Model)$", "ForCausalLM", named)
     if served is None or (named is not None and named != served):
         what = named or f"model_type {model_type!r}"
         if named is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.catalog.model_tasks import task_for_model
 from radixserve.distributed.parallel_state import head_shard, min_across_ranks, tp_rank, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.forward.worker_batch import ModelWorkerBatch
@@ -37,6 +38,7 @@ from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.cuda_graph_runner import CudaGraphRunner
 from radixserve.model_executor.forward_inputs import build_forward_batch
 from radixserve.model_executor.future_tokens import FutureSlots, FutureTokens
+from radixserve.model_executor.pooler import Pooler
 from radixserve.model_loader.loader import ModelSource
 from radixserve.models.registry import get_model_class
 from radixserve.server_args import ServerArgs
@@ -140,8 +142,15 @@ class ModelRunner:
         self.startup = startup or StartupPhases()
 
         self.quantization = resolve_quantization(source.config.hf_config, server_args.quantization)
+        hf_config = source.config.hf_config
+        self.task = task_for_model(server_args.task, server_args.model, hf_config.to_dict())
+        if self.task.pools and self.task.head != "yes_no":
+            # no LM head to hold: a pooling checkpoint has none of its own (tying it to the
+            # embedding is the loader's way of expecting none)
+            hf_config.tie_word_embeddings = True
         with self.startup.timed("model_setup"):
             self.model = self._build_model()
+            self.pooler = self._build_pooler(source) if self.task.pools else None
         weights_last = self.device.type != "cuda" or reads_weights_last(
             self.kv_dtype == self.dtype,
             source.load_device_bytes
@@ -185,6 +194,7 @@ class ModelRunner:
         if (
             self.device.type == "cuda"
             and not server_args.disable_cuda_graph
+            and self.pooler is None  # pooling runs prefills only: nothing to replay
             and self.attn_backend.supports_cuda_graph
         ):
             with self.startup.timed("cuda_graph_capture"):
@@ -205,7 +215,7 @@ class ModelRunner:
         addresses = parameter_addresses(self.model)
         start = time.perf_counter()
         weights = TimedIterator(source.weights())
-        self.model.load_weights(weights)
+        self.model.load_weights(self.pooler.take_head_weights(weights) if self.pooler else weights)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
             # the reader's transient buffers go back to the device
@@ -240,6 +250,21 @@ class ModelRunner:
                 return model_cls(self.model_config.hf_config, self.quantization).eval()
         finally:
             torch.set_default_dtype(default_dtype)
+
+    def _build_pooler(self, source: ModelSource) -> Pooler:
+        """The pooling head of an embed or rerank model; a causal LM scored by its "yes" and
+        "no" tokens needs both in its vocabulary, as single tokens."""
+        yes_no = None
+        if self.task.head == "yes_no":
+            vocab = source.tokenizer.get_vocab() if source.tokenizer is not None else {}
+            if "yes" not in vocab or "no" not in vocab:
+                raise RuntimeError(
+                    "--task rerank scores a causal LM by its 'yes' and 'no' tokens, and this "
+                    "model's tokenizer has no such tokens"
+                )
+            yes_no = (vocab["yes"], vocab["no"])
+        pooler = Pooler(self.task, self.model_config.hidden_size, yes_no)
+        return pooler.to(self.device, torch.float32).eval()
 
     def attention_context(self) -> AttentionContext:
         cfg = self.model_config
@@ -305,6 +330,24 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return ForwardOutput(logits, forward_batch)
+
+    def pool(self, batch: ModelWorkerBatch, future: FutureSlots) -> torch.Tensor:
+        """One extend pass of an embed or rerank model: its rows' pooled outputs (pooler.py)."""
+        assert self.pooler is not None and batch.forward_mode.is_extend()
+        forward_batch = build_forward_batch(
+            batch,
+            self.req_to_token_pool,
+            self.token_to_kv_pool,
+            self.attn_backend,
+            self.device,
+            future,
+        )
+        self.attn_backend.init_forward_metadata(forward_batch)
+        with torch.no_grad():
+            hidden = self.model.model(
+                forward_batch.input_ids, forward_batch.positions, forward_batch
+            )
+        return self.pooler(self.model, hidden, forward_batch)
 
     def sample(self, logits: torch.Tensor, forward_batch: ForwardBatch) -> SamplerOutput:
         return self.sampler(

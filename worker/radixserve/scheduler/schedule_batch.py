@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixserve.boundary import TokenLogprob
+from radixserve.boundary import PoolingParams, TokenLogprob
 from radixserve.forward.mode import ForwardMode
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
@@ -45,6 +45,7 @@ class Req:
         stream: bool = False,
         arrival_time: float | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
+        pooling: PoolingParams | None = None,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = list(origin_input_ids)
@@ -77,6 +78,10 @@ class Req:
         # its matcher, which has accepted every token in output_ids
         self.grammar_future: Future[CompiledGrammar] | None = None
         self.grammar: Grammar | None = None
+        # an embed or rerank request: its pooled output (a running sum under mean pooling) on
+        # the host, then its embedding or score (scheduler._finish_pooling)
+        self.pooling = pooling
+        self.pooled: torch.Tensor | None = None
 
     # -- state -------------------------------------------------------------------------------
     @property

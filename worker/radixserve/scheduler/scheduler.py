@@ -46,12 +46,14 @@ from radixserve.boundary import (
     TokenizedGenerateReqInput,
     TokenLogprob,
 )
+from radixserve.catalog.model_tasks import ModelTask
 from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.forward.mode import ForwardMode
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.model_executor.pooler import finish_embedding
 from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
 from radixserve.scheduler.scheduler_stats import SchedulerCounters
@@ -125,6 +127,8 @@ class ServedModel:
     tokenizer: Any = None  # decodes output tails for stop strings; grammars are built on it
     description: str = ""
     matmul_parameters: int = 0
+    # generate, or embed/rerank: pool each request's prefill instead of sampling
+    task: ModelTask = ModelTask()
 
     def grammar_backend(self) -> GrammarBackend:
         """The backend constrained requests compile on, built by the grammar cache at the first
@@ -156,7 +160,9 @@ class Scheduler:
         self.max_total_tokens = worker.max_total_tokens
         self.max_running_requests = worker.max_running_requests
         self.context_len = model.context_len
-        cache_cls = ChunkCache if server_args.disable_radix_cache else RadixCache
+        # mean pooling needs every prompt token's hidden state: no prefix can be reused
+        mean_pooling = model.task.pools and model.task.pooling == "mean"
+        cache_cls = ChunkCache if server_args.disable_radix_cache or mean_pooling else RadixCache
         self.tree_cache = cache_cls(worker.req_to_token_pool, worker.allocator)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
 
@@ -205,6 +211,7 @@ class Scheduler:
             stream=recv.stream,
             arrival_time=recv.arrival_time or None,
             eos_token_ids=self.eos_token_ids,
+            pooling=recv.pooling,
         )
         error = self._validate(req)
         if error is not None:
@@ -257,6 +264,11 @@ class Scheduler:
             return f"the prompt has {n} tokens; the KV cache holds {self.max_total_tokens}"
         if any(t < 0 or t >= self.model.vocab_size for t in req.origin_input_ids):
             return f"input ids must be in [0, {self.model.vocab_size})"
+        task = self.model.task.task
+        if req.pooling is not None and not self.model.task.pools:
+            return "this model generates text; it makes no embeddings or scores"
+        if req.pooling is None and self.model.task.pools and req.sampling_params.max_new_tokens:
+            return f"this model serves --task {task}; it does not generate text"
         return None
 
     def abort_request(self, rid: str) -> None:
@@ -481,6 +493,8 @@ class Scheduler:
         resolved: list[Req] = []
         for i, req in enumerate(launched.reqs):
             if req is launched.chunked_req:
+                if req.pooling is not None and result.pooled is not None:
+                    self._add_pooled(req, result.pooled[i])
                 continue  # an intermediate chunk samples nothing
             if req.future_id == launched.pending.future.placeholder(i):
                 req.future_id = None
@@ -490,7 +504,9 @@ class Scheduler:
                     self._release_finished(req)
                 continue
             try:
-                if launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
+                if req.pooling is not None and result.pooled is not None:
+                    self._finish_pooling(req, result.pooled[i])
+                elif launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
                     self._append_token(req, result, i)
                 req.check_finished(self.context_len, self.model.tokenizer)
             except Exception as exc:  # this request's own output (its stops, its logprobs)
@@ -543,7 +559,10 @@ class Scheduler:
                 self._release_finished(chunked)
             else:
                 self.tree_cache.cache_unfinished_req(chunked)
-        last.filter_batch([i for i, r in enumerate(last.reqs) if r is not chunked])
+        # a pooling request ends with its prefill: it never decodes
+        last.filter_batch(
+            [i for i, r in enumerate(last.reqs) if r is not chunked and r.pooling is None]
+        )
         if last.forward_mode.is_mixed() or not self.running_batch.reqs:
             self.running_batch = last
         else:
@@ -705,6 +724,24 @@ class Scheduler:
             top = result.top_logprobs[i] if result.top_logprobs else []
             req.pending_logprobs.append(TokenLogprob(token, result.logprobs[i], list(top or [])))
 
+    def _add_pooled(self, req: Req, row: torch.Tensor) -> None:
+        """A pass's pooled row for a pooling request: the sum so far under mean pooling (a
+        prompt prefilled in chunks gives one row per chunk), else the row itself."""
+        if self.model.task.pooling == "mean" and req.pooled is not None:
+            req.pooled = req.pooled + row
+        else:
+            req.pooled = row.clone()
+
+    def _finish_pooling(self, req: Req, row: torch.Tensor) -> None:
+        """End a pooling request with its embedding (mean, Matryoshka cut, normalisation) or
+        its score."""
+        self._add_pooled(req, row)
+        task = self.model.task
+        if task.task == "embed":
+            dims = req.pooling.dimensions if req.pooling is not None else None
+            req.pooled = finish_embedding(req.pooled, task, len(req.origin_input_ids), dims)
+        req.finished_reason = {"type": "stop"}
+
     def _release_finished(self, req: Req) -> None:
         """Cache a finished request's KV in the tree (or free it) and send its last output."""
         if req.kv_len > req.seqlen:
@@ -738,6 +775,11 @@ class Scheduler:
                 cached_tokens=req.cached_tokens,
                 logprobs=req.pending_logprobs if req.return_logprob else None,
                 queue_time=queue_time,
+                pooled=(
+                    req.pooled.numpy().astype("<f4").tobytes()
+                    if req.pooled is not None and req.finished()
+                    else None
+                ),
             )
         )
         req.sent_len = len(req.output_ids)

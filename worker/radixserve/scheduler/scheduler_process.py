@@ -30,6 +30,7 @@ import torch
 from radixserve.boundary import (
     BatchReqOutput,
     GrammarsReadyReq,
+    PoolingParams,
     PortArgs,
     StopRanksReq,
     TokenizedGenerateReqInput,
@@ -105,11 +106,16 @@ def warm_up(scheduler: Scheduler) -> None:
         [(prompt[: length // 2] + [2, 3], sampled, True), (prompt[1:], greedy, False)],
         *([(ids, greedy, False)] for ids in long_prompts),
     ]
+    pooling = PoolingParams() if scheduler.model.task.pools else None
     for number, wave in enumerate(waves):
         for index, (ids, params, logprob) in enumerate(wave):
             request = TokenizedGenerateReqInput(
                 f"warmup-{number}-{index}", ids, params, return_logprob=logprob, top_logprobs_num=2
             )
+            if pooling is not None:  # the same prefills, pooled: there is no decode
+                request.pooling = pooling
+                request.sampling_params = SamplingParams(max_new_tokens=0)
+                request.return_logprob = False
             scheduler.handle_generate_request(request)
         while scheduler.has_work():
             scheduler.step()
@@ -154,7 +160,10 @@ def build_scheduler(
         tokenizer=source.tokenizer,
         description=source.description,
         matmul_parameters=source.config.matmul_parameters,
+        task=worker.model_runner.task,
     )
+    if model.task.pools:
+        logger.info("serving --task %s (%s)", model.task.task, model.task.reason)
     return Scheduler(server_args, worker, model)
 
 
@@ -261,6 +270,8 @@ def run_scheduler_process(
             "vocab_size": scheduler.model.vocab_size,
             "model_description": scheduler.model.description,
             "tokenizer_dir": frontend_tokenizer_dir(scheduler.model.tokenizer),
+            "task": scheduler.model.task.to_dict(),
+            "hidden_size": scheduler.worker.model_runner.model_config.hidden_size,
             **scheduler.worker.describe(),
             "startup_phases": startup.seconds,
         }

@@ -31,6 +31,9 @@ class GenerationBatchResult:
     next_token_ids: list[int]
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[int, float]]] | None
+    # an embed or rerank model's pass: its rows' pooled outputs (model_executor/pooler.py), on
+    # the host, float32
+    pooled: torch.Tensor | None = None
 
 
 class PendingBatchResult:
@@ -46,6 +49,7 @@ class PendingBatchResult:
         self._ids: torch.Tensor | None = None
         self._logprobs: torch.Tensor | None = None
         self._top_logprobs: list[list[tuple[int, float]]] | None = None
+        self._pooled: torch.Tensor | None = None
         # the forward's output (its batch's sampling info with it), kept until the deferred
         # sampling launches
         self.deferred: ForwardOutput | None = None
@@ -59,9 +63,12 @@ class PendingBatchResult:
         next_token_ids: torch.Tensor,
         logprobs: torch.Tensor | None,
         top_logprobs: list[list[tuple[int, float]]] | None,
+        pooled: torch.Tensor | None = None,
     ) -> None:
-        """Queue the copy of the sampled tokens to the host and mark the batch's end."""
+        """Queue the copy of the sampled tokens (or of a pooling pass's outputs) to the host
+        and mark the batch's end."""
         pinned = next_token_ids.device.type == "cuda"
+        self._pooled = pooled.to("cpu", non_blocking=pinned) if pooled is not None else None
         self._ids = next_token_ids.to("cpu", non_blocking=pinned)
         self._logprobs = logprobs.to("cpu", non_blocking=pinned) if logprobs is not None else None
         self._top_logprobs = top_logprobs
@@ -77,6 +84,7 @@ class PendingBatchResult:
             next_token_ids=self._ids.tolist(),
             logprobs=self._logprobs.tolist() if self._logprobs is not None else None,
             top_logprobs=self._top_logprobs,
+            pooled=self._pooled,
         )
 
 
@@ -154,6 +162,13 @@ class ModelWorker:
             started = torch.cuda.Event(enable_timing=True)
             started.record()
         future = runner.future_tokens.reserve(len(batch.seq_lens))
+        if runner.pooler is not None:
+            # an embed or rerank model: pooled outputs, no tokens (the rows end with this pass)
+            pending = PendingBatchResult(future, started)
+            pooled = runner.pool(batch, future)
+            no_tokens = torch.zeros(len(batch.seq_lens), dtype=torch.int64, device=runner.device)
+            pending.set_tokens(no_tokens, None, None, pooled)
+            return pending
         out = runner.forward(batch, future)
         pending = PendingBatchResult(future, started)
         info = batch.sampling_info
