@@ -223,7 +223,6 @@ def transformers_decode_step(source: Any, input_len: int, output_len: int) -> fl
 
 def run(args: argparse.Namespace) -> int:
     from radixserve.mem_cache.chunk_cache import ChunkCache
-    from radixserve.mem_cache.memory_pool import TokenToKVPool
     from radixserve.model_loader.loader import load_model_source_for
     from radixserve.scheduler.tp_worker import ModelWorker
 
@@ -249,9 +248,7 @@ def run(args: argparse.Namespace) -> int:
     cache = ChunkCache(runner.req_to_token_pool, runner.allocator)
     cfg = source.config
     dense = dense_weight_bytes_per_step(runner.model)
-    kv_per_token = TokenToKVPool.bytes_per_token(
-        cfg.num_hidden_layers, runner.local_kv_heads, cfg.head_dim, runner.kv_dtype
-    )
+    kv_per_token = runner.kv_bytes_per_token
     flops_per_token = 2 * cfg.matmul_parameters
     progress("warm-up batch...")
     run_batch(worker, cache, batch_sizes[0], args.input_len, 8, cfg.vocab_size)  # warm-up

@@ -21,6 +21,8 @@ MODEL_CLASSES: dict[str, str] = {
     "gemma2": "radixserve.models.gemma2:Gemma2ForCausalLM",
     "gemma3_text": "radixserve.models.gemma3:Gemma3ForCausalLM",
     "gpt_oss": "radixserve.models.gpt_oss:GptOssForCausalLM",
+    "deepseek_v2": "radixserve.models.deepseek_v2:DeepseekV2ForCausalLM",
+    "deepseek_v3": "radixserve.models.deepseek_v2:DeepseekV3ForCausalLM",
 }
 # architecture -> its model class, as "module:Class"
 CLASS_BY_ARCHITECTURE: dict[str, str] = {

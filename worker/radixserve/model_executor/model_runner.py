@@ -29,11 +29,13 @@ from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.host_memory import available_memory_bytes
 from radixserve.layers.attention.base import AttentionContext
 from radixserve.layers.attention.registry import create_attention_backend, resolve_backend_name
+from radixserve.layers.mla import mla_attention_backend
 from radixserve.layers.quantization.base import resolve_quantization
 from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_executor.cuda_graph_runner import CudaGraphRunner
 from radixserve.model_executor.forward_inputs import build_forward_batch
@@ -170,23 +172,17 @@ class ModelRunner:
             self.req_to_token_pool = ReqToTokenPool(
                 self.max_running_requests + 2, cfg.context_len + 8, self.device
             )
-            self.token_to_kv_pool = TokenToKVPool(
-                self.max_total_tokens,
-                cfg.num_hidden_layers,
-                self.local_kv_heads,
-                cfg.head_dim,
-                self.kv_dtype,
-                self.device,
-            )
+            self.token_to_kv_pool = self._build_kv_pool()
             if self.token_to_kv_pool.is_fp8:
                 for layer, (k_scale, v_scale) in self.model.kv_cache_scales.items():
                     self.token_to_kv_pool.set_scales(layer, k_scale, v_scale)
             self.allocator = TokenSlotAllocator(self.max_total_tokens)
         with self.startup.timed("attention_backend"):
             context = self.attention_context()
-            self.attention_backend_name = resolve_backend_name(
-                server_args.attention_backend, self.device.type, context
-            )
+            requested = server_args.attention_backend
+            if self.mla_cache_dims is not None:
+                requested = mla_attention_backend(requested, self.device.type)
+            self.attention_backend_name = resolve_backend_name(requested, self.device.type, context)
             self.attn_backend = create_attention_backend(self.attention_backend_name, context)
         self.sampler = Sampler()
         self.future_tokens = FutureTokens(self.max_running_requests + 2, self.device)
@@ -274,8 +270,8 @@ class ModelRunner:
             dtype=self.dtype,
             kv_dtype=self.token_to_kv_pool.dtype,
             num_heads=shard.q_count,
-            num_kv_heads=shard.kv_count,
-            head_dim=cfg.head_dim,
+            num_kv_heads=self.token_to_kv_pool.num_kv_heads,
+            head_dim=self.token_to_kv_pool.head_dim,
             req_to_token=self.req_to_token_pool.req_to_token,
             variants=attention_variants(self.model),
         )
@@ -285,11 +281,45 @@ class ModelRunner:
         """KV heads this rank stores (all of them without tensor parallelism)."""
         return self.model.model.layers[0].self_attn.num_kv_heads
 
-    def _kv_capacity(self) -> int:
+    @property
+    def mla_cache_dims(self) -> tuple[int, int] | None:
+        """(kv_lora_rank, rope_dim) of a model with multi-head latent attention (DeepSeek),
+        whose pool holds one latent row per token and layer; None for K/V heads."""
+        return getattr(self.model, "mla_cache_dims", None)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Device bytes one KV slot costs across all layers: sizes --max-total-tokens."""
         cfg = self.model_config
-        per_token = TokenToKVPool.bytes_per_token(
+        if self.mla_cache_dims is not None:
+            return MLATokenToKVPool.latent_bytes_per_token(
+                cfg.num_hidden_layers, *self.mla_cache_dims, self.kv_dtype
+            )
+        return TokenToKVPool.bytes_per_token(
             cfg.num_hidden_layers, self.local_kv_heads, cfg.head_dim, self.kv_dtype
         )
+
+    def _build_kv_pool(self) -> TokenToKVPool:
+        cfg = self.model_config
+        if self.mla_cache_dims is not None:
+            return MLATokenToKVPool(
+                self.max_total_tokens,
+                cfg.num_hidden_layers,
+                *self.mla_cache_dims,
+                self.kv_dtype,
+                self.device,
+            )
+        return TokenToKVPool(
+            self.max_total_tokens,
+            cfg.num_hidden_layers,
+            self.local_kv_heads,
+            cfg.head_dim,
+            self.kv_dtype,
+            self.device,
+        )
+
+    def _kv_capacity(self) -> int:
+        per_token = self.kv_bytes_per_token
         if self.device.type == "cuda":
             free, total = torch.cuda.mem_get_info(self.device)
             budget = free - total * (1.0 - self.server_args.mem_fraction_static)

@@ -20,7 +20,14 @@ from transformers import AutoConfig
 from radixserve.catalog.architectures import check_architecture
 
 INIT_STD = 0.02
-_ATTENTION_BIAS_SUFFIXES = ("q_proj.bias", "k_proj.bias", "v_proj.bias")
+# biases drawn like matrices, not zeroed: attention's (to exercise them) and DeepSeek-V3's
+# routing correction (zero would leave the expert choice untested)
+_ATTENTION_BIAS_SUFFIXES = (
+    "q_proj.bias",
+    "k_proj.bias",
+    "v_proj.bias",
+    "e_score_correction_bias",
+)
 
 _TINY_SHAPE: dict[str, Any] = {
     "vocab_size": 1024,
@@ -146,6 +153,73 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eos_token_id": 200002,
         "tie_word_embeddings": False,
     },
+    # DeepSeek-V3's layout: MLA with q-LoRA and interleaved rotary dims, YaRN (its softmax
+    # scale), one dense layer then MoE layers: shared expert, sigmoid routing with the
+    # correction bias over 4 groups of which 2 are kept, renormalised and scaled
+    "tiny-deepseek-v3": {
+        "model_type": "deepseek_v3",
+        **_TINY_SHAPE,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "q_lora_rank": 48,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "n_shared_experts": 1,
+        "moe_intermediate_size": 32,
+        "first_k_dense_replace": 1,
+        "routed_scaling_factor": 2.5,
+        "norm_topk_prob": True,
+        "rope_interleave": True,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+        },
+    },
+    # DeepSeek-V2-Lite's layout: MLA without q-LoRA, softmax greedy routing unnormalised, two
+    # shared experts, YaRN with V2-Lite's mscales
+    "tiny-deepseek-v2-lite": {
+        "model_type": "deepseek_v2",
+        **_TINY_SHAPE,
+        "num_hidden_layers": 3,
+        "num_key_value_heads": 4,
+        "q_lora_rank": None,
+        "kv_lora_rank": 32,
+        "qk_nope_head_dim": 16,
+        "qk_rope_head_dim": 8,
+        "v_head_dim": 16,
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 3,
+        "n_shared_experts": 2,
+        "moe_intermediate_size": 24,
+        "first_k_dense_replace": 1,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": False,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 512,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+    },
     "llama-3.2-1b": {
         "model_type": "llama",
         "vocab_size": 128256,
@@ -204,6 +278,47 @@ PRESETS: dict[str, dict[str, Any]] = {
         "eos_token_id": 151645,
         "tie_word_embeddings": False,
     },
+    # DeepSeek-V2-Lite (15.7B parameters, 2.4B active): MLA over a 512 + 64 latent, 64
+    # experts (6 per token) and 2 shared ones in 26 of 27 layers
+    "deepseek-v2-lite": {
+        "model_type": "deepseek_v2",
+        "vocab_size": 102400,
+        "hidden_size": 2048,
+        "intermediate_size": 10944,
+        "moe_intermediate_size": 1408,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 16,
+        "q_lora_rank": None,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "n_routed_experts": 64,
+        "num_experts_per_tok": 6,
+        "n_shared_experts": 2,
+        "first_k_dense_replace": 1,
+        "topk_method": "greedy",
+        "n_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": False,
+        "max_position_embeddings": 163840,
+        "rms_norm_eps": 1e-6,
+        "rope_parameters": {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 40.0,
+            "original_max_position_embeddings": 4096,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+        "bos_token_id": 100000,
+        "eos_token_id": 100001,
+        "tie_word_embeddings": False,
+    },
     "qwen3-0.6b": {
         "model_type": "qwen3",
         "vocab_size": 151936,
@@ -247,7 +362,10 @@ def parameter_shapes(hf_config: transformers.PretrainedConfig) -> list[tuple[str
 
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(hf_config)
-    return [(name, param.shape) for name, param in model.named_parameters()]
+    shapes = [(name, param.shape) for name, param in model.named_parameters()]
+    # persistent buffers are checkpoint tensors too (DeepSeek-V3's e_score_correction_bias)
+    saved = model.state_dict().keys()
+    return shapes + [(name, b.shape) for name, b in model.named_buffers() if name in saved]
 
 
 def _tensor_seed(seed: int, name: str) -> int:
@@ -255,8 +373,8 @@ def _tensor_seed(seed: int, name: str) -> int:
 
 
 def random_tensor(name: str, shape: torch.Size, seed: int, device: str = "cpu") -> torch.Tensor:
-    """normal(0, 0.02) for matrices, embeddings and q/k/v biases; ones for norm weights; zeros
-    for other biases. Always drawn in float32 so a seed gives the same model in every dtype.
+    """normal(0, 0.02) for matrices, embeddings, q/k/v biases and routing correction biases;
+    ones for norm weights; zeros for other biases. Always drawn in float32 so a seed gives the same model in every dtype.
     On CUDA the draw happens on the device (an 8B shape in seconds, not minutes); a seed then
     gives the same model on every CUDA device, but not the CPU's model."""
     if name.endswith(_ATTENTION_BIAS_SUFFIXES) or len(shape) > 1:

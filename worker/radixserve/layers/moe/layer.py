@@ -11,7 +11,8 @@ ranks' outputs are summed) and gpt-oss's clamped SwiGLU (`activation="swiglu_oai
 its alpha and limit).
 
 Routing (softmax, top-k, renormalisation) is here too, so a model gives the layer its hidden
-states and router logits only. On CUDA the Triton kernels run (fused_moe.py); elsewhere the
+states and router logits only; a model that routes its own way (DeepSeek) gives the chosen
+experts and weights to `forward_routed`. On CUDA the Triton kernels run (fused_moe.py); elsewhere the
 torch reference.
 """
 
@@ -90,10 +91,17 @@ class FusedMoE(nn.Module):
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """hidden [T, H], router_logits [T, E] -> [T, H], summed over the ranks."""
+        select = select_experts if triton_support.enabled_for(hidden) else select_experts_native
+        weights, ids = select(router_logits, self.top_k, self.renormalize, self.round_weights)
+        return self.forward_routed(hidden, weights, ids)
+
+    def forward_routed(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
+        """The experts for a routing already chosen (by `forward`, or by the model itself:
+        DeepSeek's grouped top-k with its correction bias, layers/moe/routing.py): hidden
+        [T, H], weights [T, top_k] float32, ids [T, top_k] -> [T, H], summed over the ranks."""
         if triton_support.enabled_for(hidden):
-            weights, ids = select_experts(
-                router_logits, self.top_k, self.renormalize, self.round_weights
-            )
             out = fused_moe(
                 hidden,
                 self.w13_weight,
@@ -109,9 +117,6 @@ class FusedMoE(nn.Module):
                 swiglu=self.swiglu,
             )
         else:
-            weights, ids = select_experts_native(
-                router_logits, self.top_k, self.renormalize, self.round_weights
-            )
             out = fused_moe_native(
                 hidden,
                 self.w13_weight,

@@ -1,0 +1,153 @@
+"""Multi-head latent attention (MLA, DeepSeek V2/V3) over the latent pool
+(mem_cache/mla_memory_pool.py): the two attention computations an MLA layer makes.
+
+- Decode, absorbed: the query arrives with W_UK folded in (`[q_latent | q_rope]` per head) and
+  attends to the pool's latent rows directly, one shared key per token, the value being the
+  row's latent part; the caller applies W_UV to the result. Per token it reads
+  kv_lora_rank + rope_dim values, not heads x (key + value). On CUDA the Triton kernel
+  (kernels/mla_decode.py, which the captured graphs replay), elsewhere the torch reference.
+- Extend (prefill, chunked prefill, mixed batches), expanded: each request's latents, its
+  cached prefix included, are read back through req_to_token and expanded by kv_b_proj into
+  per-head keys and values, then causal attention with the prefix offset. Prefill is compute
+  bound, and the expanded form does fewer FLOPs there than the absorbed one. Torch on every
+  device, request by request (no Triton prefill kernel for MLA yet).
+
+Neither goes through the attention backend: the backend of an MLA model is built for the pool's
+shape and keeps its metadata and graph plumbing, which these computations do not need (they
+read req_to_token, the rows and the lengths themselves, as the Triton decode kernels do).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from radixserve.kernels import triton_support
+
+if TYPE_CHECKING:
+    from radixserve.forward.forward_batch import ForwardBatch
+
+# Stands in for the SM count without CUDA (the Triton interpreter on a CPU).
+_SMS_WITHOUT_CUDA = 8
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return _SMS_WITHOUT_CUDA
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def mla_attention_backend(requested: str, device: str) -> str:
+    """The attention backend an MLA model is built with: its layers call none for attention,
+    the backend only keeps the pass's metadata and graph plumbing. `auto` on CUDA is triton
+    (FlashInfer would build its modules for a head size no layer uses); an explicit
+    flashinfer is refused in one line."""
+    if requested == "flashinfer":
+        raise ValueError(
+            "--attention-backend flashinfer does not serve MLA models (DeepSeek); use auto, "
+            "triton or torch_native"
+        )
+    if requested == "auto" and device != "cpu":
+        return "triton"
+    return requested
+
+
+def mla_decode(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    forward_batch: ForwardBatch,
+    kv_lora_rank: int,
+    scaling: float,
+) -> torch.Tensor:
+    """q: [bs, heads, kv_lora_rank + rope_dim] (absorbed); kv_buffer: the layer's latent pool
+    [slots, 1, kv_lora_rank + rope_dim], this step's rows stored. -> [bs, heads, kv_lora_rank]."""
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    if triton_support.enabled_for(q):
+        from radixserve.kernels.mla_decode import mla_decode_fwd
+
+        return mla_decode_fwd(
+            q,
+            kv_buffer,
+            req_to_token,
+            forward_batch.req_pool_indices,
+            forward_batch.seq_lens,
+            kv_lora_rank,
+            scaling,
+            num_sms(q.device),
+        )
+    return mla_decode_native(
+        q,
+        kv_buffer,
+        req_to_token,
+        forward_batch.req_pool_indices,
+        forward_batch.seq_lens,
+        int(forward_batch.seq_lens_cpu.max()),
+        kv_lora_rank,
+        scaling,
+    )
+
+
+def mla_decode_native(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_len: int,
+    kv_lora_rank: int,
+    scaling: float,
+) -> torch.Tensor:
+    """The reference of `mla_decode`: all requests as one padded, masked batch."""
+    rows = req_to_token[req_pool_indices, :max_len].long()
+    mask = torch.arange(max_len, device=q.device)[None, :] < seq_lens[:, None]
+    kv = kv_buffer[torch.where(mask, rows, 0), 0].to(q.dtype)  # [bs, L, latent + rope]
+    scores = torch.einsum("bhc,blc->bhl", q, kv) * scaling
+    scores = scores.masked_fill(~mask[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.promote_types(q.dtype, torch.float32))
+    weights = weights.to(q.dtype)
+    return torch.einsum("bhl,blc->bhc", weights, kv[..., :kv_lora_rank])
+
+
+def mla_extend(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    forward_batch: ForwardBatch,
+    expand: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    kv_lora_rank: int,
+    scaling: float,
+) -> torch.Tensor:
+    """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
+    pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
+    qk_nope], v [L, heads, v_head_dim]) (the layer's kv_b_proj). -> [tokens, heads, v_head_dim]."""
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    outputs = []
+    start = 0
+    for i in range(forward_batch.batch_size):
+        ext = forward_batch.extend_seq_lens_cpu[i]
+        prefix = forward_batch.extend_prefix_lens_cpu[i]
+        seq_len = prefix + ext
+        slots = req_to_token[forward_batch.req_pool_indices[i], :seq_len].long()
+        rows = kv_buffer[slots, 0].to(q.dtype)  # [L, latent + rope]
+        k_nope, v = expand(rows[:, :kv_lora_rank])
+        heads = k_nope.shape[1]
+        k_rope = rows[:, None, kv_lora_rank:].expand(-1, heads, -1)
+        k = torch.cat([k_nope, k_rope], dim=-1)
+        qi = q[start : start + ext]
+        # query j (position prefix + j) sees keys 0 .. prefix + j
+        visible = (
+            torch.arange(seq_len, device=q.device)[None, :]
+            <= (torch.arange(ext, device=q.device) + prefix)[:, None]
+        )
+        out = F.scaled_dot_product_attention(
+            qi.transpose(0, 1)[None],
+            k.transpose(0, 1)[None],
+            v.transpose(0, 1)[None],
+            attn_mask=visible[None, None],
+            scale=scaling,
+        )
+        outputs.append(out[0].transpose(0, 1))
+        start += ext
+    return torch.cat(outputs) if len(outputs) > 1 else outputs[0]

@@ -1,0 +1,311 @@
+"""DeepSeek V2 and V3 (`DeepseekV2ForCausalLM`: V2, V2-Lite, V2.5; `DeepseekV3ForCausalLM`:
+V3, R1 and the models built on them): multi-head latent attention (MLA) and a mixture of
+experts with shared experts.
+
+Attention (MLA): a token's keys and values are compressed into one latent
+(`kv_a_proj_with_mqa` then `kv_a_layernorm`: kv_lora_rank values) plus one rotated key part
+shared by the heads (qk_rope_head_dim values); the pool caches exactly those
+(mem_cache/mla_memory_pool.py). Prefill expands the latents into heads with `kv_b_proj`;
+decode folds its key half (W_UK) into the query and its value half (W_UV) after the attention
+(the "absorbed" form), so it reads only the latents (layers/mla.py). The query comes through a
+low-rank pair (`q_a_proj`, `q_a_layernorm`, `q_b_proj`: V3, V2) or one `q_proj` (V2-Lite).
+The rotary part is interleaved in the checkpoints (V2 always, V3 with `rope_interleave`):
+its pairs are de-interleaved before the rotation, in the query and in the cached key alike,
+which leaves every score as the reference computes it. YaRN's attention scale is in the
+softmax scale, as transformers applies it.
+
+MoE: layers from `first_k_dense_replace` on; a float32 router; V3's `noaux_tc` (sigmoid
+scores, the correction bias used to choose, not to weight; the best `topk_group` of `n_group`
+groups by the sum of their two best experts), V2's softmax `greedy` or `group_limited_greedy`;
+renormalised when `norm_topk_prob`, times `routed_scaling_factor`; plus the shared experts, a
+dense MLP of `n_shared_experts` x `moe_intermediate_size`, added to every token.
+
+Weights: bf16 checkpoints or FP8 ones with 128 x 128 block scales (`weight_scale_inv`, as
+published), dequantized at load and re-quantized per channel (layers/quantization/fp8.py).
+V3's multi-token-prediction layers (`model.layers.{num_hidden_layers}...`) are read and
+dropped. One GPU (no tensor parallelism yet); the KV cache in the model dtype.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import yarn_apply_mscale
+
+from radixserve.distributed.parallel_state import all_reduce, tp_size
+from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.layers.layernorm import RMSNorm
+from radixserve.layers.mla import mla_decode, mla_extend
+from radixserve.layers.moe.layer import FusedMoE
+from radixserve.layers.moe.routing import grouped_topk
+from radixserve.layers.quantization.base import QuantizationConfig, make_linear
+from radixserve.layers.quantization.fp8 import dequantize_rows
+from radixserve.layers.rotary_embedding import RotaryEmbedding
+from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+# the routing methods served (config.topk_method; V3 names none: noaux_tc)
+TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
+
+
+class UnsupportedDeepseekLayout(ValueError):
+    """A DeepSeek config whose layout this worker does not serve."""
+
+
+def check_layout(config: PretrainedConfig) -> None:
+    """Refuse what is not built, in one line each."""
+    method = getattr(config, "topk_method", None) or "noaux_tc"
+    if method not in TOPK_METHODS:
+        raise UnsupportedDeepseekLayout(
+            f"DeepSeek topk_method {method!r} is not supported; supported: {', '.join(TOPK_METHODS)}"
+        )
+    if getattr(config, "scoring_func", "sigmoid" if method == "noaux_tc" else "softmax") not in (
+        "sigmoid",
+        "softmax",
+    ):
+        raise UnsupportedDeepseekLayout(
+            f"DeepSeek scoring_func {config.scoring_func!r} is not supported"
+        )
+    if tp_size() > 1:
+        raise UnsupportedDeepseekLayout(
+            "DeepSeek (MLA) models are served on one GPU for now: --tp-size 1"
+        )
+    if getattr(config, "index_topk", None) or getattr(config, "index_n_heads", None):
+        raise UnsupportedDeepseekLayout(
+            "DeepSeek sparse attention (V3.2's indexer) is not supported"
+        )
+
+
+def _deinterleave(x: torch.Tensor) -> torch.Tensor:
+    """Pairs (x0, x1), (x2, x3), ... -> (x0, x2, ..., x1, x3, ...): the checkpoints'
+    interleaved rotary layout as the rotate-half rotation takes it."""
+    return torch.cat([x[..., 0::2], x[..., 1::2]], dim=-1)
+
+
+class DeepseekMLA(nn.Module):
+    """MLA with the latent KV cache; absorbed in decode, expanded in extend (module docstring)."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        quant: QuantizationConfig | None,
+    ) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = 1  # one latent row per token: what the pool and the runner size
+        self.qk_nope = config.qk_nope_head_dim
+        self.qk_rope = config.qk_rope_head_dim
+        self.v_head_dim = config.v_head_dim
+        self.kv_lora_rank = config.kv_lora_rank
+        self.q_lora_rank = config.q_lora_rank
+        qk_head_dim = self.qk_nope + self.qk_rope
+        hidden = config.hidden_size
+        bias = bool(getattr(config, "attention_bias", False))
+        if self.q_lora_rank is None:
+            self.q_proj = make_linear(hidden, self.num_heads * qk_head_dim, False, quant)
+        else:
+            self.q_a_proj = make_linear(hidden, self.q_lora_rank, bias, quant)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank)
+            self.q_b_proj = make_linear(
+                self.q_lora_rank, self.num_heads * qk_head_dim, False, quant
+            )
+        self.kv_a_proj_with_mqa = make_linear(hidden, self.kv_lora_rank + self.qk_rope, bias, quant)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank)
+        self.kv_b_proj = make_linear(
+            self.kv_lora_rank, self.num_heads * (self.qk_nope + self.v_head_dim), False, quant
+        )
+        self.o_proj = make_linear(self.num_heads * self.v_head_dim, hidden, bias, quant)
+        self.rotary = rotary
+        self.interleaved = bool(getattr(config, "rope_interleave", True))
+        params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+        self.scaling = yarn_apply_mscale(params, qk_head_dim**-0.5)
+        # kv_b_proj split per head for the absorbed decode, refreshed after every load (in
+        # place: captured graphs hold their addresses): W_UK [H, qk_nope, latent] and W_UV
+        # transposed, [H, latent, v_head_dim]
+        self.w_uk: torch.Tensor
+        self.w_uv: torch.Tensor
+        self.register_buffer(
+            "w_uk", torch.zeros(self.num_heads, self.qk_nope, self.kv_lora_rank), persistent=False
+        )
+        self.register_buffer(
+            "w_uv",
+            torch.zeros(self.num_heads, self.kv_lora_rank, self.v_head_dim),
+            persistent=False,
+        )
+
+    @torch.no_grad()
+    def absorb_weights(self) -> None:
+        """Split kv_b_proj (dequantized if FP8) into the decode's W_UK and W_UV."""
+        weight = self.kv_b_proj.weight
+        scale = getattr(self.kv_b_proj, "weight_scale", None)
+        dense = weight if scale is None else dequantize_rows(weight, scale, self.w_uk.dtype)
+        per_head = dense.view(self.num_heads, self.qk_nope + self.v_head_dim, self.kv_lora_rank)
+        self.w_uk.copy_(per_head[:, : self.qk_nope])
+        self.w_uv.copy_(per_head[:, self.qk_nope :].transpose(1, 2))
+
+    def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        kv = self.kv_b_proj(latent).view(-1, self.num_heads, self.qk_nope + self.v_head_dim)
+        return kv[..., : self.qk_nope], kv[..., self.qk_nope :]
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+        q = q.view(-1, self.num_heads, self.qk_nope + self.qk_rope)
+        q_nope, q_rope = q[..., : self.qk_nope], q[..., self.qk_nope :]
+        kv_a = self.kv_a_proj_with_mqa(hidden)
+        latent = self.kv_a_layernorm(kv_a[:, : self.kv_lora_rank].contiguous())
+        k_rope = kv_a[:, None, self.kv_lora_rank :]
+        if self.interleaved:
+            q_rope, k_rope = _deinterleave(q_rope), _deinterleave(k_rope)
+        q_rope, k_rope = self.rotary(positions, q_rope.contiguous(), k_rope.contiguous())
+        pool = forward_batch.token_to_kv_pool
+        pool.set_latent(self.layer_id, forward_batch.out_cache_loc, latent, k_rope[:, 0])
+        kv_buffer = pool.get_latent_buffer(self.layer_id)
+        if forward_batch.forward_mode.is_decode():
+            # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
+            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
+            q_absorbed = torch.cat([q_latent, q_rope], dim=-1)
+            out_latent = mla_decode(
+                q_absorbed, kv_buffer, forward_batch, self.kv_lora_rank, self.scaling
+            )
+            # W_UV after: [H, bs, latent] x [H, latent, v_head_dim]
+            out = torch.bmm(out_latent.transpose(0, 1), self.w_uv).transpose(0, 1)
+        else:
+            q_full = torch.cat([q_nope, q_rope], dim=-1)
+            out = mla_extend(
+                q_full, kv_buffer, forward_batch, self._expand, self.kv_lora_rank, self.scaling
+            )
+        return all_reduce(self.o_proj(out.reshape(-1, self.num_heads * self.v_head_dim)))
+
+
+class DeepseekRouter(nn.Module):
+    """The float32 router (`gate.weight`) and V3's correction bias, named as the checkpoints
+    name them."""
+
+    def __init__(self, config: PretrainedConfig, num_experts: int) -> None:
+        super().__init__()
+        self.method = getattr(config, "topk_method", None) or "noaux_tc"
+        self.weight = nn.Parameter(
+            torch.zeros(num_experts, config.hidden_size, dtype=torch.float32), requires_grad=False
+        )
+        self.e_score_correction_bias: nn.Parameter | None = None
+        if self.method == "noaux_tc":
+            self.e_score_correction_bias = nn.Parameter(
+                torch.zeros(num_experts, dtype=torch.float32), requires_grad=False
+            )
+        self.top_k = config.num_experts_per_tok
+        self.n_group = getattr(config, "n_group", None) or 1
+        self.topk_group = getattr(config, "topk_group", None) or 1
+        self.renormalize = bool(getattr(config, "norm_topk_prob", False))
+        self.scaling = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, H] -> (weights [T, top_k] float32, expert ids [T, top_k])."""
+        logits = torch.nn.functional.linear(x.float(), self.weight)
+        return grouped_topk(
+            logits,
+            self.top_k,
+            method=self.method,
+            n_group=self.n_group,
+            topk_group=self.topk_group,
+            correction_bias=self.e_score_correction_bias,
+            renormalize=self.renormalize,
+            scaling=self.scaling,
+        )
+
+
+class DeepseekMoE(nn.Module):
+    """Routed experts (FusedMoE, weighted by the router) plus the shared experts."""
+
+    def __init__(self, config: PretrainedConfig, quant: QuantizationConfig | None) -> None:
+        super().__init__()
+        num_experts = config.n_routed_experts
+        self.gate = DeepseekRouter(config, num_experts)
+        self.experts = FusedMoE(
+            num_experts,
+            config.num_experts_per_tok,
+            config.hidden_size,
+            config.moe_intermediate_size,
+            renormalize=False,
+            round_weights=False,
+            activation=getattr(config, "hidden_act", "silu"),
+            fp8=quant is not None and quant.quantize_experts,
+        )
+        shared = getattr(config, "n_shared_experts", 0) or 0
+        self.shared_experts = (
+            LlamaMLP(config, quant, config.moe_intermediate_size * shared) if shared else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts.forward_routed(x, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
+
+
+class DeepseekDecoderLayer(LlamaDecoderLayer):
+    """Llama's pre-norm layer with MLA and, from `first_k_dense_replace` on, the MoE."""
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        rotary: RotaryEmbedding,
+        quant: QuantizationConfig | None = None,
+    ) -> None:
+        nn.Module.__init__(self)
+        self.self_attn = DeepseekMLA(config, layer_id, rotary, quant)
+        if layer_id >= (getattr(config, "first_k_dense_replace", 0) or 0):
+            self.mlp: nn.Module = DeepseekMoE(config, quant)
+        else:
+            self.mlp = LlamaMLP(config, quant)
+        self.build_norms(config)
+
+
+class DeepseekModel(LlamaModel):
+    decoder_layer_cls = DeepseekDecoderLayer
+
+
+class DeepseekV2ForCausalLM(LlamaForCausalLM):
+    model_cls = DeepseekModel
+    # MLA's projections load whole (its q_proj is not a fused qkv's part)
+    stacked_params = (("gate_proj", "gate_up_proj", 0), ("up_proj", "gate_up_proj", 1))
+    expert_projections = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+
+    def __init__(self, config: PretrainedConfig, quant: QuantizationConfig | None = None) -> None:
+        check_layout(config)
+        super().__init__(config, quant)
+
+    @property
+    def mla_cache_dims(self) -> tuple[int, int]:
+        """(kv_lora_rank, qk_rope_head_dim): a token's latent row; the model runner builds the
+        latent pool (not K/V heads) for a model that has this."""
+        return self.config.kv_lora_rank, self.config.qk_rope_head_dim
+
+    def checkpoint_name(self, name: str) -> str | None:
+        """MTP layers (numbered from num_hidden_layers on) are read and dropped."""
+        if name.startswith("model.layers."):
+            layer = int(name.split(".", 3)[2])
+            if layer >= self.config.num_hidden_layers:
+                return None
+        return super().checkpoint_name(name)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(weights)
+        for layer in self.model.layers:
+            layer.self_attn.absorb_weights()
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    pass
