@@ -11,7 +11,12 @@ from collections.abc import Sequence
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixserve.frontend.detokenizer import IncrementalDetokenizer, StopStringTrimmer
+from radixserve.frontend.detokenizer import (
+    CONTEXT_TOKENS,
+    MAX_HELD_TOKENS,
+    IncrementalDetokenizer,
+    StopStringTrimmer,
+)
 
 
 class ByteTokenizer:
@@ -66,6 +71,31 @@ def test_invalid_bytes_are_flushed_at_the_end():
     detok = IncrementalDetokenizer(ByteTokenizer())
     assert detok.feed([0xF0, 0x9F]) == ""
     assert detok.feed([], final=True) == "\ufffd"
+
+
+def test_invalid_bytes_are_released_while_streaming_not_held_to_the_end():
+    detok = IncrementalDetokenizer(ByteTokenizer())
+    garbage = [0xFF] * 40  # never valid UTF-8, as a broken or random-weight model may emit
+    released = "".join(detok.feed([b]) for b in garbage)
+    assert released.count("\ufffd") >= len(garbage) - MAX_HELD_TOKENS - 1
+    assert (released + detok.feed([], final=True)) == "\ufffd" * len(garbage)
+
+
+def test_text_that_decodes_to_nothing_keeps_the_decode_window_bounded():
+    class CountingTokenizer(ByteTokenizer):
+        """Ids of 256 and up are special tokens: skipped, so they decode to nothing."""
+
+        longest = 0
+
+        def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+            self.longest = max(self.longest, len(ids))
+            return super().decode([i for i in ids if i < 256])
+
+    tok = CountingTokenizer()
+    detok = IncrementalDetokenizer(tok, prompt_ids=list(b"say: "))
+    out = [detok.feed([i]) for i in [*b"hi", *[300] * 500, *"é!".encode()]]
+    assert "".join(out) == "hié!"
+    assert tok.longest <= CONTEXT_TOKENS + MAX_HELD_TOKENS
 
 
 def test_prompt_context_keeps_the_leading_space_of_the_first_word():

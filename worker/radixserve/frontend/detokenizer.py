@@ -16,6 +16,10 @@ from typing import Protocol
 # Prompt tokens used as decoding context, enough for any tokenizer's merge of a leading space.
 CONTEXT_TOKENS = 6
 REPLACEMENT_CHAR = "\ufffd"
+# A character is at most 4 UTF-8 bytes and a token carries at least one, so text still partial
+# after this many held tokens is invalid bytes (a random or broken model): it is released with
+# its replacement characters rather than held, and re-decoded on every token, until the end.
+MAX_HELD_TOKENS = 8
 
 
 class Decoder(Protocol):
@@ -43,16 +47,37 @@ class IncrementalDetokenizer:
 
     def feed(self, new_ids: Sequence[int], final: bool = False) -> str:
         """Add tokens; return the text they complete (held back while a character is partial)."""
+        nothing_held = len(self._ids) == self._read_offset
         self._ids.extend(new_ids)
         prefix_text = self._decode(self._ids[self._prefix_offset : self._read_offset])
         full_text = self._decode(self._ids[self._prefix_offset :])
-        if len(full_text) <= len(prefix_text):
+        if nothing_held and full_text == prefix_text and new_ids:
+            # Tokens that decode to nothing (skipped special tokens, ids the tokenizer lacks)
+            # leave the window: a long run of them would otherwise make every later decode
+            # longer, quadratic in the output, and hold the stream's text back.
+            del self._ids[-len(new_ids) :]
             return ""
-        if full_text.endswith(REPLACEMENT_CHAR) and not final:
-            return ""
+        held = len(full_text) <= len(prefix_text) or full_text.endswith(REPLACEMENT_CHAR)
+        if held and not final:
+            if len(self._ids) - self._read_offset <= MAX_HELD_TOKENS:
+                return ""
+            return self._release_invalid(prefix_text)
         self._prefix_offset = self._read_offset
         self._read_offset = len(self._ids)
         return full_text[len(prefix_text) :]
+
+    def _release_invalid(self, prefix_text: str) -> str:
+        """Release held text up to the last point where it ends cleanly (or all of it)."""
+        end = len(self._ids)
+        for cut in range(end - 1, max(end - 4, self._read_offset), -1):
+            text = self._decode(self._ids[self._prefix_offset : cut])
+            if len(text) > len(prefix_text) and not text.endswith(REPLACEMENT_CHAR):
+                end = cut
+                break
+        text = self._decode(self._ids[self._prefix_offset : end])
+        self._prefix_offset = self._read_offset
+        self._read_offset = end
+        return text[len(prefix_text) :]
 
 
 class StopStringTrimmer:
