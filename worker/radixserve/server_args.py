@@ -122,6 +122,26 @@ class ServerArgs:
         False, "resolve each batch before forming the next (no overlap scheduling)"
     )
     tp_size: int = option(1, "tensor-parallel ranks (one GPU each)")
+    speculative_method: str | None = option(
+        None,
+        "speculative decoding: ngram (prompt lookup over the request's own prompt and output); "
+        "the target checks the proposed tokens in one pass, so the output is what it would be "
+        "without (default: off)",
+    )
+    speculative_num_tokens: int = option(
+        4, "tokens proposed per request and step (k); the verify step scores k + 1 positions"
+    )
+    speculative_ngram_min: int = option(
+        2, "ngram: the shortest suffix of the request's tokens that is looked up"
+    )
+    speculative_ngram_max: int = option(
+        5, "ngram: the longest suffix looked up (the longest match is tried first)"
+    )
+    speculative_max_batch_size: int = option(
+        16,
+        "speculate only while the running batch has at most this many requests: above it the "
+        "step is compute-bound and plain decode (CUDA graphs, overlap) is faster",
+    )
     max_queued_requests: int = option(
         1024, "requests waiting for admission before new ones get 429"
     )
@@ -239,6 +259,37 @@ class ServerArgs:
             raise ValueError("--scheduler-stall-timeout must be positive")
         if self.watchdog_timeout < 0:
             raise ValueError("--watchdog-timeout must not be negative (0 turns it off)")
+        self._check_speculative()
+        self._check_kv_events()
+
+    def _check_kv_events(self) -> None:
+        """KV events need the radix cache and real ZMQ endpoints."""
+        if self.kv_events_block_size < 1:
+            raise ValueError("--kv-events-block-size must be positive")
+        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            value = getattr(self, name)
+            if value is not None and "://" not in value:
+                raise ValueError(f"{flag_of(name)} must be a ZMQ endpoint such as tcp://*:5557")
+        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
+            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
+        if self.kv_events_endpoint and self.disable_radix_cache:
+            raise ValueError(
+                "--kv-events-endpoint needs the radix cache (no --disable-radix-cache)"
+            )
+
+    def _check_speculative(self) -> None:
+        """The speculative flags agree with each other (method, its model, its bounds)."""
+        method = self.speculative_method
+        if method is not None and method not in SPECULATIVE_METHODS:
+            raise ValueError(f"--speculative-method must be one of {SPECULATIVE_METHODS}")
+        if not 1 <= self.speculative_num_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"--speculative-num-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
+        if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
+            raise ValueError(
+                "--speculative-ngram-min must be positive and at most --speculative-ngram-max"
+            )
+        if self.speculative_max_batch_size < 1:
+            raise ValueError("--speculative-max-batch-size must be positive")
         self._check_kv_events()
 
     def _check_kv_events(self) -> None:
@@ -266,6 +317,9 @@ class ServerArgs:
 
 
 SECRET_FIELDS = ("api_key", "admin_api_key")
+# --speculative-method's values, and the most tokens one step may propose per request
+SPECULATIVE_METHODS = ("ngram",)
+MAX_SPECULATIVE_TOKENS = 16
 
 
 def static_choices() -> dict[str, tuple[str, ...]]:

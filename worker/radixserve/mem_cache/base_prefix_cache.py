@@ -37,6 +37,8 @@ class MatchResult:
 
     indices: torch.Tensor  # CPU int64 KV slots of the matched prefix (len = matched tokens)
     last_node: PrefixNode | None
+    # tokens past `indices` that a lower tier (host memory, disk) holds: `restore` brings them
+    restorable: int = 0
 
 
 def empty_slots() -> torch.Tensor:
@@ -97,6 +99,15 @@ class BasePrefixCache(ABC):
     @abstractmethod
     def total_size(self) -> int:
         """Tokens in the cache."""
+
+    def restore(self, key: list[int]) -> dict[str, int]:
+        """Bring the lower-tier part of `key`'s match (`MatchResult.restorable`) onto the
+        device; the tokens restored per tier. Only a tiered cache has lower tiers."""
+        return {}
+
+    def tier_report(self) -> dict[str, Any] | None:
+        """The lower tiers' usage and traffic since the last call (None: no lower tiers)."""
+        return None
 
     @abstractmethod
     def reset(self) -> None:

@@ -26,13 +26,15 @@ disable_created_metrics()
 
 PREFIX = "radixserve_"
 FINISH_REASONS = ("stop", "length", "abort", "error")
-FORWARD_MODES = ("prefill", "decode", "mixed")
+FORWARD_MODES = ("prefill", "decode", "mixed", "verify")
 
 LATENCY_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# tokens a verified request emits per step: accepted proposals + 1 (up to 16 + 1)
+ACCEPTANCE_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 17)
 BATCH_TOKENS_BUCKETS = (1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 METRICS_CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -109,6 +111,17 @@ class ServerMetrics:
         )
         for reason in FINISH_REASONS:
             self._requests.labels(model_name, reason)
+        self.spec_proposed_tokens = counter(
+            "spec_decode_proposed_tokens", "Tokens proposed by speculative decoding"
+        )
+        self.spec_accepted_tokens = counter(
+            "spec_decode_accepted_tokens", "Proposed tokens the verify step accepted"
+        )
+        self.spec_acceptance_length = histogram(
+            "spec_decode_acceptance_length",
+            "Tokens a request emits per verify step (accepted proposals + 1)",
+            buckets=ACCEPTANCE_LENGTH_BUCKETS,
+        )
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds", "Arrival to first generated token"
         )
@@ -170,6 +183,10 @@ class ServerMetrics:
         self.retractions.inc(stats.retractions)
         self.kv_events_published.inc(stats.kv_events_published)
         self.kv_events_dropped.inc(stats.kv_events_dropped)
+        self.spec_proposed_tokens.inc(stats.spec_proposed_tokens)
+        self.spec_accepted_tokens.inc(stats.spec_accepted_tokens)
+        for length in stats.spec_acceptance_lengths:
+            self.spec_acceptance_length.observe(length)
         for mode, batch_size, batch_tokens, seconds in stats.steps:
             self._batch_size.labels(self._model_name, mode).observe(batch_size)
             self._batch_tokens.labels(self._model_name, mode).observe(batch_tokens)

@@ -24,5 +24,10 @@ class SchedulerStats:
     retractions: int = 0
     kv_events_published: int = 0  # KV events sent (--kv-events-endpoint)
     kv_events_dropped: int = 0  # cache updates dropped: the publisher's queue was full
+    # speculative decoding since the last report: tokens proposed and accepted, and the tokens
+    # each verified request emitted per step (accepted + 1)
+    spec_proposed_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_acceptance_lengths: list[int] = field(default_factory=list)
     # (mode label, batch size, batch tokens, seconds) for each forward step since last report
     steps: list[tuple[str, int, int, float]] = field(default_factory=list)

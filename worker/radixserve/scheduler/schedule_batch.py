@@ -308,6 +308,28 @@ class ScheduleBatch:
         self.out_cache_loc = slots
         self.extend_lens, self.prefix_lens = [], []
 
+    def prepare_for_verify(self, drafts: list[list[int]]) -> None:
+        """A verify step (speculative decoding): each request's last token and its proposed
+        tokens `drafts[i]`, an extend over its cached tokens with KV slots for all of them.
+        The scheduler gives back the slots of the proposals the step rejects."""
+        self.forward_mode = ForwardMode.VERIFY
+        lens = [1 + len(d) for d in drafts]
+        ids: list[int] = []
+        for req, draft in zip(self.reqs, drafts, strict=True):
+            assert req.future_id is None, "a verify step needs its requests' tokens on the host"
+            ids += [req.output_ids[-1], *draft]
+        self.input_ids = torch.tensor(ids, dtype=torch.int64)
+        slots = self.alloc_token_slots(sum(lens))
+        rows = [r.req_pool_idx for r in self.reqs]
+        self.req_to_token_pool.write_batch(
+            rows, [r.kv_len for r in self.reqs], list(slots.split(lens))
+        )
+        self.prefix_lens = [r.kv_len for r in self.reqs]
+        self.extend_lens = lens
+        for req, n in zip(self.reqs, lens, strict=True):
+            req.kv_len += n
+        self.out_cache_loc = slots
+
     # -- membership --------------------------------------------------------------------------
     def filter_batch(self, keep_indices: list[int]) -> None:
         if len(keep_indices) == len(self.reqs):
@@ -326,7 +348,7 @@ class ScheduleBatch:
     # -- hand-off ----------------------------------------------------------------------------
     def get_model_worker_batch(self) -> ModelWorkerBatch:
         seq_lens = [r.kv_len for r in self.reqs]
-        extend = self.forward_mode.is_extend()
+        extend = self.forward_mode.is_extend() or self.forward_mode.is_verify()
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
             input_ids=self.input_ids,

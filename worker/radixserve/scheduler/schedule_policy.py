@@ -92,6 +92,8 @@ class PrefillAdder:
         self.rem_chunk_tokens = chunked_prefill_size
         self.can_run_list: list[Req] = []
         self.new_chunked_req: Req | None = None
+        # a restore from a lower KV tier evicted or split nodes: later requests match again
+        self.cache_changed = False
 
     def _future_tokens(self, req: Req) -> int:
         left = req.sampling_params.max_new_tokens - len(req.output_ids)
@@ -117,6 +119,8 @@ class PrefillAdder:
             return AddResult.OTHER
         if req.extend_input_len > self.rem_input_tokens and self.can_run_list:
             return AddResult.OTHER
+        if req.restorable_tokens:
+            self._restore(req)
         # the whole prompt must fit, also when it is prefilled in chunks: a chunked prompt
         # cannot give back what it holds, and with nothing evictable its next chunk would
         # find no slots (computed before the lock: what the request's parameters can break
@@ -140,6 +144,17 @@ class PrefillAdder:
         if self.new_chunked_req is not None or self.rem_input_tokens <= 0:
             return AddResult.OTHER
         return AddResult.CONTINUE
+
+    def _restore(self, req: Req) -> None:
+        """Copy the request's prefix back from the host (or disk) tier when it would fit:
+        restoring takes as many device slots as computing those tokens would."""
+        if req.extend_input_len + self._future_tokens(req) > self.rem_total_tokens:
+            return
+        restored = self.tree_cache.restore(req.fill_ids[: len(req.fill_ids) - 1])
+        for tier, n in restored.items():
+            req.restored_tokens[tier] = req.restored_tokens.get(tier, 0) + n
+        self.cache_changed = True
+        req.init_next_round_input(self.tree_cache)
 
     def _chunk_of(self, req: Req) -> int:
         return min(req.extend_input_len, self.rem_chunk_tokens)

@@ -57,6 +57,7 @@ from radixserve.model_executor.pooler import finish_embedding
 from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
 from radixserve.scheduler.scheduler_stats import SchedulerCounters
+from radixserve.speculative.speculator import Speculator, build_proposer
 
 if TYPE_CHECKING:
     import torch
@@ -192,6 +193,12 @@ class Scheduler:
         self.outputs: list[ReqOutput] = []
         self.new_token_ratio = server_args.new_token_ratio
         self.counters = SchedulerCounters()
+        # speculative decoding (off: None, and the decode path is untouched)
+        self.speculator = (
+            Speculator(server_args, build_proposer(server_args), self.context_len)
+            if server_args.speculative_method is not None
+            else None
+        )
         self.kv_events: KVEventPublisher | None = None
 
     def publish_kv_events(self, publisher: KVEventPublisher) -> None:
@@ -402,6 +409,8 @@ class Scheduler:
             "gpu_decode_busy_ms": self.worker.timeline.decode_busy_ms,
             "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
             "matmul_parameters": self.model.matmul_parameters,
+            "speculative_method": self.server_args.speculative_method,
+            **(self.speculator.info() if self.speculator is not None else {}),
         }
 
     def kv_usage(self) -> float:
@@ -441,6 +450,10 @@ class Scheduler:
         """
         if self.polls_grammars and self.grammar_queue:
             self.admit_grammars(self.ready_grammar_rids())
+        if self.in_flight is not None and self._proposals_need_tokens():
+            # a proposer reads the requests' tokens: the batch in flight is resolved first
+            previous, self.in_flight = self.in_flight, None
+            self._resolve(previous)
         batch = self.get_next_batch_to_run()
         launched = self._launch(batch) if batch is not None else None
         # constrained rows: their masks are filled once their grammars have accepted the
@@ -462,6 +475,17 @@ class Scheduler:
         if batch is None:
             self.worker.timeline.mark_idle()
         return batch is not None or previous is not None
+
+    def _proposals_need_tokens(self) -> bool:
+        """Whether the next step may speculate, so that the in-flight batch must be resolved
+        before it forms: the proposals continue the requests' last tokens, and a verify step's
+        rejected KV is given back on resolving it. Speculation off, or a batch too large to
+        speculate, keeps overlap."""
+        if self.speculator is None:
+            return False
+        flight = self.in_flight
+        joining = len(flight.reqs) if flight.mode.is_extend() else 0
+        return flight.mode.is_verify() or self.speculator.active(len(self.running_batch) + joining)
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
@@ -709,20 +733,57 @@ class Scheduler:
             self.new_token_ratio = max(
                 self.server_args.new_token_ratio, self.new_token_ratio - RATIO_DECAY_PER_STEP
             )
-        batch.prepare_for_decode()
+        drafts = None
+        if self.speculator is not None:
+            spare = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
+            drafts = self.speculator.plan(batch.reqs, spare - len(batch))
+        if drafts is not None:
+            batch.prepare_for_verify(drafts)
+        else:
+            batch.prepare_for_decode()
         return batch
 
     # -- results -----------------------------------------------------------------------------
     def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
-        token = result.next_token_ids[i]
+        if result.verified is not None:
+            self._append_verified(req, result, i)
+            return
+        top = result.top_logprobs[i] if result.top_logprobs else []
+        logprob = result.logprobs[i] if result.logprobs is not None else None
+        self._take_token(req, result.next_token_ids[i], logprob, top)
+
+    def _append_verified(self, req: Req, result: GenerationBatchResult, i: int) -> None:
+        """A verify step's tokens for row i, each with its stop checks: a request that stops
+        midway takes no more of them. The KV slots past what the request keeps (rejected
+        proposals, and those after a stop) go back to the allocator."""
+        tokens = result.verified[i]
+        logprobs = result.verified_logprobs[i] if result.verified_logprobs else None
+        tops = result.verified_top_logprobs[i] if result.verified_top_logprobs else None
+        emitted = 0
+        for j, token in enumerate(tokens):
+            logprob = logprobs[j] if logprobs is not None else None
+            self._take_token(req, token, logprob, tops[j] if tops else [])
+            emitted += 1
+            req.check_finished(self.context_len, self.model.tokenizer)
+            if req.finished():
+                break
+        kept = self.speculator.settle(req, emitted, len(tokens) - 1)
+        if kept < req.kv_len:
+            row = self.worker.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
+            self.worker.allocator.free(row[kept:])
+            req.kv_len = kept
+
+    def _take_token(
+        self, req: Req, token: int, logprob: float | None, top: list[tuple[int, float]]
+    ) -> None:
+        """Append one sampled token: its grammar accepts it, its logprobs are queued."""
         req.output_ids.append(token)
         if req.grammar is not None and not req.grammar.accept_token(token):
             # the mask allowed only what the grammar accepts: this is an engine bug
             logger.error("request %s: its grammar rejected sampled token %d", req.rid, token)
             req.finished_reason = {"type": "error", "message": "the grammar rejected a token"}
-        if req.return_logprob and result.logprobs is not None:
-            top = result.top_logprobs[i] if result.top_logprobs else []
-            req.pending_logprobs.append(TokenLogprob(token, result.logprobs[i], list(top or [])))
+        if req.return_logprob and logprob is not None:
+            req.pending_logprobs.append(TokenLogprob(token, logprob, list(top or [])))
 
     def _add_pooled(self, req: Req, row: torch.Tensor) -> None:
         """A pass's pooled row for a pooling request: the sum so far under mean pooling (a
@@ -790,6 +851,8 @@ class Scheduler:
         return outputs
 
     def pop_stats(self) -> SchedulerStats:
+        if self.speculator is not None:
+            self.counters.count_speculation(self.speculator.counters.pop())
         stats = self.counters.pop(
             running=len(self.running_batch) + (1 if self.chunked_req else 0),
             queued=len(self.waiting_queue) + len(self.grammar_queue),

@@ -11,6 +11,7 @@ from collections import deque
 from typing import Any
 
 from radixserve.metrics.stats import SchedulerStats
+from radixserve.speculative.speculator import SpecCounters
 
 # prefix cache hit rate gauge: over the prompts of the last this many admitted requests
 HIT_RATE_WINDOW = 256
@@ -23,7 +24,12 @@ class SchedulerCounters:
         self.prefix_cache_query_tokens = 0
         self.prefix_cache_hit_tokens = 0
         self.computed_prefill_tokens = 0
-        self.forward_steps_by_mode: dict[str, int] = {"prefill": 0, "decode": 0, "mixed": 0}
+        self.forward_steps_by_mode: dict[str, int] = {
+            "prefill": 0,
+            "decode": 0,
+            "mixed": 0,
+            "verify": 0,
+        }
         # the last HIT_RATE_WINDOW lookups and their running sums (a report reads the rate
         # after every step that ran: no re-summing of the window each time)
         self._hit_window: deque[tuple[int, int]] = deque()
@@ -34,6 +40,7 @@ class SchedulerCounters:
         self._query_delta = 0
         self._hit_delta = 0
         self._retraction_delta = 0
+        self._spec = SpecCounters()
 
     def count_prefix_lookup(self, query_tokens: int, hit_tokens: int) -> None:
         """A request's first admission: its prompt looked up in the prefix cache."""
@@ -60,6 +67,14 @@ class SchedulerCounters:
         self.forward_steps_by_mode[mode] += 1
         self._steps.append((mode, batch_size, tokens, seconds))
 
+    def count_speculation(self, counters: SpecCounters) -> None:
+        """Verify-step outcomes (the speculator's, popped) for the next report."""
+        self._spec = SpecCounters(
+            self._spec.proposed_tokens + counters.proposed_tokens,
+            self._spec.accepted_tokens + counters.accepted_tokens,
+            self._spec.acceptance_lengths + counters.acceptance_lengths,
+        )
+
     def hit_rate(self) -> float:
         queries = self._window_queries
         return self._window_hits / queries if queries else 0.0
@@ -84,7 +99,11 @@ class SchedulerCounters:
             prefix_cache_hits_tokens=self._hit_delta,
             retractions=self._retraction_delta,
             steps=self._steps,
+            spec_proposed_tokens=self._spec.proposed_tokens,
+            spec_accepted_tokens=self._spec.accepted_tokens,
+            spec_acceptance_lengths=self._spec.acceptance_lengths,
         )
+        self._spec = SpecCounters()
         self._steps = []
         self._query_delta = self._hit_delta = self._retraction_delta = 0
         return stats

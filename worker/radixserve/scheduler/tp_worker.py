@@ -24,6 +24,7 @@ from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ForwardOutput, ModelRunner
 from radixserve.model_loader.loader import ModelSource
 from radixserve.server_args import ServerArgs
+from radixserve.speculative.verify import verify
 
 
 @dataclass
@@ -31,6 +32,11 @@ class GenerationBatchResult:
     next_token_ids: list[int]
     logprobs: list[float] | None
     top_logprobs: list[list[tuple[int, float]]] | None
+    # a verify step: per row, the tokens it emits (the kept proposals and the target's next),
+    # and their logprobs when asked for; next_token_ids is then each row's first token
+    verified: list[list[int]] | None = None
+    verified_logprobs: list[list[float]] | None = None
+    verified_top_logprobs: list[list[list[tuple[int, float]]]] | None = None
     # an embed or rerank model's pass: its rows' pooled outputs (model_executor/pooler.py), on
     # the host, float32
     pooled: torch.Tensor | None = None
@@ -49,6 +55,8 @@ class PendingBatchResult:
         self._ids: torch.Tensor | None = None
         self._logprobs: torch.Tensor | None = None
         self._top_logprobs: list[list[tuple[int, float]]] | None = None
+        self._num_accepted: torch.Tensor | None = None  # a verify step's, per row
+        self._verified_top: list[list[list[tuple[int, float]]]] | None = None
         self._pooled: torch.Tensor | None = None
         # the forward's output (its batch's sampling info with it), kept until the deferred
         # sampling launches
@@ -76,15 +84,48 @@ class PendingBatchResult:
         if self.done is not None:
             self.done.record()
 
+    def set_verified(
+        self,
+        tokens: torch.Tensor,
+        num_accepted: torch.Tensor,
+        logprobs: torch.Tensor | None,
+        top_logprobs: list[list[list[tuple[int, float]]]] | None,
+    ) -> None:
+        """A verify step's outcome (speculative/verify.py): `[bs, K + 1]` tokens and logprobs,
+        `[bs]` proposals kept."""
+        pinned = tokens.device.type == "cuda"
+        self._num_accepted = num_accepted.to("cpu", non_blocking=pinned)
+        self._verified_top = top_logprobs
+        self.set_tokens(tokens, logprobs, None)
+
     def resolve(self) -> GenerationBatchResult:
         assert self._ids is not None, "the batch's sampling was never launched"
         if self.done is not None:
             self.done.synchronize()
+        if self._num_accepted is not None:
+            return self._resolve_verified()
         return GenerationBatchResult(
             next_token_ids=self._ids.tolist(),
             logprobs=self._logprobs.tolist() if self._logprobs is not None else None,
             top_logprobs=self._top_logprobs,
             pooled=self._pooled,
+        )
+
+    def _resolve_verified(self) -> GenerationBatchResult:
+        counts = [m + 1 for m in self._num_accepted.tolist()]
+        tokens = [row[:n] for row, n in zip(self._ids.tolist(), counts, strict=True)]
+        logprobs = top = None
+        if self._logprobs is not None:
+            logprobs = [row[:n] for row, n in zip(self._logprobs.tolist(), counts, strict=True)]
+        if self._verified_top is not None:
+            top = [row[:n] for row, n in zip(self._verified_top, counts, strict=True)]
+        return GenerationBatchResult(
+            next_token_ids=[row[0] for row in tokens],
+            logprobs=None,
+            top_logprobs=None,
+            verified=tokens,
+            verified_logprobs=logprobs,
+            verified_top_logprobs=top,
         )
 
 
@@ -172,6 +213,12 @@ class ModelWorker:
         out = runner.forward(batch, future)
         pending = PendingBatchResult(future, started)
         info = batch.sampling_info
+        if batch.forward_mode.is_verify():
+            if info.has_grammars:
+                pending.deferred = out
+            else:
+                self._verify(out, pending)
+            return pending
         if out.greedy_ids is not None and info.is_plain_greedy and not batch.return_logprob:
             # the graph picked these and put them in the ring; identical on every rank (the
             # logits are), so there is nothing to sample, broadcast or store
@@ -191,7 +238,30 @@ class ModelWorker:
         assert pending.deferred is not None
         out, pending.deferred = pending.deferred, None
         out.forward_batch.sampling_info.update_grammar_mask()
-        self._sample(out, pending)
+        if out.forward_batch.forward_mode.is_verify():
+            self._verify(out, pending)
+        else:
+            self._sample(out, pending)
+
+    def _verify(self, out: ForwardOutput, pending: PendingBatchResult) -> None:
+        """Accept a verify step's proposals (speculative/verify.py); rank 0's outcome is every
+        rank's, as sampled tokens are."""
+        batch = out.forward_batch
+        info = batch.sampling_info
+        result = verify(
+            out.logits,
+            batch.input_ids,
+            [n - 1 for n in batch.extend_seq_lens_cpu],
+            info,
+            batch.return_logprob,
+            batch.top_logprobs_nums,
+        )
+        broadcast_from_first(result.tokens)
+        broadcast_from_first(result.num_accepted)
+        info.update_with_new_tokens(result.tokens[:, 0], result.num_accepted + 1)
+        pending.set_verified(
+            result.tokens, result.num_accepted, result.logprobs, result.top_logprobs
+        )
 
     def _sample(self, out: ForwardOutput, pending: PendingBatchResult) -> None:
         runner = self.model_runner

@@ -1,0 +1,124 @@
+"""The KV tiers on a real model (random tiny Llama, float32 on the CPU).
+
+- A multi-turn workload whose prefixes are several times the device pool: the host tier gets
+  at least twice the prefix-hit tokens of the same worker without it, and the greedy outputs
+  are identical (and transformers' own).
+- A restarted worker with the disk tier finds its old prefixes: in process, and as a real
+  server whose first repeated prompt reports cached_tokens in its usage.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import time
+import urllib.request
+
+import pytest
+from engine_harness import greedy, hf_greedy, make_scheduler, run_to_completion
+
+from radixserve.bench.server_process import ServerProcess
+from radixserve.model_loader.loader import build_hf_reference, load_model_source
+
+POOL = 128  # device KV tokens
+SESSIONS = 6
+TURNS = 4
+NEW = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    source = load_model_source("random:tiny-llama", device="cpu")
+    return source, build_hf_reference(source)
+
+
+def multi_turn(scheduler, vocab: int, seed: int = 0) -> tuple[list[list[int]], int, list]:
+    """Sessions taking turns round-robin: each turn's prompt is the whole conversation so far
+    plus 8 new user tokens. Returns every turn's output, the prefix-hit tokens, the contexts."""
+    rng = random.Random(seed)
+    contexts = [[rng.randrange(vocab) for _ in range(24)] for _ in range(SESSIONS)]
+    outputs, hits = [], 0
+    for _ in range(TURNS):
+        for s in range(SESSIONS):
+            contexts[s] = contexts[s] + [rng.randrange(vocab) for _ in range(8)]
+            result = run_to_completion(scheduler, [contexts[s]], greedy(NEW))["r0"]
+            outputs.append(result["ids"])
+            hits += result["cached"]
+            contexts[s] = contexts[s] + result["ids"]
+    return outputs, hits, contexts
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_host_tier_doubles_prefix_hits_with_identical_outputs(tiny_llama, policy):
+    source, hf = tiny_llama
+    vocab = source.config.vocab_size
+    without = make_scheduler("random:tiny-llama", source, max_total_tokens=POOL)
+    base_outputs, base_hits, contexts = multi_turn(without, vocab)
+    assert sum(len(c) for c in contexts) >= 3 * POOL  # the prefixes are 3x the pool
+    tiered = make_scheduler(
+        "random:tiny-llama",
+        source,
+        max_total_tokens=POOL,
+        kv_host_memory=0.01,
+        kv_write_policy=policy,
+    )
+    outputs, hits, _ = multi_turn(tiered, vocab)
+    assert outputs == base_outputs
+    assert hits >= 2 * base_hits and hits > 0
+    by_tier = tiered.get_server_info()["prefix_cache_hit_tokens_by_tier"]
+    assert by_tier["host"] > 0
+    # the last turn of a session is transformers' own greedy continuation
+    last = contexts[0][:-NEW]
+    assert outputs[-SESSIONS] == hf_greedy(hf, last, NEW)
+    info = tiered.get_server_info()
+    assert info["protected_size"] == 0
+
+
+def test_disk_tier_survives_a_restart_in_process(tiny_llama, tmp_path):
+    source, _ = tiny_llama
+    rng = random.Random(7)
+    prompt = [rng.randrange(source.config.vocab_size) for _ in range(150)]
+    tiers = {"kv_host_memory": 0.01, "kv_disk_path": str(tmp_path), "kv_disk_size": 0.01}
+    first = make_scheduler("random:tiny-llama", source, max_total_tokens=POOL * 4, **tiers)
+    before = run_to_completion(first, [prompt], greedy(NEW))["r0"]
+    first.tree_cache.disk.close()
+    second = make_scheduler("random:tiny-llama", source, max_total_tokens=POOL * 4, **tiers)
+    after = run_to_completion(second, [prompt], greedy(NEW))["r0"]
+    second.tree_cache.disk.close()
+    assert after["ids"] == before["ids"]
+    assert after["cached"] == 128  # two whole 64-token blocks of the 149 matched
+    assert second.get_server_info()["prefix_cache_hit_tokens_by_tier"]["disk"] == 128
+
+
+def _complete(server: ServerProcess, prompt: list[int]) -> dict:
+    body = {"model": "random:tiny-llama", "prompt": prompt, "max_tokens": 4, "temperature": 0}
+    request = urllib.request.Request(
+        server.base_url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as reply:
+        return json.loads(reply.read())
+
+
+@pytest.mark.slow
+def test_a_restarted_server_answers_from_its_disk_tier(tmp_path):
+    prompt = [random.Random(3).randrange(1, 250) for _ in range(200)]
+    disk = tmp_path / "kv"
+    args = ["--model", "random:tiny-llama", "--max-total-tokens", "512"]
+    args += ["--kv-host-memory", "0.01", "--kv-disk-path", str(disk), "--kv-disk-size", "0.01"]
+    with ServerProcess(args, log_path=tmp_path / "first.log") as server:
+        first = _complete(server, prompt)
+        assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+        deadline = time.monotonic() + 20
+        while len(list(disk.rglob("*.kv"))) < 3 and time.monotonic() < deadline:
+            time.sleep(0.1)  # the writer thread: three whole blocks of the 200 tokens
+    with ServerProcess(args, log_path=tmp_path / "second.log") as server:
+        second = _complete(server, prompt)
+        _, metrics = server.get("/metrics")
+    assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+    assert second["choices"][0]["text"] == first["choices"][0]["text"]
+    assert (
+        'radixserve_prefix_cache_hits_tokens_total{model_name="random:tiny-llama",tier="disk"}'
+        in metrics.decode()
+    )

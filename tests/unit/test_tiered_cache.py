@@ -1,0 +1,252 @@
+"""The three-tier radix cache (device, host, disk) under a hypothesis state machine.
+
+Every token's KV in the test pool is a value computed from its whole prefix (as a model's is),
+so a slot served from any tier can be checked against what recomputation would write. Rules:
+requests run (match, restore, lock, compute the rest, finish), device eviction (writing back
+to the host), a restart of the worker over the same disk directory. Invariants: no slot is
+both free and held, or held twice; a node lives on the device, the host or both, and each
+copy holds the right values; device nodes form a subtree from the root; sizes add up.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import zlib
+
+import pytest
+import torch
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from tests.unit.test_radix_cache import FakeReq
+
+from radixserve.mem_cache.allocator import TokenSlotAllocator
+from radixserve.mem_cache.disk_store import DiskKVStore, fingerprint_of
+from radixserve.mem_cache.host_pool import HostKVPool
+from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixserve.mem_cache.tiered_cache import TieredRadixCache
+
+DEVICE_SLOTS = 24
+HOST_SLOTS = 40
+ROWS = 3
+CONTEXT = 24
+BLOCK = 4
+
+
+def kv_of(prefix: list[int]) -> float:
+    """The 'KV' of the last token of `prefix`: a function of the whole prefix, exact in fp32."""
+    return float(zlib.crc32(bytes(prefix)) % (1 << 20))
+
+
+class TieredCacheMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.disk_dir = tempfile.mkdtemp(prefix="kvdisk-")
+        self.restarts = 0
+        self._start()
+
+    def _start(self) -> None:
+        self.kv_pool = TokenToKVPool(DEVICE_SLOTS, 1, 1, 2, torch.float32, "cpu")
+        self.req_pool = ReqToTokenPool(ROWS, CONTEXT, "cpu")
+        self.allocator = TokenSlotAllocator(DEVICE_SLOTS)
+        self.host = HostKVPool(self.kv_pool, HOST_SLOTS)
+        fp = fingerprint_of(model="test", block=BLOCK)
+        self.disk = DiskKVStore(self.disk_dir, 10 * BLOCK * 16 * 4, fp, block_tokens=BLOCK)
+        self.cache = TieredRadixCache(
+            self.req_pool, self.allocator, self.host, "write_back", self.disk
+        )
+        self.running: list[FakeReq] = []
+
+    def teardown(self) -> None:
+        self.disk.close()
+        shutil.rmtree(self.disk_dir, ignore_errors=True)
+
+    # --- the scheduler's steps ---------------------------------------------------------------
+
+    def _write_kv(self, slots: torch.Tensor, tokens: list[int], start: int) -> None:
+        values = torch.tensor([kv_of(tokens[: start + i + 1]) for i in range(slots.numel())])
+        k = values.view(-1, 1, 1).expand(-1, 1, 2).contiguous()
+        self.kv_pool.set_kv_buffer(0, slots, k, -k)
+
+    @rule(
+        tokens=st.lists(st.integers(0, 2), min_size=2, max_size=CONTEXT),
+        finish=st.booleans(),
+    )
+    def run_request(self, tokens: list[int], finish: bool) -> None:
+        rows = self.req_pool.alloc(1)
+        if rows is None:
+            return
+        key = tokens[:-1]
+        match = self.cache.match_prefix(key)
+        if match.restorable:
+            restored = self.cache.restore(key)
+            assert sum(restored.values()) in (0, match.restorable)
+            match = self.cache.match_prefix(key)
+            if sum(restored.values()):
+                assert match.restorable == 0
+        prefix = match.indices
+        self._check_values(prefix, tokens, 0)
+        self.cache.inc_lock_ref(match.last_node)
+        need = len(tokens) - prefix.numel()
+        if self.allocator.available_size() < need:
+            self.cache.evict(need - self.allocator.available_size())
+        new = self.allocator.alloc(need)
+        if new is None:
+            self.cache.dec_lock_ref(match.last_node)
+            self.req_pool.free(rows)
+            return
+        self._write_kv(new, tokens, prefix.numel())
+        self.req_pool.write(rows[0], 0, torch.cat([prefix, new]))
+        req = FakeReq(
+            rows[0], tokens, kv_len=len(tokens), prefix_indices=prefix, last_node=match.last_node
+        )
+        if finish:
+            self.cache.cache_finished_req(req)
+            self.disk.flush()
+        else:
+            self.running.append(req)
+
+    @rule(i=st.integers(0, ROWS - 1))
+    def finish_running(self, i: int) -> None:
+        if self.running:
+            req = self.running.pop(i % len(self.running))
+            self.cache.cache_finished_req(req)
+            self.disk.flush()
+
+    @rule(n=st.integers(1, DEVICE_SLOTS))
+    def evict(self, n: int) -> None:
+        self.cache.evict(n)
+
+    @rule()
+    def restart(self) -> None:
+        """A new worker over the same disk directory: only the disk tier survives."""
+        for req in self.running:
+            self.cache.release_req(req)
+        self.disk.close()
+        self.restarts += 1
+        self._start()
+
+    # --- invariants ------------------------------------------------------------------------
+
+    def _check_values(self, slots: torch.Tensor, tokens: list[int], start: int) -> None:
+        if slots.numel() == 0:
+            return
+        k, v = self.kv_pool.read_kv(0, slots, torch.float32)
+        want = torch.tensor([kv_of(tokens[: start + i + 1]) for i in range(slots.numel())])
+        assert torch.equal(k[:, 0, 0], want), "a served slot holds another prefix's KV"
+        assert torch.equal(v[:, 0, 1], -want)
+
+    @invariant()
+    def slots_add_up(self) -> None:
+        cache = self.cache
+        held = cache.all_values()
+        own = [
+            self.req_pool.read(r.req_pool_idx, r.kv_len)[r.prefix_indices.numel() :]
+            for r in self.running
+        ]
+        everything = torch.cat([held, self.allocator.free_slots(), *own])
+        assert everything.numel() == DEVICE_SLOTS, "a device slot leaked or is held twice"
+        assert torch.unique(everything).numel() == DEVICE_SLOTS
+        host_held = cache.all_host_values()
+        host_all = torch.cat([host_held, self.host.allocator.free_slots()])
+        assert host_all.numel() == HOST_SLOTS and torch.unique(host_all).numel() == HOST_SLOTS
+        assert cache.host_size() == host_held.numel()
+        assert cache.evictable_size() + cache.protected_size() == held.numel()
+
+    @invariant()
+    def nodes_are_placed_and_exact(self) -> None:
+        cache = self.cache
+        protected = 0
+        stack = [(child, []) for child in cache.root_node.children.values()]
+        while stack:
+            node, above = stack.pop()
+            path = above + node.key
+            start = len(above)
+            assert node.value is not None or node.host_value is not None, "a node with no KV"
+            if node.value is not None:
+                assert node.parent is cache.root_node or node.parent.value is not None
+                self._check_values(node.value, path, start)
+                if node.lock_ref:
+                    protected += len(node.key)
+            if node.host_value is not None:
+                data = self.host.buffer[node.host_value].view(torch.float32)
+                want = torch.tensor([kv_of(path[: start + i + 1]) for i in range(len(node.key))])
+                assert torch.equal(data[:, 0], want), "a host copy holds another prefix's KV"
+            stack.extend((c, path) for c in node.children.values())
+        assert protected == cache.protected_size()
+
+
+TestTieredCache = TieredCacheMachine.TestCase
+TestTieredCache.settings = settings(max_examples=60, stateful_step_count=30, deadline=None)
+
+
+def test_a_host_hit_is_restored_and_counted() -> None:
+    machine = TieredCacheMachine()
+    try:
+        machine.run_request([1, 2, 1, 2, 1, 2, 1, 2, 0], finish=True)
+        machine.cache.evict(DEVICE_SLOTS)  # everything to the host
+        assert machine.cache.evictable_size() == 0 and machine.cache.host_size() == 9
+        match = machine.cache.match_prefix([1, 2, 1, 2, 1, 2, 1])
+        assert match.indices.numel() == 0 and match.restorable == 7
+        assert machine.cache.restore([1, 2, 1, 2, 1, 2, 1]) == {"host": 7, "disk": 0}
+        machine._check_values(
+            machine.cache.match_prefix([1, 2, 1, 2, 1, 2, 1]).indices, [1, 2, 1, 2, 1, 2, 1], 0
+        )
+        report = machine.cache.tier_report()
+        assert report["restored"]["host"] == 7 * machine.host.bytes_per_token
+    finally:
+        machine.teardown()
+
+
+def test_a_restart_finds_disk_blocks_and_ignores_corrupt_ones() -> None:
+    machine = TieredCacheMachine()
+    try:
+        tokens = [0, 1, 2, 0, 1, 2, 0, 1, 2, 2]
+        machine.run_request(tokens, finish=True)
+        machine.restart()
+        key = tokens[:-1]
+        assert machine.cache.match_prefix(key).restorable == 8  # two whole blocks of 4
+        # corrupt the second block: the first is served, the second deleted
+        names = machine.disk.block_names(key)
+        path = machine.disk.dir / f"{names[1]}.kv"
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        assert machine.cache.restore(key) == {"host": 0, "disk": 4}
+        assert not path.exists()
+        machine._check_values(machine.cache.match_prefix(key).indices, key, 0)
+    finally:
+        machine.teardown()
+
+
+def test_a_foreign_fingerprint_is_not_served(tmp_path) -> None:
+    pool = TokenToKVPool(8, 1, 1, 2, torch.float32, "cpu")
+    data = torch.zeros((BLOCK, HostKVPool(pool, 4).bytes_per_token), dtype=torch.uint8)
+    mine = DiskKVStore(tmp_path, 1 << 20, fingerprint_of(model="a"), block_tokens=BLOCK)
+    names = mine.block_names([1, 2, 3, 4])
+    mine.submit(names[0], mine.fingerprint, [1, 2, 3, 4], data)
+    mine.close()
+    other = DiskKVStore(tmp_path, 1 << 20, fingerprint_of(model="b"), block_tokens=BLOCK)
+    assert not other.contains(names[0])
+    # even a file copied into its directory is refused: the fingerprint inside is checked
+    shutil.copy(mine.dir / f"{names[0]}.kv", other.dir / f"{names[0]}.kv")
+    assert other.read(names[0], other.fingerprint, [1, 2, 3, 4]) is None
+    other.close()
+
+
+@pytest.mark.parametrize("policy", ["write_back", "write_through"])
+def test_write_policies_keep_evicted_prefixes(policy: str) -> None:
+    kv_pool = TokenToKVPool(8, 1, 1, 2, torch.float32, "cpu")
+    req_pool = ReqToTokenPool(1, 8, "cpu")
+    allocator = TokenSlotAllocator(8)
+    host = HostKVPool(kv_pool, 16)
+    cache = TieredRadixCache(req_pool, allocator, host, policy)
+    row = req_pool.alloc(1)[0]
+    slots = allocator.alloc(6)
+    req_pool.write(row, 0, slots)
+    cache.cache_finished_req(FakeReq(row, [5, 6, 7, 8, 9, 10], kv_len=6))
+    assert cache.host_size() == (6 if policy == "write_through" else 0)
+    cache.evict(6)
+    assert cache.host_size() == 6 and cache.evictable_size() == 0
+    assert cache.match_prefix([5, 6, 7, 8, 9]).restorable == 5

@@ -1,0 +1,172 @@
+"""The host-memory KV tier: a copy of the device KV pool's layout in (pinned) host memory.
+
+Generic over the device pool: it sees only the pool's buffers (`kv_buffers(pool)`), each
+`[slots + 1, ...]` with slot i's values in row i, whatever the layout (per-layer K and V, one
+latent MLA buffer per layer, FP8 or not). A host slot stores the raw bytes of one token across
+every buffer, side by side, so one copy moves a token's whole KV and the pool never needs to
+know what the bytes mean.
+
+Copies to the host (back-ups) are ordered on the compute stream after the forward passes that
+wrote the slots and land in host memory asynchronously; copies back to the device (restores)
+run on their own stream, and the compute stream waits for them before the next pass touches the
+slots. On the CPU every copy is a plain synchronous copy.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.mem_cache.allocator import TokenSlotAllocator
+
+
+def kv_buffers(pool: object) -> list[torch.Tensor]:
+    """Every device buffer of a KV pool, slot-major. A pool with another layout (a latent MLA
+    pool) names its buffers with `kv_buffers()`; TokenToKVPool has per-layer K and V."""
+    named = getattr(pool, "kv_buffers", None)
+    if callable(named):
+        return list(named())
+    return [*pool.k_buffers, *pool.v_buffers]  # type: ignore[attr-defined]
+
+
+def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
+    """[slots, ...] of any dtype as [slots, bytes per slot] uint8 (a view, no copy)."""
+    return buffer.view(buffer.shape[0], -1).view(torch.uint8)
+
+
+@dataclass
+class _PendingBackup:
+    """A device-to-host copy in flight: its staging buffer lands in `host_slots` once `done`."""
+
+    done: torch.cuda.Event
+    staging: torch.Tensor
+    host_slots: torch.Tensor
+
+
+class HostKVPool:
+    """`size` host slots mirroring one token's KV across all of a device pool's buffers."""
+
+    def __init__(self, device_pool: object, size: int) -> None:
+        self._device_buffers = [_as_bytes(b) for b in kv_buffers(device_pool)]
+        self.device = self._device_buffers[0].device
+        self.widths = [b.shape[1] for b in self._device_buffers]
+        self.bytes_per_token = sum(self.widths)
+        self.size = size
+        self.is_cuda = self.device.type == "cuda"
+        # row 0 unused, as on the device: host slots are 1..size like device slots
+        self.buffer = torch.zeros(
+            (size + 1, self.bytes_per_token), dtype=torch.uint8, pin_memory=self.is_cuda
+        )
+        self.allocator = TokenSlotAllocator(size)
+        self._pending: list[_PendingBackup] = []
+        self._load_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
+        # (start, end) events of restores whose duration is not read yet (CUDA), or seconds
+        self._restore_timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._restore_seconds: list[float] = []
+
+    @staticmethod
+    def slots_for_bytes(device_pool: object, num_bytes: float) -> int:
+        """How many host slots `num_bytes` of host memory hold for this pool's layout."""
+        per_token = sum(_as_bytes(b).shape[1] for b in kv_buffers(device_pool))
+        return int(num_bytes // per_token)
+
+    def available_size(self) -> int:
+        return self.allocator.available_size()
+
+    def used_size(self) -> int:
+        return self.size - self.allocator.available_size()
+
+    # --- device -> host --------------------------------------------------------------------
+
+    def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
+        """Copy the KV of `device_slots` into `host_slots`. Ordered after every pass already
+        launched on the compute stream; on CUDA the bytes land later (`_settle`)."""
+        if device_slots.numel() == 0:
+            return
+        staging, done = self.gather(device_slots)
+        if done is None:
+            self.buffer[host_slots] = staging
+            return
+        self._pending.append(_PendingBackup(done, staging, host_slots))
+        self._settle(block=False)
+
+    def _settle(self, block: bool) -> None:
+        """Move finished back-ups from their staging buffers into the pool (all, if `block`)."""
+        while self._pending:
+            head = self._pending[0]
+            if block:
+                head.done.synchronize()
+            elif not head.done.query():
+                return
+            self.buffer[head.host_slots] = head.staging
+            self._pending.pop(0)
+
+    def gather(self, device_slots: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
+        """The raw bytes of `device_slots` in a fresh host tensor, and on CUDA the event after
+        which they are there (the disk writer waits for it, the step loop does not)."""
+        index = device_slots.to(self.device, non_blocking=True)
+        gathered = torch.cat([b.index_select(0, index) for b in self._device_buffers], dim=1)
+        if not self.is_cuda:
+            return gathered, None
+        staging = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
+        staging.copy_(gathered, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+        return staging, done
+
+    def write(self, host_slots: torch.Tensor, data: torch.Tensor) -> None:
+        """Store raw bytes (from the disk tier) into `host_slots`."""
+        self.buffer[host_slots] = data
+
+    # --- host -> device --------------------------------------------------------------------
+
+    def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
+        """Copy `host_slots` back into `device_slots`. On CUDA on the load stream: the compute
+        stream waits for it before its next pass, the host does not."""
+        if host_slots.numel() == 0:
+            return
+        self._settle(block=True)
+        data = self.buffer[host_slots]
+        if not self.is_cuda:
+            start = time.perf_counter()
+            self._scatter(data, device_slots)
+            self._restore_seconds.append(time.perf_counter() - start)
+            return
+        compute = torch.cuda.current_stream(self.device)
+        stream = self._load_stream
+        assert stream is not None
+        # the target slots may have been freed by passes still running: start after them
+        stream.wait_stream(compute)
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        with torch.cuda.stream(stream):
+            begin.record()
+            on_device = data.pin_memory().to(self.device, non_blocking=True)
+            self._scatter(on_device, device_slots.to(self.device, non_blocking=True))
+            end.record()
+        compute.wait_event(end)
+        self._restore_timings.append((begin, end))
+
+    def _scatter(self, data: torch.Tensor, device_slots: torch.Tensor) -> None:
+        offset = 0
+        for buffer, width in zip(self._device_buffers, self.widths, strict=True):
+            buffer[device_slots] = data[:, offset : offset + width]
+            offset += width
+
+    def pop_restore_seconds(self) -> list[float]:
+        """Durations of the restores finished since the last call (the latency histogram)."""
+        done = self._restore_seconds
+        self._restore_seconds = []
+        waiting = []
+        for begin, end in self._restore_timings:
+            if end.query():
+                done.append(begin.elapsed_time(end) / 1000.0)
+            else:
+                waiting.append((begin, end))
+        self._restore_timings = waiting
+        return done
+
+    def clear(self) -> None:
+        self._settle(block=True)
+        self.allocator.clear()

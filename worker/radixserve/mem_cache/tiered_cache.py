@@ -1,0 +1,551 @@
+"""The radix cache with a host-memory tier (`--kv-host-memory`) and a disk tier (`--kv-disk-path`).
+
+Each node records where its tokens' KV lives: `value` (device slots) and `host_value` (host
+slots), either or both. Device-resident nodes form a subtree from the root, so a match is a
+device prefix followed by host-only nodes, and then, past the tree, whole disk blocks.
+
+- Eviction from the device keeps a node in the tree when its KV is on the host: written there
+  just before eviction (`write_back`, the default) or when the request that computed it
+  finished (`write_through`). Without room on the host the node goes, as without the tier.
+- The host tier has its own LRU: host-only leaves that no request locks go first.
+- A match reports how many tokens beyond the device prefix the host and disk hold
+  (`MatchResult.restorable`); admission calls `restore`, which reads disk blocks into the
+  host tier and copies host-resident nodes back into fresh device slots (on CUDA on a
+  separate stream, the next pass waits for it), then matches again.
+- The disk tier gets every whole block of a finished request's tokens not yet stored there,
+  written by its own thread (`DiskKVStore`).
+
+Sizes: `evictable_size` and `protected_size` count device tokens only, exactly as the plain
+cache does (the scheduler budgets device slots with them); the host tier counts its slots in
+its own allocator. Locks pin a node in every tier.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.mem_cache.allocator import TokenSlotAllocator
+from radixserve.mem_cache.base_prefix_cache import CacheableReq, MatchResult, empty_slots
+from radixserve.mem_cache.disk_store import BLOCK_TOKENS, DiskKVStore, fingerprint_of
+from radixserve.mem_cache.host_pool import HostKVPool, kv_buffers
+from radixserve.mem_cache.kv_event_sink import KVEventSink, Medium
+from radixserve.mem_cache.memory_pool import ReqToTokenPool
+from radixserve.mem_cache.radix_cache import RadixCache, TreeNode, _common_prefix_len
+from radixserve.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+WRITE_POLICIES = ("write_back", "write_through")
+TIERS = ("gpu", "host", "disk")
+GB = 1 << 30
+
+
+class TieredNode(TreeNode):
+    """A tree node whose KV may be on the device (`value`), the host (`host_value`) or both."""
+
+    __slots__ = ("host_value",)
+
+    def __init__(
+        self,
+        key: list[int],
+        value: torch.Tensor | None,
+        parent: TreeNode | None,
+        host_value: torch.Tensor | None = None,
+    ) -> None:
+        super().__init__(key, value, parent)  # type: ignore[arg-type]
+        self.host_value = host_value
+
+
+@dataclass
+class TierCounters:
+    """What the tiers moved since the last report (bytes per tier) and the restore latencies."""
+
+    written: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    restored: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+    dropped: dict[str, int] = field(default_factory=lambda: {"host": 0, "disk": 0})
+
+
+class TieredRadixCache(RadixCache):
+    """RadixCache plus the host tier and, optionally, the disk tier; see the module docstring."""
+
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool_allocator: TokenSlotAllocator,
+        host_pool: HostKVPool,
+        write_policy: str = "write_back",
+        disk: DiskKVStore | None = None,
+        event_sink: KVEventSink | None = None,
+    ) -> None:
+        if write_policy not in WRITE_POLICIES:
+            raise ValueError(f"write policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
+        self.host_pool = host_pool
+        self.write_through = write_policy == "write_through"
+        self.disk = disk
+        self.counters = TierCounters()
+        self._disk_bytes_seen = (0, 0)  # the disk store's running totals at the last report
+        super().__init__(req_to_token_pool, token_to_kv_pool_allocator, event_sink)
+
+    def reset(self) -> None:
+        super().reset()
+        self.root_node = TieredNode([], empty_slots(), None, empty_slots())
+        self.host_pool.clear()
+
+    def _emit(self, kind: str, node: TreeNode, medium: Medium) -> None:
+        if self.event_sink is None:
+            return
+        path = self.token_path(node)
+        getattr(self.event_sink, kind)(path, len(path) - len(node.key), medium)
+
+    # --- matching --------------------------------------------------------------------------
+
+    def _walk(self, key: Sequence[int]) -> tuple[list[torch.Tensor], TreeNode, TreeNode, int]:
+        """(device slots of the device prefix, its last node, the deepest matched node, the
+        matched length). Partly matched nodes are split, as in RadixCache.match_prefix."""
+        now = self._tick()
+        node = device_node = self.root_node
+        device: list[torch.Tensor] = []
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                break
+            child.last_access_time = now
+            n = _common_prefix_len(child.key, key, pos)  # type: ignore[arg-type]
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            if child.value is not None and node is device_node:
+                device.append(child.value)
+                device_node = child
+            node = child
+            pos += n
+        return device, device_node, node, pos
+
+    def match_prefix(self, key: list[int]) -> MatchResult:
+        device, device_node, _, pos = self._walk(key)
+        device_len = sum(t.numel() for t in device)
+        restorable = pos - device_len
+        if self.disk is not None and len(key) - pos >= self.disk.block_tokens:
+            restorable += self._disk_run(key, pos)[1]
+        indices = torch.cat(device) if device else empty_slots()
+        return MatchResult(indices=indices, last_node=device_node, restorable=restorable)
+
+    def _disk_run(self, key: Sequence[int], pos: int) -> tuple[list[str], int]:
+        """The block names of `key` and how many tokens past `pos` its consecutive disk blocks
+        (from the one holding `pos`) cover."""
+        assert self.disk is not None
+        size = self.disk.block_tokens
+        names = self.disk.block_names(key)
+        end = pos
+        for i in range(pos // size, len(names)):
+            if not self.disk.contains(names[i]):
+                break
+            end = (i + 1) * size
+        return names, end - pos
+
+    # --- restoring (admission) -------------------------------------------------------------
+
+    def restore(self, key: list[int]) -> dict[str, int]:
+        """Bring the host- and disk-resident part of `key`'s match onto the device; return the
+        tokens restored from each tier. Nothing is restored when the device cannot make room."""
+        restored = {"host": 0, "disk": 0}
+        _, device_node, deepest, pos = self._walk(key)
+        self.inc_lock_ref(deepest)  # nothing on the path may go while we make room
+        try:
+            if self.disk is not None and len(key) - pos >= self.disk.block_tokens:
+                node = self._restore_from_disk(key, pos, deepest)
+                if node is not deepest:
+                    restored["disk"] = len(node.key)
+                    self.inc_lock_ref(node)
+                    self.dec_lock_ref(deepest)
+                    deepest = node
+            path = []
+            node = deepest
+            while node is not device_node:
+                path.append(node)
+                node = node.parent
+            need = sum(len(n.key) for n in path)
+            if need == 0:
+                return restored
+            available = self.token_to_kv_pool_allocator.available_size()
+            if available < need:
+                self.evict(need - available)
+            slots = self.token_to_kv_pool_allocator.alloc(need)
+            if slots is None:
+                return {"host": 0, "disk": 0}
+            offset = 0
+            for node in reversed(path):
+                part = slots[offset : offset + len(node.key)]
+                offset += len(node.key)
+                self.host_pool.restore(node.host_value, part)
+                node.value = part
+                self._protected_size += len(node.key)  # locked above
+                self._emit("stored", node, "GPU")
+            restored["host"] = need - restored["disk"]
+            self.counters.restored["host"] += need * self.host_pool.bytes_per_token
+            return restored
+        finally:
+            self.dec_lock_ref(deepest)
+
+    def _restore_from_disk(self, key: Sequence[int], pos: int, parent: TreeNode) -> TreeNode:
+        """Read the disk blocks past `pos` into host slots as a new host-only child of
+        `parent`; return it (or `parent` when nothing could be read)."""
+        assert self.disk is not None
+        names, covered = self._disk_run(key, pos)
+        if covered == 0:
+            return parent
+        size = self.disk.block_tokens
+        first = pos // size
+        blocks = []
+        for i in range(first, (pos + covered) // size):
+            tokens = list(key[i * size : (i + 1) * size])
+            data = self.disk.read(names[i], self.disk.parent_of(names, i), tokens)
+            if data is None or data.shape != (size, self.host_pool.bytes_per_token):
+                break
+            blocks.append(data)
+        if not blocks:
+            return parent
+        # the first block may start before `pos`: those tokens are in the tree already
+        data = torch.cat(blocks)[pos - first * size :]
+        n = data.shape[0]
+        host_slots = self._alloc_host(n)
+        if host_slots is None:
+            return parent
+        self.host_pool.write(host_slots, data)
+        node = TieredNode(list(key[pos : pos + n]), None, parent, host_slots)
+        node.last_access_time = self._tick()
+        parent.children[node.key[0]] = node
+        self.counters.restored["disk"] += n * self.host_pool.bytes_per_token
+        self._emit("stored", node, "CPU")
+        return node
+
+    # --- inserting -------------------------------------------------------------------------
+
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """As RadixCache.insert, except that a host-only node the key covers adopts the
+        caller's slots for its tokens (`last_adopted` lists those ranges: they are the tree's
+        now, not duplicates to free)."""
+        if len(key) != value.numel():
+            raise ValueError(f"key has {len(key)} tokens but value has {value.numel()} slots")
+        self.last_adopted: list[tuple[int, int]] = []
+        now = self._tick()
+        node = self.root_node
+        pos = 0
+        while pos < len(key):
+            child = node.children.get(key[pos])
+            if child is None:
+                leaf = TieredNode(key[pos:], value[pos:], node)
+                leaf.last_access_time = now
+                node.children[key[pos]] = leaf
+                self._evictable_size += len(leaf.key)
+                self._emit("stored", leaf, "GPU")
+                break
+            child.last_access_time = now
+            n = _common_prefix_len(child.key, key, pos)
+            if n < len(child.key):
+                child = self._split_node(child, n)
+            if child.value is None:
+                child.value = value[pos : pos + n]
+                self.last_adopted.append((pos, pos + n))
+                if child.lock_ref == 0:
+                    self._evictable_size += n
+                else:
+                    self._protected_size += n
+                self._emit("stored", child, "GPU")
+            node = child
+            pos += n
+        return pos
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        parent = child.parent
+        assert parent is not None, "the root is never split"
+        host = child.host_value  # type: ignore[attr-defined]
+        upper = TieredNode(
+            child.key[:split_len],
+            None if child.value is None else child.value[:split_len],
+            parent,
+            None if host is None else host[:split_len],
+        )
+        upper.lock_ref = child.lock_ref
+        upper.last_access_time = child.last_access_time
+        parent.children[child.key[0]] = upper
+        child.key = child.key[split_len:]
+        if child.value is not None:
+            child.value = child.value[split_len:]
+        if host is not None:
+            child.host_value = host[split_len:]  # type: ignore[attr-defined]
+        child.parent = upper
+        upper.children[child.key[0]] = child
+        return upper
+
+    def _insert_req_kv(self, req: CacheableReq) -> tuple[list[int], torch.Tensor]:
+        key = (req.origin_input_ids + req.output_ids)[: req.kv_len]
+        kv_indices = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
+        num_already_cached = self.insert(key, kv_indices)
+        duplicate = torch.zeros(req.kv_len, dtype=torch.bool)
+        duplicate[len(req.prefix_indices) : num_already_cached] = True
+        for start, end in self.last_adopted:
+            duplicate[start:end] = False
+        self.token_to_kv_pool_allocator.free(kv_indices[duplicate])
+        return key, kv_indices
+
+    def cache_finished_req(self, req: CacheableReq) -> None:
+        key, _ = self._insert_req_kv(req)
+        if self.write_through or self.disk is not None:
+            path = self._path(key)
+            if self.write_through:
+                for node in path:
+                    if node.host_value is None:  # type: ignore[attr-defined]
+                        self._backup(node)
+            if self.disk is not None:
+                self._write_disk(key, path)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.dec_lock_ref(req.last_node)
+
+    def _path(self, key: Sequence[int]) -> list[TreeNode]:
+        """The nodes spelling `key` exactly (it was just inserted: it ends on a node)."""
+        nodes = []
+        node = self.root_node
+        pos = 0
+        while pos < len(key):
+            node = node.children[key[pos]]
+            nodes.append(node)
+            pos += len(node.key)
+        return nodes
+
+    def _write_disk(self, key: Sequence[int], path: list[TreeNode]) -> None:
+        """Queue the whole blocks of `key` the disk tier lacks (gathered from the device)."""
+        assert self.disk is not None
+        names = self.disk.block_names(key)
+        missing = [i for i, name in enumerate(names) if not self.disk.known(name)]
+        if not missing:
+            return
+        size = self.disk.block_tokens
+        slots = torch.cat([n.value for n in path])  # all on the device: just inserted
+        for i in missing:
+            data, ready = self.host_pool.gather(slots[i * size : (i + 1) * size])
+            tokens = list(key[i * size : (i + 1) * size])
+            self.disk.submit(names[i], self.disk.parent_of(names, i), tokens, data, ready)
+
+    # --- locking: sizes count device tokens ------------------------------------------------
+
+    def inc_lock_ref(self, node: TreeNode | None) -> None:
+        while node is not None and node is not self.root_node:
+            if node.lock_ref == 0 and node.value is not None:
+                self._evictable_size -= len(node.key)
+                self._protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: TreeNode | None) -> None:
+        while node is not None and node is not self.root_node:
+            if node.lock_ref <= 0:
+                raise RuntimeError("dec_lock_ref on a node that is not locked")
+            if node.lock_ref == 1 and node.value is not None:
+                self._evictable_size += len(node.key)
+                self._protected_size -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    # --- eviction --------------------------------------------------------------------------
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` device slots, least recently used first. A node whose
+        KV is (or can be written) on the host stays in the tree, host-only; one that cannot
+        goes with its host-only subtree."""
+        heap = [(n.last_access_time, n.id, n) for n in self._evictable_leaves()]
+        heapq.heapify(heap)
+        freed: list[torch.Tensor] = []
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            if node.host_value is None:  # type: ignore[attr-defined]
+                self._backup(node)
+            freed.append(node.value)
+            num_evicted += len(node.key)
+            self._evictable_size -= len(node.key)
+            self._emit("removed", node, "GPU")
+            parent = node.parent
+            assert parent is not None
+            if node.host_value is not None:  # type: ignore[attr-defined]
+                node.value = None
+            else:
+                node.value = None
+                self._drop_subtree(node)
+            if (
+                parent is not self.root_node
+                and parent.lock_ref == 0
+                and not any(c.value is not None for c in parent.children.values())
+            ):
+                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+        if freed:
+            self.token_to_kv_pool_allocator.free(torch.cat(freed))
+        return num_evicted
+
+    def _evictable_leaves(self) -> list[TreeNode]:
+        """Unlocked device-resident nodes with no device-resident child."""
+        leaves = []
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            if node.value is None:
+                continue  # device nodes form a subtree from the root: nothing below
+            device_children = [c for c in node.children.values() if c.value is not None]
+            stack.extend(device_children)
+            if not device_children and node.lock_ref == 0:
+                leaves.append(node)
+        return leaves
+
+    def _drop_subtree(self, node: TreeNode) -> None:
+        """Remove a node whose device KV is already freed, and its host-only descendants."""
+        parent = node.parent
+        assert parent is not None
+        del parent.children[node.key[0]]
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            stack.extend(n.children.values())
+            if n.host_value is not None:  # type: ignore[attr-defined]
+                self._emit("removed", n, "CPU")
+                self._free_host(n)
+
+    # --- the host tier ---------------------------------------------------------------------
+
+    def _backup(self, node: TreeNode) -> bool:
+        """Copy a device-resident node to the host (its own LRU makes room); False if full."""
+        host_slots = self._alloc_host(len(node.key), keep=node)
+        if host_slots is None:
+            return False
+        self.host_pool.backup(node.value, host_slots)
+        node.host_value = host_slots  # type: ignore[attr-defined]
+        self.counters.written["host"] += len(node.key) * self.host_pool.bytes_per_token
+        self._emit("stored", node, "CPU")
+        return True
+
+    def _alloc_host(self, n: int, keep: TreeNode | None = None) -> torch.Tensor | None:
+        pool = self.host_pool
+        if pool.available_size() < n:
+            self._evict_host(n - pool.available_size(), keep)
+        return pool.allocator.alloc(n)
+
+    def _evict_host(self, num_tokens: int, keep: TreeNode | None) -> None:
+        """Drop least recently used host-only leaves no request locks (never `keep`)."""
+        heap = [(n.last_access_time, n.id, n) for n in self._host_leaves() if n is not keep]
+        heapq.heapify(heap)
+        num_evicted = 0
+        while num_evicted < num_tokens and heap:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            assert parent is not None
+            self._emit("removed", node, "CPU")
+            del parent.children[node.key[0]]
+            num_evicted += len(node.key)
+            self._free_host(node)
+            if (
+                parent is not self.root_node
+                and parent is not keep
+                and not parent.children
+                and parent.lock_ref == 0
+                and parent.value is None
+            ):
+                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+
+    def _host_leaves(self) -> list[TreeNode]:
+        leaves = []
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            if node.children:
+                stack.extend(node.children.values())
+            elif node.lock_ref == 0 and node.value is None:
+                leaves.append(node)
+        return leaves
+
+    def _free_host(self, node: TreeNode) -> None:
+        slots = node.host_value  # type: ignore[attr-defined]
+        self.counters.dropped["host"] += slots.numel() * self.host_pool.bytes_per_token
+        self.host_pool.allocator.free(slots)
+        node.host_value = None  # type: ignore[attr-defined]
+
+    # --- sizes and reports -----------------------------------------------------------------
+
+    def host_size(self) -> int:
+        """Host slots the tree holds."""
+        return self.host_pool.used_size()
+
+    def all_values(self) -> torch.Tensor:
+        values = []
+        stack = [self.root_node]
+        while stack:
+            node = stack.pop()
+            if node.value is not None:
+                values.append(node.value)
+            stack.extend(node.children.values())
+        return torch.cat(values)
+
+    def all_host_values(self) -> torch.Tensor:
+        """Every host slot the tree holds (for checks)."""
+        values = [empty_slots()]
+        stack = list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            if node.host_value is not None:  # type: ignore[attr-defined]
+                values.append(node.host_value)  # type: ignore[attr-defined]
+            stack.extend(node.children.values())
+        return torch.cat(values)
+
+    def tier_report(self) -> dict:
+        """Usage and bytes moved per tier since the last report, and restore latencies."""
+        counters, self.counters = self.counters, TierCounters()
+        usage = {"host": self.host_pool.used_size() / max(self.host_pool.size, 1)}
+        if self.disk is not None:
+            written, dropped = self.disk.bytes_written, self.disk.bytes_dropped
+            seen_written, seen_dropped = self._disk_bytes_seen
+            self._disk_bytes_seen = (written, dropped)
+            counters.written["disk"] = written - seen_written
+            counters.dropped["disk"] = dropped - seen_dropped
+            usage["disk"] = self.disk.used_bytes() / max(self.disk.max_bytes, 1)
+        return {
+            "usage": usage,
+            "written": counters.written,
+            "restored": counters.restored,
+            "dropped": counters.dropped,
+            "restore_seconds": self.host_pool.pop_restore_seconds(),
+        }
+
+
+def build_tiered_cache(
+    server_args: ServerArgs,
+    req_to_token_pool: ReqToTokenPool,
+    allocator: TokenSlotAllocator,
+    kv_pool: object,
+) -> TieredRadixCache:
+    """The cache `--kv-host-memory` (and `--kv-disk-path`) ask for, over the device `kv_pool`."""
+    assert server_args.kv_host_memory is not None
+    host = HostKVPool(kv_pool, HostKVPool.slots_for_bytes(kv_pool, server_args.kv_host_memory * GB))
+    logger.info(
+        "host KV tier: %d tokens (%.1f GB, %s)",
+        host.size,
+        server_args.kv_host_memory,
+        server_args.kv_write_policy,
+    )
+    disk = None
+    if server_args.kv_disk_path is not None:
+        fingerprint = fingerprint_of(
+            model=server_args.model,
+            random_seed=server_args.random_seed
+            if server_args.model.startswith("random:")
+            else None,
+            quantization=server_args.quantization,
+            layout=[[list(b.shape[1:]), str(b.dtype)] for b in kv_buffers(kv_pool)],
+            block_tokens=BLOCK_TOKENS,
+        )
+        disk = DiskKVStore(
+            server_args.kv_disk_path, int(server_args.kv_disk_size * GB), fingerprint
+        )
+    return TieredRadixCache(req_to_token_pool, allocator, host, server_args.kv_write_policy, disk)
