@@ -114,6 +114,24 @@ class ServerArgs:
     kv_events_block_size: int = option(
         16, "tokens per block in KV events (and in the cache_config_info metric)"
     )
+    kv_host_memory: float | None = option(
+        None,
+        "GB of host memory for a KV tier behind the device pool: prefixes evicted from the "
+        "device are kept there and copied back on a hit (pinned on CUDA; default: off)",
+    )
+    kv_write_policy: str = option(
+        "write_back",
+        "when the host tier gets a prefix: write_back (just before the device evicts it) or "
+        "write_through (when the request that computed it finishes)",
+        choices=("write_back", "write_through"),
+    )
+    kv_disk_path: str | None = option(
+        None,
+        "a directory for a disk KV tier behind the host tier: whole blocks of finished "
+        "requests' KV, found again by a restarted worker with the same model and settings "
+        "(needs --kv-host-memory; default: off)",
+    )
+    kv_disk_size: float = option(64.0, "GB the disk KV tier may fill; oldest blocks go first")
     disable_cuda_graph: bool = option(False, "launch decode kernels eagerly (no CUDA graphs)")
     cuda_graph_max_bs: int = option(
         256, "largest decode batch captured in a CUDA graph; bigger batches run eagerly"
@@ -261,6 +279,20 @@ class ServerArgs:
             raise ValueError("--watchdog-timeout must not be negative (0 turns it off)")
         self._check_speculative()
         self._check_kv_events()
+        self._check_kv_tiers()
+
+    def _check_kv_tiers(self) -> None:
+        """The host tier backs the radix cache; the disk tier backs the host tier."""
+        if self.kv_host_memory is not None and self.kv_host_memory <= 0:
+            raise ValueError("--kv-host-memory must be positive (GB)")
+        if self.kv_disk_size <= 0:
+            raise ValueError("--kv-disk-size must be positive (GB)")
+        if self.kv_host_memory is not None and self.disable_radix_cache:
+            raise ValueError("--kv-host-memory needs the radix cache (no --disable-radix-cache)")
+        if self.kv_disk_path is not None and self.kv_host_memory is None:
+            raise ValueError("--kv-disk-path needs --kv-host-memory (disk blocks load through it)")
+        if self.kv_disk_path is not None and self.tp_size > 1:
+            raise ValueError("--kv-disk-path serves --tp-size 1 only for now")
 
     def _check_kv_events(self) -> None:
         """KV events need the radix cache and real ZMQ endpoints."""

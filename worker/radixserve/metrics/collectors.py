@@ -9,6 +9,8 @@ process (tests, benchmarks) do not collide.
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import (
     CollectorRegistry,
     Counter,
@@ -33,6 +35,9 @@ LATENCY_BUCKETS = (
     1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0,
 )  # fmt: skip
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+RESTORE_BUCKETS = (0.0001, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+# where a cached prompt token was found: on the device, or restored from a lower tier
+KV_TIERS = ("gpu", "host", "disk")
 # tokens a verified request emits per step: accepted proposals + 1 (up to 16 + 1)
 ACCEPTANCE_LENGTH_BUCKETS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 17)
 BATCH_TOKENS_BUCKETS = (1, 4, 16, 64, 256, 512, 1024, 2048, 4096, 8192, 16384)
@@ -83,8 +88,35 @@ class ServerMetrics:
         self.prefix_cache_queries_tokens = counter(
             "prefix_cache_queries_tokens", "Prompt tokens looked up in the radix cache"
         )
-        self.prefix_cache_hits_tokens = counter(
-            "prefix_cache_hits_tokens", "Prompt tokens found in the radix cache"
+        self._prefix_cache_hits_tokens = Counter(
+            PREFIX + "prefix_cache_hits_tokens",
+            "Prompt tokens found in the radix cache, by the tier they were found in (gpu: "
+            "already on the device; host, disk: restored from the KV tiers)",
+            ["model_name", "tier"],
+            registry=reg,
+        )
+        for tier in KV_TIERS:
+            self._prefix_cache_hits_tokens.labels(model_name, tier)
+        # the KV tiers' series appear with their first report (--kv-host-memory)
+        self._kv_tier_usage = Gauge(
+            PREFIX + "kv_tier_usage_ratio",
+            "Used / capacity of a lower KV tier (host memory, disk)",
+            ["model_name", "tier"],
+            registry=reg,
+        )
+        self._kv_tier_bytes = Counter(
+            PREFIX + "kv_tier_bytes",
+            "Bytes of KV a lower tier took in (written), gave back to the device (restored) "
+            "or let go (dropped)",
+            ["model_name", "tier", "op"],
+            registry=reg,
+        )
+        self._kv_restore_seconds = Histogram(
+            PREFIX + "kv_restore_seconds",
+            "Time of one copy of a prefix from the host tier back to the device",
+            ["model_name"],
+            buckets=RESTORE_BUCKETS,
+            registry=reg,
         )
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
@@ -179,7 +211,13 @@ class ServerMetrics:
         self.prefix_cache_hit_rate.set(stats.prefix_cache_hit_rate)
         self.max_total_tokens.set(stats.max_total_tokens)
         self.prefix_cache_queries_tokens.inc(stats.prefix_cache_queries_tokens)
-        self.prefix_cache_hits_tokens.inc(stats.prefix_cache_hits_tokens)
+        lower = stats.prefix_cache_hits_by_tier
+        for tier, n in lower.items():
+            self._prefix_cache_hits_tokens.labels(self._model_name, tier).inc(n)
+        gpu_hits = stats.prefix_cache_hits_tokens - sum(lower.values())
+        self._prefix_cache_hits_tokens.labels(self._model_name, "gpu").inc(gpu_hits)
+        if stats.kv_tiers is not None:
+            self._apply_kv_tiers(stats.kv_tiers)
         self.retractions.inc(stats.retractions)
         self.kv_events_published.inc(stats.kv_events_published)
         self.kv_events_dropped.inc(stats.kv_events_dropped)
@@ -191,6 +229,16 @@ class ServerMetrics:
             self._batch_size.labels(self._model_name, mode).observe(batch_size)
             self._batch_tokens.labels(self._model_name, mode).observe(batch_tokens)
             self._forward_step_seconds.labels(self._model_name, mode).observe(seconds)
+
+    def _apply_kv_tiers(self, report: dict[str, Any]) -> None:
+        name = self._model_name
+        for tier, ratio in report["usage"].items():
+            self._kv_tier_usage.labels(name, tier).set(ratio)
+        for op in ("written", "restored", "dropped"):
+            for tier, n in report[op].items():
+                self._kv_tier_bytes.labels(name, tier, op).inc(n)
+        for seconds in report["restore_seconds"]:
+            self._kv_restore_seconds.labels(name).observe(seconds)
 
     def count_finished_request(self, finish_reason: str, prompt_tokens: int) -> None:
         self._requests.labels(self._model_name, finish_reason).inc()

@@ -7,6 +7,7 @@ the scheduler; the scheduler fills it and sends it over IPC (boundary.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass
@@ -20,7 +21,10 @@ class SchedulerStats:
     prefix_cache_hit_rate: float
     max_total_tokens: int
     prefix_cache_queries_tokens: int = 0  # deltas
-    prefix_cache_hits_tokens: int = 0
+    prefix_cache_hits_tokens: int = 0  # every tier; those restored from a lower one:
+    prefix_cache_hits_by_tier: dict[str, int] = field(default_factory=dict)  # host, disk
+    # the KV tiers (--kv-host-memory): TieredRadixCache.tier_report(), None with them off
+    kv_tiers: dict[str, Any] | None = None
     retractions: int = 0
     kv_events_published: int = 0  # KV events sent (--kv-events-endpoint)
     kv_events_dropped: int = 0  # cache updates dropped: the publisher's queue was full

@@ -66,6 +66,10 @@ class Req:
         self.extend_input_len = 0  # tokens computed by the current extend pass
         self.finished_reason: dict[str, Any] | None = None
         self.cached_tokens = 0  # prompt tokens served from the prefix cache (first admission)
+        # KV tiers: matched tokens a lower tier holds (admission restores them), and the prompt
+        # tokens restored from each tier ("host", "disk")
+        self.restorable_tokens = 0
+        self.restored_tokens: dict[str, int] = {}
         self.first_scheduled_time: float | None = None
         self.queue_time_sent = False
         self.sent_len = 0  # output_ids already sent to the front end
@@ -97,6 +101,7 @@ class Req:
         self.fill_ids = self.origin_input_ids + self.output_ids
         match = tree_cache.match_prefix(self.fill_ids[: len(self.fill_ids) - 1])
         self.prefix_indices, self.last_node = match.indices, match.last_node
+        self.restorable_tokens = match.restorable
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def reset_for_retract(self) -> None:

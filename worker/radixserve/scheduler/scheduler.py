@@ -53,6 +53,7 @@ from radixserve.forward.mode import ForwardMode
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.mem_cache.radix_cache import RadixCache
+from radixserve.mem_cache.tiered_cache import build_tiered_cache
 from radixserve.model_executor.pooler import finish_embedding
 from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
@@ -64,6 +65,7 @@ if TYPE_CHECKING:
 
     from radixserve.forward.worker_batch import ModelWorkerBatch
     from radixserve.mem_cache.allocator import TokenSlotAllocator
+    from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
     from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
     from radixserve.scheduler.tp_worker import (
@@ -97,6 +99,7 @@ class BatchWorker(Protocol):
 
     req_to_token_pool: ReqToTokenPool
     allocator: TokenSlotAllocator
+    kv_pool: Any  # the device KV buffers, whatever their layout (the host KV tier mirrors them)
     max_total_tokens: int
     max_running_requests: int
     device: torch.device
@@ -164,7 +167,12 @@ class Scheduler:
         # mean pooling needs every prompt token's hidden state: no prefix can be reused
         mean_pooling = model.task.pools and model.task.pooling == "mean"
         cache_cls = ChunkCache if server_args.disable_radix_cache or mean_pooling else RadixCache
-        self.tree_cache = cache_cls(worker.req_to_token_pool, worker.allocator)
+        if server_args.kv_host_memory is not None and cache_cls is RadixCache:
+            self.tree_cache: BasePrefixCache = build_tiered_cache(
+                server_args, worker.req_to_token_pool, worker.allocator, worker.kv_pool
+            )
+        else:
+            self.tree_cache = cache_cls(worker.req_to_token_pool, worker.allocator)
         self.policy = SchedulePolicy(server_args.schedule_policy, self.tree_cache)
 
         self.waiting_queue: list[Req] = []
@@ -630,7 +638,9 @@ class Scheduler:
                 and req.first_scheduled_time is None
             ):
                 req.cached_tokens = len(req.prefix_indices)
-                self.counters.count_prefix_lookup(len(req.origin_input_ids), req.cached_tokens)
+                self.counters.count_prefix_lookup(
+                    len(req.origin_input_ids), req.cached_tokens, req.restored_tokens
+                )
         self.chunked_req = adder.new_chunked_req
         batch.allocate_for_extend()
         self.counters.count_prefill(sum(batch.extend_lens))
@@ -659,7 +669,7 @@ class Scheduler:
             for req in ordered:
                 if running + len(adder.can_run_list) >= self.max_running_requests:
                     break
-                if not matched:
+                if not matched or adder.cache_changed:
                     req.init_next_round_input(self.tree_cache)
                 if adder.add_one_req(req) != AddResult.CONTINUE:
                     break
@@ -862,6 +872,7 @@ class Scheduler:
         )
         if self.kv_events is not None:
             stats.kv_events_published, stats.kv_events_dropped = self.kv_events.pop_counts()
+        stats.kv_tiers = self.tree_cache.tier_report()
         return stats
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:

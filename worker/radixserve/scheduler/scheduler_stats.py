@@ -41,9 +41,23 @@ class SchedulerCounters:
         self._hit_delta = 0
         self._retraction_delta = 0
         self._spec = SpecCounters()
+        # prompt tokens restored from the lower KV tiers, so far and since the last report
+        self.prefix_cache_hit_tokens_by_tier: dict[str, int] = {}
+        self._tier_hit_delta: dict[str, int] = {}
 
-    def count_prefix_lookup(self, query_tokens: int, hit_tokens: int) -> None:
-        """A request's first admission: its prompt looked up in the prefix cache."""
+    def count_prefix_lookup(
+        self, query_tokens: int, hit_tokens: int, restored: dict[str, int] | None = None
+    ) -> None:
+        """A request's first admission: its prompt looked up in the prefix cache; `restored`:
+        how many of the hits came back from each lower KV tier (host, disk)."""
+        left = hit_tokens
+        for tier, n in (restored or {}).items():
+            n = min(n, left)  # a restore counted once, however often admission was tried
+            left -= n
+            self.prefix_cache_hit_tokens_by_tier[tier] = (
+                self.prefix_cache_hit_tokens_by_tier.get(tier, 0) + n
+            )
+            self._tier_hit_delta[tier] = self._tier_hit_delta.get(tier, 0) + n
         self.prefix_cache_query_tokens += query_tokens
         self.prefix_cache_hit_tokens += hit_tokens
         self._query_delta += query_tokens
@@ -97,6 +111,7 @@ class SchedulerCounters:
             max_total_tokens=max_total_tokens,
             prefix_cache_queries_tokens=self._query_delta,
             prefix_cache_hits_tokens=self._hit_delta,
+            prefix_cache_hits_by_tier=self._tier_hit_delta,
             retractions=self._retraction_delta,
             steps=self._steps,
             spec_proposed_tokens=self._spec.proposed_tokens,
@@ -105,6 +120,7 @@ class SchedulerCounters:
         )
         self._spec = SpecCounters()
         self._steps = []
+        self._tier_hit_delta = {}
         self._query_delta = self._hit_delta = self._retraction_delta = 0
         return stats
 
@@ -113,6 +129,7 @@ class SchedulerCounters:
             "num_retractions": self.num_retractions,
             "prefix_cache_query_tokens": self.prefix_cache_query_tokens,
             "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+            "prefix_cache_hit_tokens_by_tier": dict(self.prefix_cache_hit_tokens_by_tier),
             "computed_prefill_tokens": self.computed_prefill_tokens,
             "forward_steps_by_mode": dict(self.forward_steps_by_mode),
         }

@@ -180,6 +180,7 @@ class ModelWorker:
         self.allocator = runner.allocator
         self.max_total_tokens = runner.max_total_tokens
         self.max_running_requests = runner.max_running_requests
+        self.kv_pool = runner.token_to_kv_pool
         self.device = runner.device
         # a CUDA device runs launched work while the host goes on; the CPU runs it in launch
         self.asynchronous = runner.device.type == "cuda"
