@@ -10,6 +10,9 @@ class ForwardMode(IntEnum):
     DECODE = auto()  # one new token per request
     MIXED = auto()  # chunked prefill and decode requests in one extend-shaped pass
     IDLE = auto()  # nothing to run (kept so every rank steps together under TP)
+    # speculative decoding: each request's last token and its proposed ones, scored in one
+    # extend-shaped pass whose logits are kept at every position (speculative/verify.py)
+    VERIFY = auto()
 
     def is_extend(self) -> bool:
         """Extend-shaped attention: EXTEND, and MIXED whose decode rows are length-1 extends."""
@@ -21,9 +24,16 @@ class ForwardMode(IntEnum):
     def is_mixed(self) -> bool:
         return self == ForwardMode.MIXED
 
+    def is_verify(self) -> bool:
+        return self == ForwardMode.VERIFY
+
     def is_idle(self) -> bool:
         return self == ForwardMode.IDLE
 
     @property
     def metric_label(self) -> str:
-        return {ForwardMode.EXTEND: "prefill", ForwardMode.DECODE: "decode"}.get(self, "mixed")
+        return {
+            ForwardMode.EXTEND: "prefill",
+            ForwardMode.DECODE: "decode",
+            ForwardMode.VERIFY: "verify",
+        }.get(self, "mixed")

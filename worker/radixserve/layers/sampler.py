@@ -62,12 +62,16 @@ def allowed_tokens(scaled_logits: torch.Tensor, info: SamplingBatchInfo) -> torc
     return keep
 
 
-def _sample(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    """Next token per row of a batch with at least one non-greedy row."""
+def sample_rows(
+    logits: torch.Tensor, info: SamplingBatchInfo, step_offset: int = 0
+) -> torch.Tensor:
+    """Next token per row of a batch with at least one non-greedy row. `step_offset`: the token
+    is the row's `num_generated + step_offset`-th (a verify step samples several positions
+    ahead, each with the noise a plain decode of that token would draw)."""
     scaled = logits / info.temperatures
     if info.need_top_k or info.need_top_p or info.need_min_p:
         scaled = scaled.masked_fill(~allowed_tokens(scaled, info), float("-inf"))
-    sampled = argmax(scaled + info.gumbel_noise())
+    sampled = argmax(scaled + info.gumbel_noise(step_offset))
     return torch.where(info.greedy, argmax(logits), sampled)
 
 
@@ -105,7 +109,7 @@ class Sampler(nn.Module):
         if sampling_info.is_all_greedy:
             next_token_ids = argmax(logits)
         else:
-            next_token_ids = _sample(logits, sampling_info)
+            next_token_ids = sample_rows(logits, sampling_info)
 
         if raw_logprobs is None:
             return SamplerOutput(next_token_ids, None, None)

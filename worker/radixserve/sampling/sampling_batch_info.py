@@ -191,17 +191,20 @@ class SamplingBatchInfo:
         if self.vocab_mask is not None:
             self.vocab_mask.apply(logits)
 
-    def update_with_new_tokens(self, next_token_ids: torch.Tensor) -> None:
+    def update_with_new_tokens(
+        self, next_token_ids: torch.Tensor, counts: torch.Tensor | None = None
+    ) -> None:
         """Count the tokens just sampled (`[bs]` on the device) for penalties and the step
-        counters."""
+        counters. `counts` (`[bs]`): a verify step's tokens per row; its rows with penalties
+        speculate nothing, so `next_token_ids` is their one token."""
         if not self.penalizers.is_empty:
             self.penalizers.update(next_token_ids)
-        self.num_generated += 1
+        self.num_generated += 1 if counts is None else counts
 
-    def gumbel_noise(self) -> torch.Tensor:
-        """`[bs, vocab]` float32 standard Gumbel noise for this step, a pure function of
-        (seed, tokens generated so far, vocab index) per row."""
-        step = self.num_generated.to(torch.int32) * _GOLDEN32
+    def gumbel_noise(self, step_offset: int = 0) -> torch.Tensor:
+        """`[bs, vocab]` float32 standard Gumbel noise for this step (or `step_offset` tokens
+        ahead), a pure function of (seed, tokens generated so far, vocab index) per row."""
+        step = (self.num_generated + step_offset).to(torch.int32) * _GOLDEN32
         step_keys = fmix32(self.seed_keys ^ fmix32(step))
         vocab = torch.arange(self.vocab_size, dtype=torch.int32, device=self.device)
         vocab_keys = fmix32(vocab + _GOLDEN32)

@@ -1,0 +1,176 @@
+"""Speculative decoding (--speculative-method ngram) changes no output: greedy tokens identical
+to transformers and to the engine without speculation, seeded sampling identical token for
+token, logprobs equal, through the radix cache, chunked prefill, retraction, overlap's
+bookkeeping, a json_schema request and stop strings in the same batch; and the KV slots of
+rejected proposals are all given back."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from engine_harness import check_against_hf, greedy, hf_greedy, make_scheduler, random_prompts
+
+from radixserve.boundary import TokenizedGenerateReqInput
+from radixserve.model_loader.loader import build_hf_reference, load_model_source
+from radixserve.sampling.sampling_params import SamplingParams
+
+SPEC = {"speculative_method": "ngram", "speculative_num_tokens": 4}
+
+
+def run(scheduler, prompts, params, logprobs=(), overlap=False) -> dict[str, dict]:
+    """Submit every prompt (rows in `logprobs` ask for them, with 3 alternatives), step until
+    idle; rid -> ids, finish and logprobs."""
+    scheduler.overlap = overlap
+    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid=f"r{i}",
+                input_ids=ids,
+                sampling_params=p,
+                return_logprob=i in logprobs,
+                top_logprobs_num=3 if i in logprobs else 0,
+            )
+        )
+    results: dict[str, dict] = {}
+    for _ in range(10_000):
+        if scheduler.waiting_only_for_grammars():
+            scheduler.wait_for_grammars(timeout=60)
+        scheduler.step()
+        for out in scheduler.pop_outputs():
+            entry = results.setdefault(out.rid, {"ids": [], "finish": None, "logprobs": []})
+            entry["ids"].extend(out.new_token_ids)
+            entry["finish"] = out.finished_reason
+            entry["logprobs"].extend(out.logprobs or [])
+        if not scheduler.has_work():
+            break
+    scheduler.overlap = False
+    return results
+
+
+def assert_memory_back(scheduler) -> None:
+    info = scheduler.get_server_info()
+    assert info["protected_size"] == 0
+    assert info["free_slots"] + info["evictable_size"] == info["max_total_tokens"]
+
+
+def copy_heavy(vocab: int, n: int, seed: int) -> list[list[int]]:
+    """Prompts whose pieces repeat, so that prompt lookup finds something to propose."""
+    base = random_prompts(n, vocab, 8, 20, seed=seed)
+    return [p + p[: len(p) // 2] + p for p in base]
+
+
+@pytest.fixture(scope="module")
+def tiny_llama():
+    source = load_model_source("random:tiny-llama", device="cpu")
+    return source, build_hf_reference(source)
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
+def test_greedy_matches_transformers_with_cache_and_chunks(tiny_llama, overlap):
+    source, hf = tiny_llama
+    vocab = source.config.vocab_size
+    prompts = copy_heavy(vocab, 6, seed=11)
+    prompts += [prompts[0] + prompts[1][:5]]  # shares a cached prefix with prompt 0
+    new = 24
+    scheduler = make_scheduler("random:tiny-llama", source, chunked_prefill_size=16, **SPEC)
+    first = run(scheduler, prompts, [greedy(new)] * len(prompts), overlap=overlap)
+    check_against_hf(hf, prompts, first, new)
+    again = run(scheduler, prompts, [greedy(new)] * len(prompts), overlap=overlap)
+    assert {k: v["ids"] for k, v in again.items()} == {k: v["ids"] for k, v in first.items()}
+    info = scheduler.get_server_info()
+    assert info["forward_steps_by_mode"]["verify"] > 0
+    assert info["spec_accepted_tokens"] > 0
+    assert info["prefix_cache_hit_tokens"] > 0
+    assert_memory_back(scheduler)
+
+
+def test_retraction_under_kv_pressure(tiny_llama):
+    source, hf = tiny_llama
+    prompts = copy_heavy(source.config.vocab_size, 16, seed=5)
+    new = 40
+    # optimistic admission into too little KV: decode steps run short and retract
+    scheduler = make_scheduler(
+        "random:tiny-llama", source, max_total_tokens=700, new_token_ratio=0.05, **SPEC
+    )
+    results = run(scheduler, prompts, [greedy(new)] * len(prompts))
+    info = scheduler.get_server_info()
+    assert info["num_retractions"] > 0 and info["spec_proposed_tokens"] > 0
+    check_against_hf(hf, prompts, results, new)
+    assert_memory_back(scheduler)
+
+
+def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama):
+    """The verify step samples each position with the noise a plain decode of that token
+    draws: seeded rows emit the same tokens, with the same logprobs."""
+    source, _ = tiny_llama
+    prompts = copy_heavy(source.config.vocab_size, 4, seed=3)
+    params = [
+        SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1, ignore_eos=True),
+        SamplingParams(max_new_tokens=20, temperature=1.0, top_k=5, seed=2, ignore_eos=True),
+        SamplingParams(max_new_tokens=20, temperature=0.0, frequency_penalty=0.5, ignore_eos=True),
+        greedy(20),
+    ]
+    results = {}
+    for spec in ({}, SPEC):
+        scheduler = make_scheduler("random:tiny-llama", source, **spec)
+        results[bool(spec)] = run(scheduler, prompts, params, logprobs=(0, 3))
+        assert_memory_back(scheduler)
+    plain, speculative = results[False], results[True]
+    for rid, entry in plain.items():
+        assert speculative[rid]["ids"] == entry["ids"], rid
+    for rid in ("r0", "r3"):
+        for a, b in zip(plain[rid]["logprobs"], speculative[rid]["logprobs"], strict=True):
+            assert a.token_id == b.token_id
+            assert a.logprob == pytest.approx(b.logprob, abs=1e-4)
+            assert len(a.top) == 3 and [t for t, _ in a.top] == [t for t, _ in b.top]
+
+
+def test_bundled_model_json_schema_and_stop_strings_in_one_batch():
+    source = load_model_source("builtin:smollm2-135m", device="cpu")
+    tok = source.tokenizer
+
+    def chat(text: str) -> list[int]:
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True
+        )
+        return ids if isinstance(ids, list) else ids["input_ids"]
+
+    poem = "Roses are red, violets are blue, sugar is sweet, and so are you."
+    schema = json.dumps(
+        {
+            "type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 10}},
+            "required": ["city"],
+        }
+    )
+    prompts = [
+        chat(f"Repeat this exactly: {poem}"),
+        chat("Describe Paris as JSON."),
+        chat(f"Repeat this exactly: {poem}"),
+        chat("Count from one to ten in words."),
+    ]
+    params = [
+        SamplingParams(max_new_tokens=24, temperature=0.0),
+        SamplingParams(max_new_tokens=24, temperature=0.0, json_schema=schema),
+        SamplingParams(max_new_tokens=24, temperature=0.0, stop=["sweet"]),
+        SamplingParams(max_new_tokens=16, temperature=0.0, stop=[" five"]),
+    ]
+    results = {}
+    for spec in ({}, SPEC):
+        scheduler = make_scheduler("builtin:smollm2-135m", source, chunked_prefill_size=32, **spec)
+        results[bool(spec)] = run(scheduler, prompts, params)
+        assert_memory_back(scheduler)
+    plain, speculative = results[False], results[True]
+    for rid, entry in plain.items():
+        assert (speculative[rid]["ids"], speculative[rid]["finish"]) == (
+            entry["ids"],
+            entry["finish"],
+        ), rid
+    assert plain["r2"]["finish"] == {"type": "stop", "matched": "sweet"}
+    text = tok.decode(plain["r1"]["ids"], skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), json.loads(schema))
+    hf = build_hf_reference(source)
+    assert plain["r0"]["ids"] == hf_greedy(hf, prompts[0], 24, eos=True)[: len(plain["r0"]["ids"])]
+    assert scheduler.get_server_info()["spec_accepted_tokens"] >= 8

@@ -1,0 +1,106 @@
+"""The verify step's acceptance, on the device: which proposed tokens the target keeps.
+
+Request i's rows of the verify pass's logits are positions 0..k_i: position 0 follows the
+request's last token, position j follows its j-th proposed token. At every position the target
+picks its own token exactly as a plain decode step of that token would (`Sampler`'s order:
+penalties and the grammar mask, then the argmax for greedy rows, else temperature, top-k/top-p/
+min-p and Gumbel-max with the noise of the row's `num_generated + j`-th token). The proposals
+are accepted while they equal the target's picks; the row emits the accepted proposals plus the
+target's token at the first mismatch (or after the last proposal): at least one token, at most
+k_i + 1.
+
+Greedy rows: the longest matching prefix plus the target's next token. Sampled rows: this is
+Leviathan et al.'s / Chen et al.'s speculative sampling for a proposal that is one token (a
+point mass q = δ_d, as n-gram and greedy draft proposals are): the proposal d is kept with
+probability min(1, p(d) / q(d)) = p(d), the chance the target's own sample is d, and after a
+rejection the token is drawn from the residual max(0, p - q) renormalized = p without d, which
+is the target's sample given that it is not d. So each emitted token has exactly the target's
+distribution, and a seeded request even emits the very tokens it would without speculation
+(same noise per token). Penalties and grammar masks depend on the tokens before them, so rows
+that use them propose nothing (the speculator sees to it) and are sampled at position 0 only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixserve.kernels.argmax import argmax
+from radixserve.layers.sampler import sample_rows
+from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
+from radixserve.utils import device_tensor
+
+
+@dataclass
+class VerifyOutput:
+    tokens: torch.Tensor  # [bs, K + 1] int64: the target's token at each position
+    num_accepted: torch.Tensor  # [bs] int64: proposals kept; row i emits tokens[i, : m_i + 1]
+    logprobs: torch.Tensor | None  # [bs, K + 1] float32: raw logprob of tokens[i, j]
+    top_logprobs: list[list[list[tuple[int, float]]]] | None  # per row, per position
+
+
+def position_rows(draft_lens: list[int]) -> tuple[list[int], int]:
+    """Row of the logits at (request i, position j), flattened `[bs * (K + 1)]`: positions past
+    a request's proposals repeat its last row (their picks are never emitted); and K."""
+    width = max(draft_lens, default=0) + 1
+    rows, start = [], 0
+    for k in draft_lens:
+        rows.extend(start + min(j, k) for j in range(width))
+        start += k + 1
+    return rows, width - 1
+
+
+def verify(
+    logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    draft_lens: list[int],
+    info: SamplingBatchInfo,
+    return_logprob: bool = False,
+    top_logprobs_nums: list[int] | None = None,
+) -> VerifyOutput:
+    """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass,
+    `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals)."""
+    bs = len(draft_lens)
+    rows_list, width = position_rows(draft_lens)
+    rows = device_tensor(rows_list, torch.int64, logits.device).view(bs, width + 1)
+    # the proposal each position is checked against: the input one row further on
+    proposals = input_ids[torch.clamp(rows[:, :width] + 1, max=input_ids.numel() - 1)]
+    lens = device_tensor(draft_lens, torch.int64, logits.device)
+    proposed = torch.arange(width, device=logits.device).unsqueeze(0) < lens.unsqueeze(1)
+
+    picks = []
+    for j in range(width + 1):
+        step_logits = logits[rows[:, j]]  # a copy: the processors change it in place
+        if j == 0:
+            info.apply_logits_processors(step_logits)
+        if info.is_all_greedy:
+            picks.append(argmax(step_logits))
+        else:
+            picks.append(sample_rows(step_logits, info, step_offset=j))
+    tokens = torch.stack(picks, dim=1)
+    matches = (tokens[:, :width] == proposals) & proposed
+    num_accepted = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+    logprobs = top = None
+    if return_logprob:
+        raw = torch.log_softmax(logits, dim=-1)[rows.view(-1)]  # [bs * (K + 1), vocab]
+        logprobs = raw.gather(1, tokens.view(-1, 1)).view(bs, width + 1)
+        top = _top_logprobs(raw, top_logprobs_nums or [0] * bs, width + 1)
+    return VerifyOutput(tokens, num_accepted, logprobs, top)
+
+
+def _top_logprobs(
+    raw: torch.Tensor, nums: list[int], positions: int
+) -> list[list[list[tuple[int, float]]]]:
+    """Per row and position, the row's `nums[i]` most likely (id, logprob), best first."""
+    k = min(max(nums, default=0), raw.shape[-1])
+    if k == 0:
+        return [[[] for _ in range(positions)] for _ in nums]
+    values, ids = raw.topk(k, dim=-1, sorted=True)
+    values = values.view(len(nums), positions, k).tolist()
+    ids = ids.view(len(nums), positions, k).tolist()
+    return [
+        [list(zip(ids[i][j][:num], values[i][j][:num], strict=True)) for j in range(positions)]
+        for i, num in enumerate(nums)
+    ]
