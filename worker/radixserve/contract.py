@@ -27,8 +27,8 @@ from radixserve.catalog.quantization_methods import QUANTIZATION_CHOICES
 from radixserve.server_args import API_KEY_ENV, ServerArgs, flag_of, static_choices
 
 SCHEDULE_POLICIES: tuple[str, ...] = ("lpm", "fcfs")
-TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "pythonic")
-REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1")
+TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "pythonic", "harmony")
+REASONING_PARSERS: tuple[str, ...] = ("qwen3", "deepseek-r1", "harmony")
 ROUTER_POLICIES: tuple[str, ...] = ("cache_aware", "power_of_two", "round_robin")
 # `serve` flags only the HTTP server reads (its socket and keys, the request log, the API's
 # strictness, model name and parsers, the queue bound, drain and readiness): the in-process

@@ -207,7 +207,10 @@ class ServerArgs:
         "hermes for models whose template has no tool support)",
     )
     reasoning_parser: str | None = option(
-        None, "split the model's <think> reasoning into reasoning_content (default: off)"
+        None,
+        "split the model's reasoning into reasoning_content: <think> blocks, or gpt-oss's "
+        "harmony analysis channel (default: harmony for gpt-oss, recognised from its chat "
+        "template; off otherwise)",
     )
     strict_api: bool = option(
         False,

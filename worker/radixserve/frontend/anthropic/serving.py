@@ -122,8 +122,11 @@ class AnthropicServing:
         sampling = req.sampling_dict()
         tool_parser = self.openai.tool_parser
         family_parses = req.tools_offered and req.forced_tool is None
+        reasoning_parser = self.openai.reasoning_parser
         if family_parses and tool_parser.keeps_special_tokens:
             sampling["skip_special_tokens"] = False
+        if reasoning_parser is not None and reasoning_parser.keeps_special_tokens:
+            sampling["skip_special_tokens"] = False  # its markers are special tokens
         inputs = await self.tm.build_inputs(
             GenerateRequest(
                 prompts=[ids],
@@ -138,7 +141,6 @@ class AnthropicServing:
             calls = forced_call_parser(req.forced_tool)
         elif req.tools_offered:
             calls = tool_parser()
-        reasoning_parser = self.openai.reasoning_parser
         reasoning = reasoning_parser(prompt_text) if reasoning_parser else None
         output = ChoiceOutput(reasoning, calls, req.parallel_tool_calls)
         run = _MessagesRun(self, req, inputs, f"msg_{request_id}", output, observe)

@@ -575,8 +575,10 @@ class ChatCompletionRequest(_SamplingFields):
     parallel_tool_calls: bool | None = None
     # Extensions.
     chat_template_kwargs: dict[str, Any] | None = None
+    # The chat template's `reasoning_effort` variable (gpt-oss's harmony system message reads
+    # it; templates without it ignore it), unless chat_template_kwargs sets it.
+    reasoning_effort: Literal["minimal", "low", "medium", "high"] | None = None
     # Known and ignored.
-    reasoning_effort: Any = None
     verbosity: Any = None
     prediction: Any = None
     # Known and refused when they ask for something other than text.
@@ -585,6 +587,13 @@ class ChatCompletionRequest(_SamplingFields):
     web_search_options: Any = None
     functions: Any = None
     function_call: Any = None
+
+    @pydantic.model_validator(mode="after")
+    def _effort_for_template(self) -> ChatCompletionRequest:
+        if self.reasoning_effort is not None:
+            effort = {"reasoning_effort": self.reasoning_effort}
+            self.chat_template_kwargs = effort | (self.chat_template_kwargs or {})
+        return self
 
     def check_supported(self) -> None:
         if self.top_logprobs and not self.logprobs:

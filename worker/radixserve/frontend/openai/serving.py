@@ -26,7 +26,11 @@ from radixserve.frontend.openai.protocol import (
     FieldPolicy,
     parse_request,
 )
-from radixserve.frontend.openai.reasoning_parsers import REASONING_PARSERS, ThinkTagParser
+from radixserve.frontend.openai.reasoning_parsers import (
+    REASONING_PARSERS,
+    ReasoningParser,
+    default_reasoning_parser,
+)
 from radixserve.frontend.openai.tool_calls import ChoiceOutput, forced_call_parser
 from radixserve.frontend.openai.tool_parsers import (
     TOOL_PARSERS,
@@ -91,17 +95,18 @@ class OpenAIServing:
             server_args.tool_call_parser
             or default_tool_parser(self.chat_template.source, special_tokens)
         ]
-        self.reasoning_parser: type[ThinkTagParser] | None = (
-            REASONING_PARSERS[server_args.reasoning_parser]
-            if server_args.reasoning_parser
-            else None
+        reasoning_parser = server_args.reasoning_parser or default_reasoning_parser(
+            self.chat_template.source, special_tokens
+        )
+        self.reasoning_parser: type[ReasoningParser] | None = (
+            REASONING_PARSERS[reasoning_parser] if reasoning_parser else None
         )
         logger.info(
             "tool calls: %s format (%s), tools rendered by %s; reasoning parser: %s",
             self.tool_parser.name,
             "--tool-call-parser" if server_args.tool_call_parser else "the model's family",
             "the chat template" if self.chat_template.renders_tools else "the built-in template",
-            server_args.reasoning_parser or "off",
+            reasoning_parser or "off",
         )
 
     def check_model(self, model: str) -> None:
@@ -197,6 +202,8 @@ class OpenAIServing:
         family_parses = req.tools_offered and req.forced_tool is None
         if family_parses and self.tool_parser.keeps_special_tokens:
             sampling["skip_special_tokens"] = bool(req.skip_special_tokens)
+        if self.reasoning_parser is not None and self.reasoning_parser.keeps_special_tokens:
+            sampling["skip_special_tokens"] = False  # its markers are special tokens
         inputs = await self.tm.build_inputs(
             GenerateRequest(
                 prompts=[prompt_ids],

@@ -20,7 +20,7 @@ from __future__ import annotations
 import uuid
 from typing import Any, Protocol
 
-from radixserve.frontend.openai.reasoning_parsers import ReasoningDelta, ThinkTagParser
+from radixserve.frontend.openai.reasoning_parsers import ReasoningDelta, ReasoningParser
 from radixserve.frontend.openai.tool_parsers import (
     CallParser,
     CompleteCalls,
@@ -84,7 +84,7 @@ class ChoiceOutput:
 
     def __init__(
         self,
-        reasoning: ThinkTagParser | None,
+        reasoning: ReasoningParser | None,
         calls: CallParser | None,
         parallel_tool_calls: bool = True,
     ) -> None:

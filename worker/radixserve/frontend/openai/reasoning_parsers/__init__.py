@@ -1,9 +1,19 @@
 """Reasoning parsers by name (`--reasoning-parser`): they split a model's thinking from its
-answer into `reasoning_content` and `content`. Torch-free, so the CLI can list the choices."""
+answer into `reasoning_content` and `content`. Without the flag a family whose output always
+needs splitting (gpt-oss's harmony channels) gets its own; the others get none. Torch-free, so
+the CLI can list the choices."""
 
 from __future__ import annotations
 
-from radixserve.frontend.openai.reasoning_parsers.base import ReasoningDelta, ThinkTagParser
+from collections.abc import Iterable
+
+from radixserve.frontend.openai.harmony import CHANNEL
+from radixserve.frontend.openai.reasoning_parsers.base import (
+    ReasoningDelta,
+    ReasoningParser,
+    ThinkTagParser,
+)
+from radixserve.frontend.openai.reasoning_parsers.harmony import HarmonyReasoningParser
 
 
 class Qwen3ReasoningParser(ThinkTagParser):
@@ -19,9 +29,25 @@ class DeepSeekR1ReasoningParser(ThinkTagParser):
     reasons_without_tags = True
 
 
-REASONING_PARSERS: dict[str, type[ThinkTagParser]] = {
-    parser.name: parser for parser in (Qwen3ReasoningParser, DeepSeekR1ReasoningParser)
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    parser.name: parser
+    for parser in (Qwen3ReasoningParser, DeepSeekR1ReasoningParser, HarmonyReasoningParser)
 }
 
 
-__all__ = ["REASONING_PARSERS", "ReasoningDelta", "ThinkTagParser"]
+def default_reasoning_parser(
+    chat_template: str | None, special_tokens: Iterable[str] = ()
+) -> str | None:
+    """The family's parser where its output is never plain text (harmony, recognised by its
+    channel marker in the template or vocabulary), else None: think tags stay opt-in."""
+    haystack = (chat_template or "") + "\n".join(special_tokens)
+    return HarmonyReasoningParser.name if CHANNEL in haystack else None
+
+
+__all__ = [
+    "REASONING_PARSERS",
+    "ReasoningDelta",
+    "ReasoningParser",
+    "ThinkTagParser",
+    "default_reasoning_parser",
+]

@@ -1,4 +1,5 @@
-"""Splitting a reasoning model's `<think>...</think>` from its answer, streamed or whole.
+"""Splitting a reasoning model's reasoning from its answer, streamed or whole: what every
+reasoning parser is (`ReasoningParser`), and the `<think>...</think>` families' parser.
 
 Whether the output *starts* inside the reasoning depends on the prompt: Qwen3's thinking
 templates and DeepSeek-R1's open `<think>` in the generation prompt, so the model never writes
@@ -9,6 +10,7 @@ enters the reasoning too. Like the tool parsers, a whole output is `feed` then `
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,10 +27,36 @@ class ReasoningDelta:
         self.content += other.content
 
 
-class ThinkTagParser:
-    """Reasoning between think tags, then the answer (leading whitespace dropped)."""
+class ReasoningParser(ABC):
+    """Built per choice from the rendered prompt; fed the output, it returns what is certain
+    to be reasoning and what is answer (the answer then goes on to the tool-call parser)."""
 
     name: ClassVar[str]
+    # True when the family's markers are special tokens that detokenization must keep
+    keeps_special_tokens: ClassVar[bool] = False
+    reasoned: bool  # whether the output had a reasoning part at all
+
+    @abstractmethod
+    def __init__(self, prompt_text: str) -> None: ...
+
+    @abstractmethod
+    def feed(self, text: str) -> ReasoningDelta:
+        """Take the next piece of output; return what is now certain."""
+
+    @abstractmethod
+    def finish(self) -> ReasoningDelta:
+        """The output ended: release everything still held back."""
+
+    def parse(self, text: str) -> tuple[str | None, str]:
+        """A whole output: its reasoning (None when there was none) and its answer."""
+        delta = self.feed(text)
+        delta.add(self.finish())
+        return (delta.reasoning if self.reasoned else None), delta.content
+
+
+class ThinkTagParser(ReasoningParser):
+    """Reasoning between think tags, then the answer (leading whitespace dropped)."""
+
     start_tag: ClassVar[str] = "<think>"
     end_tag: ClassVar[str] = "</think>"
     # Whether a prompt without any think tag leaves the model reasoning first.
@@ -58,12 +86,6 @@ class ThinkTagParser:
     def finish(self) -> ReasoningDelta:
         self._final = True
         return self.feed("")
-
-    def parse(self, text: str) -> tuple[str | None, str]:
-        """A whole output: its reasoning (None when there was none) and its answer."""
-        delta = self.feed(text)
-        delta.add(self.finish())
-        return (delta.reasoning if self.reasoned else None), delta.content
 
     def _step(self, out: ReasoningDelta) -> bool:
         if self._state == "start":

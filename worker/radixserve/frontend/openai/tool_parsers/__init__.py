@@ -19,6 +19,7 @@ from radixserve.frontend.openai.tool_parsers.base import (
     collect_calls,
     whole_arguments,
 )
+from radixserve.frontend.openai.tool_parsers.harmony import HarmonyToolParser
 from radixserve.frontend.openai.tool_parsers.hermes import HermesParser
 from radixserve.frontend.openai.tool_parsers.json_calls import JsonCallArray, NamedCallParser
 from radixserve.frontend.openai.tool_parsers.llama3_json import Llama3JsonParser
@@ -27,13 +28,14 @@ from radixserve.frontend.openai.tool_parsers.pythonic import PythonicParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     parser.name: parser
-    for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser)
+    for parser in (HermesParser, Llama3JsonParser, MistralParser, PythonicParser, HarmonyToolParser)
 }
 
 
 # Markers a family's chat template (or vocabulary) carries, most specific first. A template
 # with none of them (SmolLM2's, for one) gets the built-in tool template, in Hermes format.
 _FAMILY_MARKERS = (
+    ("<|channel|>", "harmony"),
     ("[TOOL_CALLS]", "mistral"),
     ("<|python_start|>", "pythonic"),
     ("<|python_tag|>", "llama3_json"),
