@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.contract import API_KEY_ENV, all_choices
@@ -25,6 +25,8 @@ _WORKER_CHOICES = all_choices()
 ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
 DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
+# what the model serves (--task): auto (read from the checkpoint), generate, embed, rerank
+MODEL_TASKS = _WORKER_CHOICES["task"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 ROUTER_POLICIES = _ROUTER_POLICY_NAMES  # radixserve router --policy, the CRD's enum
@@ -32,6 +34,10 @@ SCALE_TO_ZERO_NEEDS_ROUTER = (
     "autoscaling.minReplicas 0 needs router.enabled: with no worker running, only the router can"
     " take requests, hold them, and count them (radixserve_router_pending_requests) so that"
     " KEDA starts a worker"
+)
+KV_HOST_MEMORY_NEEDS_RADIX_CACHE = (
+    "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache"
+    " evicts"
 )
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
@@ -50,6 +56,7 @@ class ModelSource:
     scheme: str  # hf | pvc | file | builtin
     location: str  # repo id, claim path, absolute path or builtin name
     claim: str | None = None
+    task: str = "auto"  # --task: auto leaves it to the worker's detection
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class Engine:
     radix_cache: bool = True
     overlap_schedule: bool = True
     schedule_policy: str = "lpm"
+    kv_host_memory: float | None = None  # GB of host memory for the host KV tier
     extra_args: tuple[str, ...] = ()
 
 
@@ -238,6 +246,12 @@ def _parse_model(raw: Mapping[str, Any], service_name: str) -> ModelSource:
     if not isinstance(uri, str) or not uri:
         raise InvalidSpecError("spec.model.uri is required (hf://, pvc://, file:// or builtin:)")
     served_name = str(raw.get("name") or service_name)
+    task = _choice(raw, "task", MODEL_TASKS)
+    source = _parse_model_uri(uri, served_name)
+    return replace(source, task=task)
+
+
+def _parse_model_uri(uri: str, served_name: str) -> ModelSource:
     if uri.startswith("builtin:"):
         builtin = uri.removeprefix("builtin:")
         if builtin not in BUILTIN_MODELS:
@@ -262,6 +276,11 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
     fraction = raw.get("memFractionStatic")
     if fraction is not None and not 0 < float(fraction) < 1:
         raise InvalidSpecError("spec.engine.memFractionStatic must be between 0 and 1")
+    host_memory = raw.get("kvHostMemory")
+    if host_memory is not None and not float(host_memory) > 0:
+        raise InvalidSpecError("spec.engine.kvHostMemory must be a positive number of GB")
+    if host_memory is not None and not raw.get("radixCache", True):
+        raise InvalidSpecError(KV_HOST_MEMORY_NEEDS_RADIX_CACHE)
     return Engine(
         tensor_parallel_size=_optional_int(raw, "tensorParallelSize", minimum=1),
         attention_backend=_choice(raw, "attentionBackend", ATTENTION_BACKENDS),
@@ -275,6 +294,7 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         radix_cache=bool(raw.get("radixCache", True)),
         overlap_schedule=bool(raw.get("overlapSchedule", True)),
         schedule_policy=_choice(raw, "schedulePolicy", SCHEDULE_POLICIES),
+        kv_host_memory=None if host_memory is None else float(host_memory),
         extra_args=tuple(extra),
     )
 

@@ -76,6 +76,8 @@ def worker_args(spec: ServiceSpec) -> list[str]:
         ("--port", DEFAULT_PORT),
         ("--device", "cuda" if spec.resources.gpu > 0 else "cpu"),
         ("--served-model-name", spec.model.served_name),
+        # the worker detects it itself unless the spec says
+        ("--task", None if spec.model.task == "auto" else spec.model.task),
         ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
     return ["serve", *cli_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
@@ -92,6 +94,7 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--chunked-prefill-size", engine.chunked_prefill_size),
         ("--mem-fraction-static", engine.mem_fraction_static),
         ("--schedule-policy", engine.schedule_policy),
+        ("--kv-host-memory", engine.kv_host_memory),
     ]
     switches = {
         "--disable-cuda-graph": not engine.cuda_graph,

@@ -204,6 +204,34 @@ def test_invalid_spec_is_degraded_not_crashing(operator, api_server, custom_api,
     assert operator.alive
 
 
+def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
+    operator, api_server, custom_api, apps_api
+) -> None:
+    """spec.engine.kvHostMemory becomes --kv-host-memory; without the radix cache it is an
+    invalid spec (Degraded, no Deployment) until the tier or the cache is fixed."""
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = "host-tier"
+    body["spec"].setdefault("engine", {}).update({"kvHostMemory": 32, "radixCache": False})
+    create_service(custom_api, body)
+    degraded = wait_for(
+        lambda: (
+            condition(get_service(custom_api, "host-tier"), "Degraded").get("reason")
+            == "InvalidSpec"
+            and condition(get_service(custom_api, "host-tier"), "Degraded")
+        ),
+        "Degraded InvalidSpec",
+    )
+    assert "kvHostMemory" in degraded["message"]
+    custom_api.patch_namespaced_custom_object(
+        GROUP, VERSION, NS, PLURAL, "host-tier", {"spec": {"engine": {"radixCache": True}}}
+    )
+    deployment = wait_for(lambda: read_deployment(apps_api, "host-tier"), "the Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--kv-host-memory=32.0" in args
+    assert "--disable-radix-cache" not in args
+    assert operator.alive
+
+
 def test_deployment_deleted_by_hand_comes_back(operator, api_server, custom_api, apps_api) -> None:
     body = copy.deepcopy(load_example("service.yaml"))
     body["metadata"]["name"] = "self-healing"

@@ -75,6 +75,10 @@ INVALID_SPECS = {
         {"autoscaling": {"maxReplicas": 2, "metric": "kvCacheUsage", "target": 1.5}},
         "a kvCacheUsage target is a ratio between 0 and 1",
     ),
+    "host KV tier without the radix cache": (
+        {"engine": {"kvHostMemory": 64, "radixCache": False}},
+        "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache evicts",
+    ),
 }
 
 
@@ -110,6 +114,7 @@ def test_replicas_may_join_autoscaling_after_create() -> None:
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"attentionBackend": "cutlass"}},
         {"model": {"uri": "builtin:smollm2-135m"}, "replicas": -1},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"memFractionStatic": 1.0}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvHostMemory": 0}},
         {},
         {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "keys"}},
         {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "Keys", "key": "k"}},

@@ -264,6 +264,14 @@ def test_engine_flags_map_to_worker_cli() -> None:
     assert args[-2:] == ["--foo", "bar"]
 
 
+def test_the_host_kv_tier_is_a_worker_flag() -> None:
+    spec = {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvHostMemory": 64}}
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert arg_value(args, "--kv-host-memory") == "64.0"
+    plain = worker_args(parse_spec({"model": spec["model"]}, name="svc", default_image="img"))
+    assert not any(arg.startswith("--kv-host-memory") for arg in plain)
+
+
 def test_query_does_not_match_a_prefixed_neighbour() -> None:
     query = prometheus_query(Owner("svc-a", "ns", "u"), "running")
     assert (
@@ -304,6 +312,7 @@ valid_specs = st.fixed_dictionaries(
                 "chunkedPrefillSize": st.integers(1, 8192),
                 "memFractionStatic": st.floats(0.05, 0.95),
                 "cudaGraph": st.booleans(),
+                "kvHostMemory": st.floats(0.5, 512),
             },
         ),
         "modelCache": st.just({"claimName": "cache"}),
