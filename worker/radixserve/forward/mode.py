@@ -11,7 +11,8 @@ class ForwardMode(IntEnum):
     MIXED = auto()  # chunked prefill and decode requests in one extend-shaped pass
     IDLE = auto()  # nothing to run (kept so every rank steps together under TP)
     # speculative decoding: each request's last token and its proposed ones, scored in one
-    # extend-shaped pass whose logits are kept at every position (speculative/verify.py)
+    # pass (the scheduler's mode: it reaches the worker as a decode pass of one row per
+    # position, ModelWorkerBatch.verify_draft_lens; acceptance in speculative/verify.py)
     VERIFY = auto()
 
     def is_extend(self) -> bool:

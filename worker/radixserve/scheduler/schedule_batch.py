@@ -315,25 +315,49 @@ class ScheduleBatch:
 
     def prepare_for_verify(self, drafts: list[list[int]]) -> None:
         """A verify step (speculative decoding): each request's last token and its proposed
-        tokens `drafts[i]`, an extend over its cached tokens with KV slots for all of them.
-        The scheduler gives back the slots of the proposals the step rejects."""
+        tokens `drafts[i]`, with KV slots for all of them. It runs as a decode pass over
+        k_i + 1 rows per request (`get_model_worker_batch`): the row of position j attends to
+        the request's KV up to j, which the rows before it store in the same pass, so the
+        decode kernels and CUDA graphs serve it unchanged. The scheduler gives back the slots
+        of the proposals the step rejects."""
         self.forward_mode = ForwardMode.VERIFY
         lens = [1 + len(d) for d in drafts]
         ids: list[int] = []
-        for req, draft in zip(self.reqs, drafts, strict=True):
+        rows: list[int] = []
+        cols: list[int] = []
+        for req, draft, n in zip(self.reqs, drafts, lens, strict=True):
             assert req.future_id is None, "a verify step needs its requests' tokens on the host"
             ids += [req.output_ids[-1], *draft]
+            rows += [req.req_pool_idx] * n
+            cols += range(req.kv_len, req.kv_len + n)
         self.input_ids = torch.tensor(ids, dtype=torch.int64)
-        slots = self.alloc_token_slots(sum(lens))
-        rows = [r.req_pool_idx for r in self.reqs]
-        self.req_to_token_pool.write_batch(
-            rows, [r.kv_len for r in self.reqs], list(slots.split(lens))
-        )
-        self.prefix_lens = [r.kv_len for r in self.reqs]
-        self.extend_lens = lens
+        slots = self.alloc_token_slots(len(ids))
+        self.req_to_token_pool.write_columns(rows, cols, slots, stored_by_pass=True)
         for req, n in zip(self.reqs, lens, strict=True):
             req.kv_len += n
         self.out_cache_loc = slots
+        self.extend_lens, self.prefix_lens = lens, []
+
+    def _verify_worker_batch(self) -> ModelWorkerBatch:
+        """The verify step as the decode pass `prepare_for_verify` describes: one row per
+        position, on its request's row of req_to_token, its length up to that position."""
+        rows: list[int] = []
+        seq_lens: list[int] = []
+        for req, n in zip(self.reqs, self.extend_lens, strict=True):
+            rows += [req.req_pool_idx] * n
+            seq_lens += range(req.kv_len - n + 1, req.kv_len + 1)
+        return ModelWorkerBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=self.input_ids,
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            seq_lens_sum=sum(seq_lens),
+            out_cache_loc=self.out_cache_loc,
+            sampling_info=self.sampling_info,
+            return_logprob=self.return_logprob,
+            top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
+            verify_draft_lens=[n - 1 for n in self.extend_lens],
+        )
 
     # -- membership --------------------------------------------------------------------------
     def filter_batch(self, keep_indices: list[int]) -> None:
@@ -353,7 +377,9 @@ class ScheduleBatch:
     # -- hand-off ----------------------------------------------------------------------------
     def get_model_worker_batch(self) -> ModelWorkerBatch:
         seq_lens = [r.kv_len for r in self.reqs]
-        extend = self.forward_mode.is_extend() or self.forward_mode.is_verify()
+        if self.forward_mode.is_verify():
+            return self._verify_worker_batch()
+        extend = self.forward_mode.is_extend()
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
             input_ids=self.input_ids,

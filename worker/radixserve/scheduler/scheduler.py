@@ -745,8 +745,11 @@ class Scheduler:
             )
         drafts = None
         if self.speculator is not None:
-            spare = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
-            drafts = self.speculator.plan(batch.reqs, spare - len(batch))
+            # the verify step takes a KV slot and a decode row per token (rows: at most what
+            # the decode graphs and the future-token ring are sized for)
+            free = self.worker.allocator.available_size() + self.tree_cache.evictable_size()
+            spare = min(free, self.max_running_requests) - len(batch)
+            drafts = self.speculator.plan(batch.reqs, spare)
         if drafts is not None:
             batch.prepare_for_verify(drafts)
         else:

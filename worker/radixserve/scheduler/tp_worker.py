@@ -57,6 +57,8 @@ class PendingBatchResult:
         self._top_logprobs: list[list[tuple[int, float]]] | None = None
         self._num_accepted: torch.Tensor | None = None  # a verify step's, per row
         self._verified_top: list[list[list[tuple[int, float]]]] | None = None
+        # a verify step's proposals per request (ModelWorkerBatch.verify_draft_lens)
+        self.verify_draft_lens: list[int] | None = None
         self._pooled: torch.Tensor | None = None
         # the forward's output (its batch's sampling info with it), kept until the deferred
         # sampling launches
@@ -214,7 +216,8 @@ class ModelWorker:
         out = runner.forward(batch, future)
         pending = PendingBatchResult(future, started)
         info = batch.sampling_info
-        if batch.forward_mode.is_verify():
+        if batch.verify_draft_lens is not None:
+            pending.verify_draft_lens = batch.verify_draft_lens
             if info.has_grammars:
                 pending.deferred = out
             else:
@@ -239,23 +242,25 @@ class ModelWorker:
         assert pending.deferred is not None
         out, pending.deferred = pending.deferred, None
         out.forward_batch.sampling_info.update_grammar_mask()
-        if out.forward_batch.forward_mode.is_verify():
+        if pending.verify_draft_lens is not None:
             self._verify(out, pending)
         else:
             self._sample(out, pending)
 
     def _verify(self, out: ForwardOutput, pending: PendingBatchResult) -> None:
         """Accept a verify step's proposals (speculative/verify.py); rank 0's outcome is every
-        rank's, as sampled tokens are."""
+        rank's, as sampled tokens are. A graph-replayed step of plain greedy rows hands over
+        the argmax it took of every row."""
         batch = out.forward_batch
         info = batch.sampling_info
         result = verify(
             out.logits,
             batch.input_ids,
-            [n - 1 for n in batch.extend_seq_lens_cpu],
+            pending.verify_draft_lens,
             info,
             batch.return_logprob,
             batch.top_logprobs_nums,
+            greedy_ids=out.greedy_ids if info.is_plain_greedy else None,
         )
         broadcast_from_first(result.tokens)
         broadcast_from_first(result.num_accepted)

@@ -58,9 +58,12 @@ def verify(
     info: SamplingBatchInfo,
     return_logprob: bool = False,
     top_logprobs_nums: list[int] | None = None,
+    greedy_ids: torch.Tensor | None = None,
 ) -> VerifyOutput:
     """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass,
-    `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals)."""
+    `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals).
+    `greedy_ids`: the argmax of every row, when the batch is plain greedy and the pass took it
+    already (a replayed CUDA graph does): the picks are then those."""
     bs = len(draft_lens)
     rows_list, width = position_rows(draft_lens)
     rows = device_tensor(rows_list, torch.int64, logits.device).view(bs, width + 1)
@@ -69,16 +72,10 @@ def verify(
     lens = device_tensor(draft_lens, torch.int64, logits.device)
     proposed = torch.arange(width, device=logits.device).unsqueeze(0) < lens.unsqueeze(1)
 
-    picks = []
-    for j in range(width + 1):
-        step_logits = logits[rows[:, j]]  # a copy: the processors change it in place
-        if j == 0:
-            info.apply_logits_processors(step_logits)
-        if info.is_all_greedy:
-            picks.append(argmax(step_logits))
-        else:
-            picks.append(sample_rows(step_logits, info, step_offset=j))
-    tokens = torch.stack(picks, dim=1)
+    if greedy_ids is not None:
+        tokens = greedy_ids[rows]
+    else:
+        tokens = _picks(logits, rows, info)
     matches = (tokens[:, :width] == proposals) & proposed
     num_accepted = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
@@ -88,6 +85,20 @@ def verify(
         logprobs = raw.gather(1, tokens.view(-1, 1)).view(bs, width + 1)
         top = _top_logprobs(raw, top_logprobs_nums or [0] * bs, width + 1)
     return VerifyOutput(tokens, num_accepted, logprobs, top)
+
+
+def _picks(logits: torch.Tensor, rows: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """`[bs, K + 1]`: the target's token at each position, as the Sampler would pick it."""
+    picks = []
+    for j in range(rows.shape[1]):
+        step_logits = logits[rows[:, j]]  # a copy: the processors change it in place
+        if j == 0:
+            info.apply_logits_processors(step_logits)
+        if info.is_all_greedy:
+            picks.append(argmax(step_logits))
+        else:
+            picks.append(sample_rows(step_logits, info, step_offset=j))
+    return torch.stack(picks, dim=1)
 
 
 def _top_logprobs(
