@@ -110,3 +110,29 @@ SMALL_GEMMA3 = {
     },
     "max_position_embeddings": 4096,
 }
+# gpt-oss: sinks, 64-token sliding layers alternating with full ones, YaRN, 16 experts (top 4)
+# with biases and the clamped SwiGLU, its limit low enough to bite on random weights
+SMALL_GPT_OSS = {
+    "model_type": "gpt_oss",
+    "vocab_size": 8192,
+    "hidden_size": 512,
+    "intermediate_size": 512,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "num_local_experts": 16,
+    "num_experts_per_tok": 4,
+    "sliding_window": 64,
+    "swiglu_limit": 0.5,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "rope_theta": 150000.0,
+        "factor": 8.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "truncate": False,
+        "original_max_position_embeddings": 512,
+    },
+    "max_position_embeddings": 4096,
+}

@@ -1,4 +1,5 @@
-"""The new families on the GPU's fast path (fused kernels, the fused MoE, CUDA graphs with
+"""The new families (gpt-oss's sinks, windows and biased clamped-SwiGLU experts among them) on
+the GPU's fast path (fused kernels, the fused MoE, CUDA graphs with
 MoE decode, overlap scheduling) against the eager torch_native reference on the same random
 weights: float32 token agreement with triton; bf16 logits of prefill, chunk and decode passes
 with each GPU backend (FlashInfer planning one wrapper per attention variant), measured against
@@ -26,6 +27,7 @@ from engine_harness import (  # noqa: E402
 from small_models import (  # noqa: E402
     SMALL_GEMMA2,
     SMALL_GEMMA3,
+    SMALL_GPT_OSS,
     SMALL_MIXTRAL,
     SMALL_QWEN3_MOE,
     random_model,
@@ -39,6 +41,7 @@ FAMILIES = {
     "mixtral": SMALL_MIXTRAL,
     "gemma2": SMALL_GEMMA2,
     "gemma3": SMALL_GEMMA3,
+    "gpt-oss": SMALL_GPT_OSS,
 }
 BACKENDS = ["triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
 NEW = 32
