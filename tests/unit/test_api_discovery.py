@@ -34,14 +34,14 @@ def test_models_retrieve_returns_the_card_and_a_404_names_the_id(smollm2_tokeniz
 
 def test_unknown_paths_and_wrong_methods_say_what_the_server_has(smollm2_tokenizer):
     async def test(client, session, tm):
-        async with session.get("/v1/embeddings") as r:
+        async with session.get("/v1/audio/speech") as r:
             error = (await r.json())["error"]
         assert (r.status, error["type"], error["code"]) == (
             404,
             "invalid_request_error",
             "not_found",
         )
-        assert "/v1/embeddings" in error["message"]
+        assert "/v1/audio/speech" in error["message"]
         assert all(endpoint in error["message"] for endpoint in ENDPOINTS)
         async with session.post("/v1/models") as r:
             error = (await r.json())["error"]

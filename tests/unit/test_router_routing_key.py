@@ -96,3 +96,12 @@ def test_responses_render_instructions_then_input_as_the_equivalent_chat() -> No
     assert key("/v1/responses", {"input": 3}) == ""
     assert key("/v1/responses", {"input": [1]}) == ""
     assert key("/v1/responses/resp_1", {}) == ""
+
+
+def test_pooling_requests_route_by_their_input_or_query() -> None:
+    assert key("/v1/embeddings", {"input": ["a b", "c"]}) == "a b"
+    assert key("/v1/embeddings", {"input": [[5, 6]]}) == key("/v1/completions", {"prompt": [5, 6]})
+    # every rerank of one query goes where the query's prefix is cached
+    assert key("/v1/rerank", {"query": "q?", "documents": ["x", "y"]}) == "q?"
+    assert key("/v1/score", {"text_1": "q?", "text_2": ["x"]}) == "q?"
+    assert key("/v1/rerank", {"query": 3}) == ""

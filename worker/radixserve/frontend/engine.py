@@ -64,6 +64,10 @@ class ModelInfo:
     tokenizer_dir: str | None = None
     # seconds per start-up phase in the scheduler process (metrics/startup.py)
     startup_phases: dict[str, float] = dataclasses.field(default_factory=dict)
+    # what the model serves (catalog/model_tasks.ModelTask as a dict: task, pooling,
+    # normalize, head) and its hidden size (the most `dimensions` an embedding can have)
+    task: dict[str, Any] = dataclasses.field(default_factory=lambda: {"task": "generate"})
+    hidden_size: int = 0
 
 
 def check_model(server_args: ServerArgs) -> None:

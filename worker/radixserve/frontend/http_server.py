@@ -46,6 +46,7 @@ from radixserve.api_keys import api_key_guard
 from radixserve.frontend import native
 from radixserve.frontend.anthropic.http import anthropic_errors, stream_events
 from radixserve.frontend.anthropic.serving import AnthropicServing
+from radixserve.frontend.embeddings.serving import PoolingServing
 from radixserve.frontend.engine import Engine
 from radixserve.frontend.openai.protocol import (
     FieldPolicy,
@@ -258,10 +259,22 @@ class Handlers:
         self.anthropic = AnthropicServing(self.openai)
         self.model_name = self.openai.model_name
         self.responses = ResponsesServing(self.openai, engine.server_args)
+        info = engine.model_info
+        self.pooling = PoolingServing(
+            self.tm,
+            self.policy,
+            self.model_name,
+            info.task,
+            info.hidden_size,
+            self.openai.check_model,
+        )
 
     # -- shared plumbing
 
-    def _admit(self) -> None:
+    def _admit(self, task: str = "generate") -> None:
+        """Refuse a request the server cannot take now (draining: 503) or whose endpoint is
+        not for the model's task (a 400 naming the task's endpoints)."""
+        self.pooling.require(task)
         if self.state.draining:
             raise APIError(
                 "the server is shutting down",
@@ -353,6 +366,26 @@ class Handlers:
     async def delete_response(self, request: web.Request) -> web.Response:
         response_id = request.match_info["response_id"]
         return web.json_response(await self.responses.delete(response_id))
+
+    # -- pooling (frontend/embeddings): --task embed and rerank
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        self._admit("embed")
+        body = await read_json(request)
+        with self._counted():
+            return web.json_response(await self.pooling.embeddings(body, request[REQUEST_ID_KEY]))
+
+    async def rerank(self, request: web.Request) -> web.Response:
+        self._admit("rerank")
+        body = await read_json(request)
+        with self._counted():
+            return web.json_response(await self.pooling.rerank(body, request[REQUEST_ID_KEY]))
+
+    async def score(self, request: web.Request) -> web.Response:
+        self._admit("rerank")
+        body = await read_json(request)
+        with self._counted():
+            return web.json_response(await self.pooling.score(body, request[REQUEST_ID_KEY]))
 
     # -- native API
 
@@ -507,6 +540,9 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     app.router.add_post("/v1/messages", h.messages)
     app.router.add_post("/v1/messages/count_tokens", h.count_message_tokens)
     app.router.add_post("/generate", h.generate)
+    app.router.add_post("/v1/embeddings", h.embeddings)
+    app.router.add_post("/v1/rerank", h.rerank)
+    app.router.add_post("/v1/score", h.score)
     app.router.add_get("/health", h.health)
     app.router.add_get("/ready", h.ready)
     app.router.add_get("/metrics", h.metrics)

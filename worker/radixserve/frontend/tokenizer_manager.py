@@ -183,6 +183,8 @@ class GenerateChunk:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
+    # a pooling request's embedding or score, float32 little-endian (ReqOutput.pooled)
+    pooled: bytes | None = None
 
     @property
     def finished(self) -> bool:
@@ -565,6 +567,7 @@ class TokenizerManager:
             prompt_tokens=output.prompt_tokens,
             completion_tokens=output.completion_tokens,
             cached_tokens=output.cached_tokens,
+            pooled=output.pooled,
         )
 
     def _detokenize(self, state: _RequestState, output: ReqOutput, final: bool) -> str:

@@ -48,6 +48,11 @@ def routing_key(path: str, body: bytes) -> str:
         return _messages_key(payload.get("system"), payload.get("messages"))
     if path == "/v1/responses":
         return _responses_key(payload.get("instructions"), payload.get("input"))
+    if path == "/v1/embeddings":
+        return _prompt_key(payload.get("input"))
+    if path in ("/v1/rerank", "/v1/score"):
+        # a query's documents go where its prefix is cached
+        return _prompt_key(payload.get("query", payload.get("text_1")))
     return ""
 
 

@@ -3,7 +3,8 @@
 Routes: `POST /v1/completions`, `POST /v1/chat/completions`, `POST /generate`, `GET
 /v1/models`, `GET /v1/models/{id}`, Anthropic's `POST /v1/messages` and `POST
 /v1/messages/count_tokens`, and the Responses API's `POST /v1/responses`, `GET` and `DELETE
-/v1/responses/{id}` go to a worker (`proxy.py`; a stored response's requests to the worker
+/v1/responses/{id}`, and the pooling endpoints `POST /v1/embeddings`, `/v1/rerank` and
+`/v1/score` go to a worker (`proxy.py`; a stored response's requests to the worker
 that holds it, `affinity.py`). The router's own errors on `/v1/messages*` are in Anthropic's
 shape (`api_error_shapes`), as the worker's are. `GET /health` is the router's own liveness;
 `GET /ready` is 200 only while at least one worker is ready (the pod's readiness probe uses
@@ -260,6 +261,9 @@ def build_app(router: Router) -> web.Application:
         "/v1/messages",
         "/v1/messages/count_tokens",
         "/v1/responses",
+        "/v1/embeddings",
+        "/v1/rerank",
+        "/v1/score",
     ):
         app.router.add_post(path, router.proxy.handle)
     app.router.add_get("/v1/models", router.proxy.handle)
