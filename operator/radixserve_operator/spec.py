@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from radixserve.contract import API_KEY_ENV, all_choices
@@ -25,6 +25,8 @@ _WORKER_CHOICES = all_choices()
 ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
 DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
+# what the model serves (--task): auto (read from the checkpoint), generate, embed, rerank
+MODEL_TASKS = _WORKER_CHOICES["task"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SECRET_KEY = re.compile(r"^[-._a-zA-Z0-9]+$")
 ROUTER_POLICIES = _ROUTER_POLICY_NAMES  # radixserve router --policy, the CRD's enum
@@ -54,6 +56,7 @@ class ModelSource:
     scheme: str  # hf | pvc | file | builtin
     location: str  # repo id, claim path, absolute path or builtin name
     claim: str | None = None
+    task: str = "auto"  # --task: auto leaves it to the worker's detection
 
 
 @dataclass(frozen=True)
@@ -243,6 +246,12 @@ def _parse_model(raw: Mapping[str, Any], service_name: str) -> ModelSource:
     if not isinstance(uri, str) or not uri:
         raise InvalidSpecError("spec.model.uri is required (hf://, pvc://, file:// or builtin:)")
     served_name = str(raw.get("name") or service_name)
+    task = _choice(raw, "task", MODEL_TASKS)
+    source = _parse_model_uri(uri, served_name)
+    return replace(source, task=task)
+
+
+def _parse_model_uri(uri: str, served_name: str) -> ModelSource:
     if uri.startswith("builtin:"):
         builtin = uri.removeprefix("builtin:")
         if builtin not in BUILTIN_MODELS:

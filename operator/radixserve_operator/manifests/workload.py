@@ -76,6 +76,8 @@ def worker_args(spec: ServiceSpec) -> list[str]:
         ("--port", DEFAULT_PORT),
         ("--device", "cuda" if spec.resources.gpu > 0 else "cpu"),
         ("--served-model-name", spec.model.served_name),
+        # the worker detects it itself unless the spec says
+        ("--task", None if spec.model.task == "auto" else spec.model.task),
         ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
     return ["serve", *cli_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]

@@ -80,3 +80,19 @@ def test_a_served_name_that_starts_with_a_dash_reaches_worker_and_router_as_a_va
     worker_accepts(spec)
     args = parse_router_args(router_args(Owner("svc", "ns", "uid"), service)[1:])
     assert args.model_name == "-dash"
+
+
+def test_model_task_is_the_workers_task_and_reaches_it_only_when_set():
+    model = SCHEMA["properties"]["spec"]["properties"]["model"]["properties"]
+    assert model["task"]["enum"] == list(static_choices()["task"])
+    for task in ("generate", "embed", "rerank"):
+        spec = {"model": {"uri": "hf://Qwen/Qwen3-Embedding-0.6B", "task": task}}
+        worker_accepts(spec)
+        args = worker_args(parse_spec(spec, name="svc", default_image="radixserve:test"))
+        assert f"--task={task}" in args
+    detected = parse_spec({"model": {"uri": "builtin:smollm2-135m"}}, name="s", default_image="i")
+    assert not any(arg.startswith("--task") for arg in worker_args(detected))
+    with pytest.raises(InvalidSpecError, match="task"):
+        parse_spec(
+            {"model": {"uri": "builtin:smollm2-135m", "task": "x"}}, name="s", default_image="i"
+        )
