@@ -25,6 +25,7 @@ from engine_harness import (
 )
 from safetensors.torch import save_file
 
+from radixserve.frontend.engine import Engine
 from radixserve.layers.quantization.mxfp4 import E2M1_VALUES, GROUP, dequantize_mxfp4
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
@@ -154,3 +155,15 @@ def test_quantization_fp8_requantizes_the_dequantized_experts(checkpoint):
     runner_model = scheduler.worker.model_runner.model
     assert runner_model.model.layers[0].mlp.experts.w13_weight.dtype == FP8_DTYPE
     assert runner_model.model.layers[0].mlp.router.weight.dtype == torch.float32
+
+
+def test_two_ranks_shard_sinks_biases_and_experts(checkpoint):
+    """--tp-size 2 (gloo): each rank its query heads' sinks, its rows of every expert and of
+    their gate/up biases, the down biases added once; the same tokens as transformers."""
+    model, source, hf = checkpoint
+    prompts = random_prompts(4, source.config.vocab_size, 3, 40, seed=61)
+    greedy_params = {"max_new_tokens": NEW, "temperature": 0.0, "ignore_eos": True}
+    with Engine(model=model, device="cpu", tp_size=2, max_total_tokens=4096) as engine:
+        outputs = engine.generate(input_ids=prompts, sampling_params=greedy_params)
+    results = {f"r{i}": {"ids": out["output_ids"]} for i, out in enumerate(outputs)}
+    check_against_hf(hf, prompts, results, NEW)

@@ -92,26 +92,31 @@ class GptOssForCausalLM(LlamaForCausalLM):
         return super()._local_part(name, tensor)
 
     def _load_expert(self, name: str, tensor: torch.Tensor) -> set[str]:
-        """`...mlp.experts.{gate_up_proj|down_proj}{_blocks|_scales|_bias|}`: every expert at
-        once, MXFP4 pairs once both halves are here."""
+        """`...mlp.experts.{gate_up_proj|down_proj}{_blocks|_scales|_bias|}`: every expert,
+        MXFP4 pairs once both halves are here, dequantized and written one expert at a time
+        (the working copy is one expert's, not the layer's)."""
         head, tail = name.split(".experts.", 1)
         moe: FusedMoE = self._modules_by_name[f"{head}.experts"]
         projection, _, part = tail.partition("_proj")
         part = part.lstrip("_") or "weight"
-        if part in ("blocks", "scales"):
+        written: set[str] = set()
+        if part == "bias":
+            written = moe.load_expert(projection, None, "bias", _gate_up_halves(projection, tensor))
+        elif part == "weight":  # transformers' [E, K, N]
+            for expert, weight in enumerate(tensor):
+                written |= self._load_one(moe, projection, expert, weight.t())
+        else:
             parts = self._mxfp4_parts.setdefault(f"{head}.{projection}", {})
             parts[part] = tensor
             if len(parts) < 2:
                 return set()
             del self._mxfp4_parts[f"{head}.{projection}"]
-            tensor = self._dequantize(moe, parts["blocks"], parts["scales"])  # [E, N, K]
-        elif part == "weight":
-            tensor = tensor.transpose(1, 2)  # transformers' [E, K, N]
-        kind = "bias" if part == "bias" else "weight"
-        if projection == "gate_up":
-            # rows (or bias entries) alternate gate, up: the layer holds [gate; up]
-            tensor = torch.cat([tensor[:, 0::2], tensor[:, 1::2]], dim=1)
-        written = moe.load_expert(projection, None, kind, tensor)
+            dtype = moe.w2_weight.dtype if moe.w2_weight_scale is None else _FP8_SOURCE_DTYPE
+            for expert, (blocks, scales) in enumerate(
+                zip(parts["blocks"], parts["scales"], strict=True)
+            ):
+                weight = dequantize_mxfp4(blocks, scales, dtype)  # [N, K]
+                written |= self._load_one(moe, projection, expert, weight)
         halves = ("gate", "up") if projection == "gate_up" else ("down",)
         return {
             f"{head}.experts.{p}:{half}:{e}"
@@ -122,12 +127,19 @@ class GptOssForCausalLM(LlamaForCausalLM):
         }
 
     @staticmethod
-    def _dequantize(moe: FusedMoE, blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        """[E, N, K] in the layer's dtype (bf16 where it quantizes on to FP8), one expert at a
-        time so that the float32 working copy is one expert's."""
-        dtype = moe.w2_weight.dtype
-        if moe.w2_weight_scale is not None:
-            dtype = _FP8_SOURCE_DTYPE
-        return torch.stack(
-            [dequantize_mxfp4(b, s, dtype) for b, s in zip(blocks, scales, strict=True)]
+    def _load_one(moe: FusedMoE, projection: str, expert: int, weight: torch.Tensor) -> set[str]:
+        """One expert's [N, K] gate_up (rows alternating gate, up) or down projection."""
+        if projection == "down":
+            return moe.load_expert("down", expert, "weight", weight)
+        gate, up = weight[0::2], weight[1::2]
+        return moe.load_expert("gate", expert, "weight", gate) | moe.load_expert(
+            "up", expert, "weight", up
         )
+
+
+def _gate_up_halves(projection: str, bias: torch.Tensor) -> torch.Tensor:
+    """[E, 2I] gate_up biases (alternating gate, up) as the layer's [gate; up]; others as
+    they are."""
+    if projection != "gate_up":
+        return bias
+    return torch.cat([bias[:, 0::2], bias[:, 1::2]], dim=1)
