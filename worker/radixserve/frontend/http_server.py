@@ -373,7 +373,8 @@ class Handlers:
         self._admit("embed")
         body = await read_json(request)
         with self._counted():
-            return web.json_response(await self.pooling.embeddings(body, request[REQUEST_ID_KEY]))
+            text = await self.pooling.embeddings(body, request[REQUEST_ID_KEY])
+        return web.Response(text=text, content_type="application/json")
 
     async def rerank(self, request: web.Request) -> web.Response:
         self._admit("rerank")

@@ -14,9 +14,11 @@ tokens (their prefix match finds it).
 from __future__ import annotations
 
 import array
+import asyncio
 import base64
 import contextlib
 import functools
+import json
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -84,7 +86,10 @@ class PoolingServing:
 
     # ------------------------------------------------------------------ embeddings
 
-    async def embeddings(self, body: Any, request_id: str) -> dict[str, Any]:
+    async def embeddings(self, body: Any, request_id: str) -> str:
+        """The reply as JSON text: a large batch is megabytes of floats, encoded on a thread
+        one embedding at a time (one `json.dumps` of all of them would hold the GIL, and so
+        the event loop, for a second or more)."""
         request: EmbeddingRequest = parse_request(EmbeddingRequest, body, self.policy)
         self._check_model(request.model)
         dims = request.dimensions
@@ -96,16 +101,10 @@ class PoolingServing:
             )
         prompts = request.inputs()
         pooled, prompt_tokens = await self._run(prompts, "input", request_id, dims)
-        data = [
-            {"object": "embedding", "index": i, "embedding": _encode(raw, request.encoding_format)}
-            for i, raw in enumerate(pooled)
-        ]
-        return {
-            "object": "list",
-            "data": data,
-            "model": self.model_name,
-            "usage": {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens},
-        }
+        usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
+        return await asyncio.to_thread(
+            _embeddings_json, pooled, request.encoding_format, self.model_name, usage
+        )
 
     # ------------------------------------------------------------------ rerank and score
 
@@ -223,6 +222,18 @@ class PoolingServing:
                     pooled[offset + index] = chunk.pooled
                     tokens += chunk.prompt_tokens
         return tokens
+
+
+def _embeddings_json(
+    pooled: list[bytes], encoding_format: str, model: str, usage: dict[str, int]
+) -> str:
+    """OpenAI's embeddings reply, `{"object": "list", "data": [...], "model", "usage"}`."""
+    data = ", ".join(
+        json.dumps({"object": "embedding", "index": i, "embedding": _encode(raw, encoding_format)})
+        for i, raw in enumerate(pooled)
+    )
+    rest = json.dumps({"model": model, "usage": usage})[1:]
+    return f'{{"object": "list", "data": [{data}], {rest}'
 
 
 def _encode(raw: bytes, encoding_format: str) -> list[float] | str:
