@@ -141,3 +141,77 @@ def test_reasoning_effort_reaches_the_chat_template():
             protocol.ChatCompletionRequest, {**body, "reasoning_effort": "extreme"}, policy
         )
     assert error.value.param == "reasoning_effort"
+
+
+# a harmony-shaped chat template: the server recognises the family by its channel marker
+HARMONY_TEMPLATE = (
+    "<|start|>system<|message|>Reasoning: {{ reasoning_effort | default('medium') }}<|end|>"
+    "{%- if tools %}<|start|>developer<|message|># Tools"
+    "{%- for tool in tools %} {{ tool.function.name }}{%- endfor %}<|end|>{%- endif %}"
+    "{%- for m in messages %}<|start|>{{ m.role }}"
+    "{%- if m.role == 'assistant' %}<|channel|>final{%- endif %}"
+    "<|message|>{{ m.content }}<|end|>{%- endfor %}<|start|>assistant"
+)
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_picks_harmony_and_answers_with_reasoning_calls_and_content(
+    smollm2_tokenizer, stream
+):
+    """Through the HTTP front end over a scripted model: no parser flags, yet the harmony
+    parsers run (picked from the template), special tokens are kept, reasoning_effort renders."""
+    import copy
+
+    from scripted_server import MODEL, serve
+
+    tokenizer = copy.deepcopy(smollm2_tokenizer)
+    tokenizer.chat_template = HARMONY_TEMPLATE
+    got: dict = {}
+
+    async def test(client, session, tm):
+        request = {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "Weather in Paris?"}],
+            "tools": [WEATHER],
+            "reasoning_effort": "low",
+        }
+        if stream:
+            reasoning = content = ""
+            calls: dict[int, dict] = {}
+            async for chunk in await client.chat.completions.create(**request, stream=True):
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    reasoning += (delta.model_extra or {}).get("reasoning_content") or ""
+                    content += delta.content or ""
+                    for call in delta.tool_calls or []:
+                        entry = calls.setdefault(call.index, {"name": "", "arguments": ""})
+                        entry["name"] += call.function.name or ""
+                        entry["arguments"] += call.function.arguments or ""
+                    if choice.finish_reason:
+                        got["finish"] = choice.finish_reason
+            got["calls"] = [(c["name"], c["arguments"]) for _, c in sorted(calls.items())]
+        else:
+            reply = await client.chat.completions.create(**request)
+            message = reply.choices[0].message
+            reasoning = message.model_extra["reasoning_content"]
+            content = message.content
+            got["calls"] = [(c.function.name, c.function.arguments) for c in message.tool_calls]
+            got["finish"] = reply.choices[0].finish_reason
+        got["reasoning"], got["content"] = reasoning, content
+        got["prompt"] = tm.prompt_text(0)
+        got["skip_special_tokens"] = tm.seen[0].sampling_params.skip_special_tokens
+
+    serve(tokenizer, [COMPLETION], test)
+    assert got["reasoning"] == ANALYSIS
+    assert got["content"] == FINAL
+    assert got["calls"] == [("get_weather", ARGUMENTS)]
+    assert got["finish"] == "tool_calls"
+    assert got["skip_special_tokens"] is False
+    assert "Reasoning: low" in got["prompt"] and "# Tools get_weather" in got["prompt"]
