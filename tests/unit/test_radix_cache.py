@@ -26,6 +26,7 @@ class FakeReq:
     kv_len: int = 0
     prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
     last_node: TreeNode | None = None
+    lora_uid: int = 0
 
 
 class RecordingAllocator(TokenSlotAllocator):

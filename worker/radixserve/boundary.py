@@ -43,6 +43,8 @@ class TokenizedGenerateReqInput:
     arrival_time: float = 0.0
     # set on an embedding or rerank model's requests: pool instead of sampling
     pooling: PoolingParams | None = None
+    # the LoRA adapter the request's `model` names (None: the base model)
+    lora_name: str | None = None
 
 
 @dataclass
@@ -64,6 +66,23 @@ class GrammarsReadyReq:
 @dataclass
 class FlushCacheReq:
     pass
+
+
+@dataclass
+class LoRAAdapterReq:
+    """Load (`path` given) or unload (`path` None) the LoRA adapter `name`."""
+
+    name: str
+    path: str | None = None
+
+
+@dataclass
+class LoRAAdapterReqOutput:
+    """A load or unload's outcome; `adapters` (name -> path) is what is served after it."""
+
+    success: bool
+    message: str = ""
+    adapters: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -114,6 +114,11 @@ def add_server_args(parser: argparse.ArgumentParser, exclude: Collection[str] = 
             continue
         kind = _value_type(f)
         help_text = f.metadata.get("help", "")
+        if f.metadata.get("repeatable"):
+            parser.add_argument(
+                flag_of(f.name), action="append", metavar="NAME=PATH", help=help_text
+            )
+            continue
         if kind is bool:
             parser.add_argument(
                 flag_of(f.name), action="store_true", default=f.default, help=help_text

@@ -243,6 +243,21 @@ class ServerArgs:
         "fraction of a running request's remaining max_new_tokens that admission reserves; "
         "retraction corrects the optimism of a value below 1",
     )
+    lora_modules: list[str] | None = option(
+        None,
+        "a LoRA adapter served at start, NAME=PATH (repeatable): a PEFT directory or a Hub repo "
+        "in the local cache; clients select it with model: NAME",
+        repeatable=True,
+    )
+    max_loras: int = option(
+        0,
+        "LoRA adapters resident on the device at once (slots); 0: 4 when --lora-modules is "
+        "given, else LoRA is off and costs nothing",
+    )
+    max_lora_rank: int = option(16, "the largest LoRA rank served (sizes each slot)")
+    max_cpu_loras: int = option(
+        16, "LoRA adapters kept in host memory (an LRU: the rest are read from disk again)"
+    )
 
     def __post_init__(self) -> None:
         if self.api_key is None:
@@ -281,6 +296,7 @@ class ServerArgs:
         if self.watchdog_timeout < 0:
             raise ValueError("--watchdog-timeout must not be negative (0 turns it off)")
         self._check_speculative()
+        self._check_lora()
         self._check_kv_events()
         self._check_kv_tiers()
 
@@ -311,6 +327,32 @@ class ServerArgs:
             raise ValueError(
                 "--kv-events-endpoint needs the radix cache (no --disable-radix-cache)"
             )
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.max_loras > 0
+
+    def lora_module_paths(self) -> dict[str, str]:
+        """--lora-modules as name -> path."""
+        return dict(m.split("=", 1) for m in self.lora_modules or [])
+
+    def _check_lora(self) -> None:
+        """Adapter names are model names: NAME=PATH, distinct, not the base model's."""
+        for module in self.lora_modules or []:
+            name, _, path = module.partition("=")
+            if not name or not path:
+                raise ValueError(f"--lora-modules takes NAME=PATH, got {module!r}")
+        names = list(self.lora_module_paths())
+        if len(set(names)) != len(names) or self.served_model_name in names:
+            raise ValueError("--lora-modules names must be distinct and not the base model's")
+        if self.max_loras < 0 or self.max_lora_rank < 1 or self.max_cpu_loras < 1:
+            raise ValueError("--max-loras >= 0, --max-lora-rank and --max-cpu-loras >= 1")
+        if self.lora_modules and self.max_loras == 0:
+            self.max_loras = 4
+        if len(names) > self.max_cpu_loras:
+            self.max_cpu_loras = len(names)
+        if self.max_loras and self.speculative_method is not None:
+            raise ValueError("LoRA adapters and speculative decoding are not served together yet")
 
     def _check_speculative(self) -> None:
         """The speculative flags agree with each other (method, its model, its bounds)."""

@@ -33,6 +33,8 @@ class ModelWorkerBatch:
     return_logprob: bool = False
     top_logprobs_nums: list[int] | None = None
     has_future_ids: bool = False  # some input ids name tokens of a batch still in flight
+    # with LoRA adapters served: each request's adapter slot (-1: the base model)
+    lora_slots: list[int] | None = None
     # a verify step (speculative decoding) runs as a decode pass over k_i + 1 rows per request
     # (its last token, then its k_i proposed ones); k_i per request, for the acceptance
     verify_draft_lens: list[int] | None = None

@@ -29,6 +29,7 @@ class CacheableReq(Protocol):
     kv_len: int
     prefix_indices: torch.Tensor
     last_node: Any
+    lora_uid: int  # 0: the base model; else the LoRA adapter's namespace (adapter_key)
 
 
 @dataclass
@@ -39,6 +40,17 @@ class MatchResult:
     last_node: PrefixNode | None
     # tokens past `indices` that a lower tier (host memory, disk) holds: `restore` brings them
     restorable: int = 0
+
+
+def adapter_key(tokens: list[int], lora_uid: int) -> list[int]:
+    """The cache key of `tokens` under a LoRA adapter: token ids moved above the vocabulary by
+    the adapter's registration number (`lora_uid << 32`), so an adapter's prefixes only match its
+    own (or, with uid 0, the base model's) and no cache learns about adapters. Whoever reads
+    keys back as tokens (KV events, disk blocks) takes `key & 0xFFFFFFFF` and `key >> 32`."""
+    if not lora_uid:
+        return tokens
+    offset = lora_uid << 32
+    return [t + offset for t in tokens]
 
 
 def empty_slots() -> torch.Tensor:

@@ -20,6 +20,7 @@ from radixserve.mem_cache.base_prefix_cache import (
     BasePrefixCache,
     CacheableReq,
     MatchResult,
+    adapter_key,
     empty_slots,
 )
 from radixserve.mem_cache.kv_event_sink import KVEventSink
@@ -251,7 +252,7 @@ class RadixCache(BasePrefixCache):
 
         Returns the key and the row's slots that were inserted.
         """
-        key = (req.origin_input_ids + req.output_ids)[: req.kv_len]
+        key = adapter_key((req.origin_input_ids + req.output_ids)[: req.kv_len], req.lora_uid)
         kv_indices = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
         num_already_cached = self.insert(key, kv_indices)
         # row[:len(prefix)] are the tree's own slots (the locked prefix); the rest of the

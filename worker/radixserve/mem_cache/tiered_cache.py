@@ -30,7 +30,12 @@ from dataclasses import dataclass, field
 import torch
 
 from radixserve.mem_cache.allocator import TokenSlotAllocator
-from radixserve.mem_cache.base_prefix_cache import CacheableReq, MatchResult, empty_slots
+from radixserve.mem_cache.base_prefix_cache import (
+    CacheableReq,
+    MatchResult,
+    adapter_key,
+    empty_slots,
+)
 from radixserve.mem_cache.disk_store import BLOCK_TOKENS, DiskKVStore, fingerprint_of
 from radixserve.mem_cache.host_pool import HostKVPool, kv_buffers
 from radixserve.mem_cache.kv_event_sink import KVEventSink, Medium
@@ -284,7 +289,7 @@ class TieredRadixCache(RadixCache):
         return upper
 
     def _insert_req_kv(self, req: CacheableReq) -> tuple[list[int], torch.Tensor]:
-        key = (req.origin_input_ids + req.output_ids)[: req.kv_len]
+        key = adapter_key((req.origin_input_ids + req.output_ids)[: req.kv_len], req.lora_uid)
         kv_indices = self.req_to_token_pool.read(req.req_pool_idx, req.kv_len)
         num_already_cached = self.insert(key, kv_indices)
         duplicate = torch.zeros(req.kv_len, dtype=torch.bool)

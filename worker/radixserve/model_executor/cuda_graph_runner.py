@@ -26,6 +26,7 @@ from radixserve.model_executor.future_tokens import NO_SLOTS, FutureSlots
 
 if TYPE_CHECKING:
     from radixserve.layers.attention.base import AttentionBackend
+    from radixserve.layers.lora_linear import LoRABatch
     from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixserve.model_executor.future_tokens import FutureTokens
 
@@ -53,8 +54,12 @@ class CudaGraphRunner:
         token_to_kv_pool: TokenToKVPool,
         future_tokens: FutureTokens,
         max_bs: int,
+        lora_batch: LoRABatch | None = None,
     ) -> None:
         self.model = model
+        # with LoRA adapters: the graphs read each replay's adapter slots from its fixed
+        # buffers (the model runner fills them before the replay)
+        self.lora_batch = lora_batch
         self.backend = backend
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
@@ -112,6 +117,8 @@ class CudaGraphRunner:
         # largest first, so smaller graphs fit in the memory the largest one reserved
         for bs in reversed(self.capture_bs):
             fb = self._capture_batch(bs)
+            if self.lora_batch is not None:
+                self.lora_batch.prepare([-1] * bs, [1] * bs, always=True)
             self.backend.init_forward_metadata_capture_cuda_graph(
                 bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
             )

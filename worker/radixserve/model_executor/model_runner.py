@@ -33,6 +33,8 @@ from radixserve.layers.mla import mla_attention_backend
 from radixserve.layers.quantization.base import resolve_quantization
 from radixserve.layers.radix_attention import attention_variants
 from radixserve.layers.sampler import Sampler, SamplerOutput
+from radixserve.lora.manager import LoRAManager
+from radixserve.lora.pool import LoRASlotPool, projection_shapes
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
@@ -152,6 +154,8 @@ class ModelRunner:
             hf_config.tie_word_embeddings = True
         with self.startup.timed("model_setup"):
             self.model = self._build_model()
+            # before the KV pool is sized: the pool takes what the adapters' slots leave
+            self.lora = self._build_lora() if server_args.lora_enabled else None
             self.pooler = self._build_pooler(source) if self.task.pools else None
         weights_last = self.device.type != "cuda" or reads_weights_last(
             self.kv_dtype == self.dtype,
@@ -201,6 +205,7 @@ class ModelRunner:
                     self.token_to_kv_pool,
                     self.future_tokens,
                     max_bs=min(server_args.cuda_graph_max_bs, self.max_running_requests),
+                    lora_batch=self.lora.pool.batch if self.lora is not None else None,
                 )
         if weights_last:
             self._load_weights(source)
@@ -246,6 +251,43 @@ class ModelRunner:
                 return model_cls(self.model_config.hf_config, self.quantization).eval()
         finally:
             torch.set_default_dtype(default_dtype)
+
+    def _build_lora(self) -> LoRAManager:
+        """The adapters' device slots (wrapping the model's projections) and their manager."""
+        args = self.server_args
+        if self.task.pools:
+            raise ValueError("LoRA adapters are served for generation only (--task generate)")
+        max_rows = (args.max_running_requests or (256 if self.device.type == "cuda" else 64)) + 2
+        pool = LoRASlotPool(
+            self.model, args.max_loras, args.max_lora_rank, max_rows, self.dtype, self.device
+        )
+        hf_config = self.model_config.hf_config
+        logger.info(
+            "LoRA: %d slots of rank %d take %.1f MiB",
+            args.max_loras,
+            args.max_lora_rank,
+            pool.nbytes / MiB,
+        )
+        return LoRAManager(
+            pool,
+            args.max_cpu_loras,
+            hf_config.num_hidden_layers,
+            projection_shapes(hf_config),
+            self.dtype,
+        )
+
+    def _prepare_lora(self, batch: ModelWorkerBatch, padded: int | None) -> None:
+        """The pass's adapter layout: one segment per request (its extend tokens, or its decode
+        token); a replayed graph's padding rows use none."""
+        assert self.lora is not None
+        slots = batch.lora_slots or [-1] * len(batch.seq_lens)
+        if padded is not None:
+            rows = len(slots)
+            self.lora.pool.batch.prepare(slots + [-1] * (padded - rows), [1] * padded, True)
+        elif batch.forward_mode.is_decode():
+            self.lora.pool.batch.prepare(slots, [1] * len(slots))
+        else:
+            self.lora.pool.batch.prepare(slots, batch.extend_seq_lens)
 
     def _build_pooler(self, source: ModelSource) -> Pooler:
         """The pooling head of an embed or rerank model; a causal LM scored by its "yes" and
@@ -344,6 +386,8 @@ class ModelRunner:
         """One pass; `future` holds the slots reserved for the batch's sampled tokens."""
         graphs = self.cuda_graph_runner
         if graphs is not None and graphs.can_run(batch):
+            if self.lora is not None:
+                self._prepare_lora(batch, graphs.padded_size(len(batch.seq_lens)))
             forward_batch = graphs.load_inputs(batch, future)
             logits, greedy_ids = graphs.replay(forward_batch, len(batch.seq_lens))
             return ForwardOutput(logits, forward_batch, greedy_ids)
@@ -357,6 +401,8 @@ class ModelRunner:
         )
         if batch.has_future_ids:
             forward_batch.input_ids = self.future_tokens.resolve(forward_batch.input_ids)
+        if self.lora is not None:
+            self._prepare_lora(batch, None)
         self.attn_backend.init_forward_metadata(forward_batch)
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return ForwardOutput(logits, forward_batch)

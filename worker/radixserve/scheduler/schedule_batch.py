@@ -19,6 +19,7 @@ import torch
 from radixserve.boundary import PoolingParams, TokenLogprob
 from radixserve.forward.mode import ForwardMode
 from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.mem_cache.base_prefix_cache import adapter_key
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
 
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
 
 EMPTY_SLOTS = torch.empty(0, dtype=torch.int64)
+NO_LORA_SLOT = -1  # the base model's rows (layers/lora_linear.NO_ADAPTER)
 
 
 class Req:
@@ -46,6 +48,8 @@ class Req:
         arrival_time: float | None = None,
         eos_token_ids: frozenset[int] = frozenset(),
         pooling: PoolingParams | None = None,
+        lora_name: str | None = None,
+        lora_uid: int = 0,
     ) -> None:
         self.rid = rid
         self.origin_input_ids = list(origin_input_ids)
@@ -86,6 +90,11 @@ class Req:
         # the host, then its embedding or score (scheduler._finish_pooling)
         self.pooling = pooling
         self.pooled: torch.Tensor | None = None
+        # a LoRA adapter's request: its name, its registration number (the prefix cache's
+        # namespace: 0 is the base model's) and, from admission to its end, its device slot
+        self.lora_name = lora_name
+        self.lora_uid = lora_uid
+        self.lora_slot = NO_LORA_SLOT
 
     # -- state -------------------------------------------------------------------------------
     @property
@@ -99,7 +108,7 @@ class Req:
         """Match the longest cached prefix of prompt+output; at least one token stays to compute
         (its logits give the next token)."""
         self.fill_ids = self.origin_input_ids + self.output_ids
-        match = tree_cache.match_prefix(self.fill_ids[: len(self.fill_ids) - 1])
+        match = tree_cache.match_prefix(adapter_key(self.fill_ids[:-1], self.lora_uid))
         self.prefix_indices, self.last_node = match.indices, match.last_node
         self.restorable_tokens = match.restorable
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
@@ -375,7 +384,8 @@ class ScheduleBatch:
         self.reqs = self.reqs + other.reqs
 
     # -- hand-off ----------------------------------------------------------------------------
-    def get_model_worker_batch(self) -> ModelWorkerBatch:
+    def get_model_worker_batch(self, with_lora: bool = False) -> ModelWorkerBatch:
+        """`with_lora`: LoRA adapters are served, and the pass needs each row's slot."""
         seq_lens = [r.kv_len for r in self.reqs]
         if self.forward_mode.is_verify():
             return self._verify_worker_batch()
@@ -393,4 +403,5 @@ class ScheduleBatch:
             return_logprob=self.return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
             has_future_ids=any(r.future_id is not None for r in self.reqs),
+            lora_slots=[r.lora_slot for r in self.reqs] if with_lora else None,
         )

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
+from radixserve.mem_cache.base_prefix_cache import adapter_key
+
 if TYPE_CHECKING:
     from radixserve.mem_cache.allocator import TokenSlotAllocator
     from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
@@ -150,7 +152,7 @@ class PrefillAdder:
         restoring takes as many device slots as computing those tokens would."""
         if req.extend_input_len + self._future_tokens(req) > self.rem_total_tokens:
             return
-        restored = self.tree_cache.restore(req.fill_ids[: len(req.fill_ids) - 1])
+        restored = self.tree_cache.restore(adapter_key(req.fill_ids[:-1], req.lora_uid))
         for tier, n in restored.items():
             req.restored_tokens[tier] = req.restored_tokens.get(tier, 0) + n
         self.cache_changed = True

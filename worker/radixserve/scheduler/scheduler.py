@@ -41,6 +41,8 @@ from radixserve.boundary import (
     GetServerInfoReq,
     GetServerInfoReqOutput,
     GrammarsReadyReq,
+    LoRAAdapterReq,
+    LoRAAdapterReqOutput,
     ReqOutput,
     SchedulerStats,
     TokenizedGenerateReqInput,
@@ -50,12 +52,13 @@ from radixserve.catalog.model_tasks import ModelTask
 from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.forward.mode import ForwardMode
+from radixserve.lora.adapter import LoRALoadError
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.mem_cache.radix_cache import RadixCache
 from radixserve.mem_cache.tiered_cache import build_tiered_cache
 from radixserve.model_executor.pooler import finish_embedding
-from radixserve.scheduler.schedule_batch import Req, ScheduleBatch
+from radixserve.scheduler.schedule_batch import NO_LORA_SLOT, Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
 from radixserve.scheduler.scheduler_stats import SchedulerCounters
 from radixserve.speculative.speculator import Speculator, build_proposer
@@ -64,6 +67,7 @@ if TYPE_CHECKING:
     import torch
 
     from radixserve.forward.worker_batch import ModelWorkerBatch
+    from radixserve.lora.manager import LoRAManager
     from radixserve.mem_cache.allocator import TokenSlotAllocator
     from radixserve.mem_cache.base_prefix_cache import BasePrefixCache
     from radixserve.mem_cache.memory_pool import ReqToTokenPool
@@ -106,6 +110,7 @@ class BatchWorker(Protocol):
     # launch returns before the device has run the batch: the next batch can form meanwhile
     asynchronous: bool
     timeline: GpuTimeline
+    lora: LoRAManager | None  # None: no LoRA adapters served
 
     def launch(self, batch: ModelWorkerBatch) -> PendingBatchResult:
         """Launch the batch's forward and, unless it has constrained rows, its sampling (see
@@ -208,6 +213,10 @@ class Scheduler:
             else None
         )
         self.kv_events: KVEventPublisher | None = None
+        self.lora: LoRAManager | None = getattr(worker, "lora", None)
+        for name, path in server_args.lora_module_paths().items():
+            assert self.lora is not None
+            self.lora.add(name, self.lora.read(path))  # a bad adapter fails the start
 
     def publish_kv_events(self, publisher: KVEventPublisher) -> None:
         """Make `publisher` the prefix cache's event sink (rank 0, --kv-events-endpoint)."""
@@ -227,6 +236,7 @@ class Scheduler:
             arrival_time=recv.arrival_time or None,
             eos_token_ids=self.eos_token_ids,
             pooling=recv.pooling,
+            lora_name=recv.lora_name,
         )
         error = self._validate(req)
         if error is not None:
@@ -270,6 +280,14 @@ class Scheduler:
         )
 
     def _validate(self, req: Req) -> str | None:
+        if req.lora_name is not None:
+            if self.lora is None or req.lora_name not in self.lora.paths:
+                return f"the LoRA adapter {req.lora_name!r} is not served"
+            req.lora_uid = self.lora.uid(req.lora_name)
+            self.lora.count_request(req.lora_name, len(req.origin_input_ids))
+        return self._validate_params(req)
+
+    def _validate_params(self, req: Req) -> str | None:
         n = len(req.origin_input_ids)
         if n == 0:
             return "the prompt is empty"
@@ -419,7 +437,25 @@ class Scheduler:
             "matmul_parameters": self.model.matmul_parameters,
             "speculative_method": self.server_args.speculative_method,
             **(self.speculator.info() if self.speculator is not None else {}),
+            **(self.lora.info() if self.lora is not None else {}),
         }
+
+    def change_lora_adapters(self, msg: LoRAAdapterReq) -> LoRAAdapterReqOutput:
+        """Load or unload an adapter (the admin endpoints). A load reads and checks the files
+        here, on the scheduler's thread, and fails alone: nothing served changes."""
+        if self.lora is None:
+            return LoRAAdapterReqOutput(False, "LoRA is off: start the server with --max-loras")
+        if msg.path is None:
+            if not self.lora.remove(msg.name):
+                return LoRAAdapterReqOutput(
+                    False, f"the LoRA adapter {msg.name!r} is not loaded", self.lora.served()
+                )
+        else:
+            try:
+                self.lora.add(msg.name, self.lora.read(msg.path))
+            except LoRALoadError as exc:
+                return LoRAAdapterReqOutput(False, str(exc), self.lora.served())
+        return LoRAAdapterReqOutput(True, "", self.lora.served())
 
     def kv_usage(self) -> float:
         """KV held by running or queued requests: neither free nor evictable prefix cache
@@ -497,7 +533,7 @@ class Scheduler:
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
-        pending = self.worker.launch(batch.get_model_worker_batch())
+        pending = self.worker.launch(batch.get_model_worker_batch(self.lora is not None))
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_decode() or req is not self.chunked_req:
                 req.future_id = pending.future.placeholder(i)
@@ -611,6 +647,8 @@ class Scheduler:
         batch.filter_batch([i for i in range(len(batch.reqs)) if i not in gone])
 
     def get_new_batch_prefill(self) -> ScheduleBatch | None:
+        if self.lora is not None:
+            self._end_failed_lora_waits()
         if not self.waiting_queue and self.chunked_req is None:
             return None
         running = len(self.running_batch)
@@ -641,6 +679,8 @@ class Scheduler:
                 self.counters.count_prefix_lookup(
                     len(req.origin_input_ids), req.cached_tokens, req.restored_tokens
                 )
+                if self.lora is not None:
+                    self.lora.count_prefix(req.lora_name, req.cached_tokens)
         self.chunked_req = adder.new_chunked_req
         batch.allocate_for_extend()
         self.counters.count_prefill(sum(batch.extend_lens))
@@ -669,6 +709,12 @@ class Scheduler:
             for req in ordered:
                 if running + len(adder.can_run_list) >= self.max_running_requests:
                     break
+                if (
+                    req.lora_slot == NO_LORA_SLOT
+                    and req.lora_name is not None
+                    and not self._take_lora_slot(req)
+                ):
+                    continue  # its adapter is being read, or every slot is in use
                 if not matched or adder.cache_changed:
                     req.init_next_round_input(self.tree_cache)
                 if adder.add_one_req(req) != AddResult.CONTINUE:
@@ -681,6 +727,28 @@ class Scheduler:
             self._unlock_admitted(adder, chunked)
             raise
         return adder, batch
+
+    def _end_failed_lora_waits(self) -> None:
+        """End the waiting requests whose adapter could not be read (`_take_lora_slot`)."""
+        failed = [r for r in self.waiting_queue if r.finished()]
+        for req in failed:
+            self.waiting_queue.remove(req)
+            self._finish_waiting(req)
+
+    def _take_lora_slot(self, req: Req) -> bool:
+        """Give `req` its adapter's device slot (held until it ends); False while it waits."""
+        assert self.lora is not None and req.lora_name is not None
+        try:
+            slot = self.lora.acquire(req.lora_name)
+        except LoRALoadError as exc:
+            # read again after the host dropped it, and the file has gone bad: the request
+            # ends at its next admission check, as an error
+            req.finished_reason = {"type": "error", "message": str(exc)}
+            return False
+        if slot is None:
+            return False
+        req.lora_slot = slot
+        return True
 
     def _unlock_admitted(self, adder: PrefillAdder, chunked: Req | None) -> None:
         """Undo the prefix locks admission took (the chunked request's is its own)."""
@@ -830,6 +898,12 @@ class Scheduler:
         self._emit(req)
 
     def _emit(self, req: Req) -> None:
+        if req.lora_slot != NO_LORA_SLOT and req.finished():
+            assert self.lora is not None
+            self.lora.release(req.lora_slot)
+            req.lora_slot = NO_LORA_SLOT
+        if req.lora_name is not None and self.lora is not None:
+            self.lora.count_tokens(req.lora_name, len(req.output_ids) - req.sent_len)
         if not req.stream and not req.finished():
             return
         new = req.output_ids[req.sent_len :]
@@ -906,6 +980,8 @@ class Scheduler:
             return FlushCacheReqOutput(ok, "" if ok else "requests are running; not flushed")
         elif isinstance(msg, GetServerInfoReq):
             return GetServerInfoReqOutput(self.get_server_info())
+        elif isinstance(msg, LoRAAdapterReq):
+            return self.change_lora_adapters(msg)
         else:
             logger.warning("ignoring unknown message %r", type(msg).__name__)
         return None

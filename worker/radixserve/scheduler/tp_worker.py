@@ -183,6 +183,7 @@ class ModelWorker:
         self.max_total_tokens = runner.max_total_tokens
         self.max_running_requests = runner.max_running_requests
         self.kv_pool = runner.token_to_kv_pool
+        self.lora = runner.lora
         self.device = runner.device
         # a CUDA device runs launched work while the host goes on; the CPU runs it in launch
         self.asynchronous = runner.device.type == "cuda"

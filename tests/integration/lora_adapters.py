@@ -1,0 +1,53 @@
+"""Random PEFT LoRA adapters for a tiny random Llama, saved as PEFT saves them, and PEFT's own
+greedy output for each: the reference the engine's adapters are checked against."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+# (name, rank, alpha, target modules): different ranks, attention only, MLP only, all
+ADAPTERS = [
+    ("alpha", 4, 8, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+    ("beta", 8, 16, ["gate_proj", "up_proj", "down_proj"]),
+    ("gamma", 16, 8, ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
+]
+
+
+def save_adapter(
+    hf_model, directory: Path, rank: int, alpha: int, targets: list[str], seed: int
+) -> Path:
+    """A PEFT LoRA adapter with random A and non-zero random B (PEFT's own init leaves B zero,
+    which would hide any mistake), written with save_pretrained."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0)
+    peft_model = get_peft_model(copy.deepcopy(hf_model), config)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, param in peft_model.named_parameters():
+            if "lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.2)
+    peft_model.save_pretrained(str(directory))
+    return directory
+
+
+def peft_greedy(hf_model, adapter_dir: Path | None, prompt: list[int], new: int) -> list[int]:
+    """PEFT's model (the adapter merged into nothing: its LoRA layers run) generating greedily."""
+    from peft import PeftModel
+
+    model = hf_model
+    if adapter_dir is not None:
+        model = PeftModel.from_pretrained(copy.deepcopy(hf_model), str(adapter_dir)).eval()
+    with torch.no_grad():
+        out = model.generate(
+            input_ids=torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out[0, len(prompt) :].tolist()

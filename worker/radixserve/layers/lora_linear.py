@@ -1,0 +1,131 @@
+"""`LoRALinear`: a projection plus the LoRA products of whichever adapter each token's request
+uses, and `LoRABatch`, the pass's adapter layout every wrapped projection reads.
+
+The wrapper takes the base projection's parameters as its own (same names, same tensors), so the
+checkpoint loads through it unchanged, whatever the base is (plain, FP8). The adapters' weights
+live in slot-stacked buffers that the LoRA pool (lora/pool.py) writes; which slot each token
+uses is a step input (`LoRABatch`), written into fixed device buffers before every pass, so a
+captured CUDA graph reads each replay's own layout.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from radixserve.kernels import lora as lora_kernels
+from radixserve.kernels import triton_support
+from radixserve.layers.activation import silu_and_mul
+
+NO_ADAPTER = -1  # a base-model row's slot
+
+
+class LoRABatch:
+    """The pass's tokens cut into segments of one adapter slot: a request's extend tokens, or
+    one decode row (graph padding rows use no adapter). On CUDA the segments live in one fixed
+    device buffer, filled by one host-to-device copy a pass; on the CPU the torch path takes a
+    slot per token instead."""
+
+    def __init__(self, device: torch.device, max_rows: int) -> None:
+        self.device = device
+        self.max_rows = max_rows
+        # [segment starts (max_rows + 1) | segment slots (max_rows)]
+        self._packed = torch.zeros(2 * max_rows + 1, dtype=torch.int32, device=device)
+        self.seg_starts = self._packed[:1]
+        self.seg_slots = self._packed[max_rows + 1 : max_rows + 1]
+        self.token_slots: torch.Tensor | None = None
+        self.max_seg_len = 0
+        # False when no row of the pass uses an adapter: the wrappers skip their products
+        # (always True for a captured graph, whose replays may mix)
+        self.active = False
+
+    def prepare(
+        self, row_slots: Sequence[int], row_lens: Sequence[int], always: bool = False
+    ) -> None:
+        """This pass's layout: row i has `row_lens[i]` tokens and uses slot `row_slots[i]`
+        (NO_ADAPTER for the base model)."""
+        rows = len(row_slots)
+        if rows > self.max_rows:
+            raise ValueError(f"{rows} rows exceed the LoRA batch's {self.max_rows}")
+        self.active = always or any(s != NO_ADAPTER for s in row_slots)
+        lens = torch.tensor(row_lens, dtype=torch.int32)
+        slots = torch.tensor(row_slots, dtype=torch.int32)
+        self.max_seg_len = int(lens.max()) if rows else 0
+        host = torch.zeros(2 * self.max_rows + 1, dtype=torch.int32)
+        torch.cumsum(lens, 0, out=host[1 : rows + 1])
+        host[self.max_rows + 1 : self.max_rows + 1 + rows] = slots
+        if self.device.type == "cuda":
+            self._packed.copy_(host.pin_memory(), non_blocking=True)
+        else:
+            self._packed.copy_(host)
+        if self.device.type != "cuda" or triton_support.triton is None:  # the torch path's
+            self.token_slots = torch.repeat_interleave(slots, lens).to(self.device)
+        self.seg_starts = self._packed[: rows + 1]
+        self.seg_slots = self._packed[self.max_rows + 1 : self.max_rows + 1 + rows]
+
+
+class LoRALinear(nn.Module):
+    """`base(x)` plus, for each token, `x · Aᵀ · Bᵀ` of its adapter (scaling folded into B).
+
+    `sub_sizes` are the output widths of the projections fused in `base` (q, k, v or gate, up;
+    one for o and down): each has its own A and B, padded to the pool's rank."""
+
+    def __init__(
+        self,
+        base: nn.Module,
+        in_features: int,
+        sub_sizes: Sequence[int],
+        slots: int,
+        max_rank: int,
+        batch: LoRABatch,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        # the base's parameters under their own names: a checkpoint loads as before
+        object.__setattr__(self, "base", base)
+        for name, param in base.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buffer in base.named_buffers(recurse=False):
+            self.register_buffer(name, buffer)
+        self.sub_sizes = list(sub_sizes)
+        self.max_rank = max_rank
+        self.batch = batch
+        device = batch.device
+        out = sum(self.sub_sizes)
+        self.lora_a = torch.zeros(
+            (slots, len(self.sub_sizes) * max_rank, in_features), dtype=dtype, device=device
+        )
+        self.lora_b = torch.zeros((slots, out, max_rank), dtype=dtype, device=device)
+
+    def load_rows(self, kind: str, start: int, count: int, tensor: torch.Tensor) -> set[str]:
+        return self.base.load_rows(kind, start, count, tensor)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        batch = self.batch
+        if not batch.active:
+            return y
+        shrunk = lora_kernels.shrink(
+            x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
+        )
+        offset = 0
+        for i, size in enumerate(self.sub_sizes):  # the fused projections: at most three
+            rank = slice(i * self.max_rank, (i + 1) * self.max_rank)
+            lora_kernels.expand(
+                y[:, offset : offset + size],
+                shrunk[:, rank],
+                self.lora_b[:, offset : offset + size],
+                batch.seg_starts,
+                batch.seg_slots,
+                batch.max_seg_len,
+                batch.token_slots,
+            )
+            offset += size
+        return y
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of this [gate; up] projection of x, adapters included (the base's
+        gated GEMV epilogue cannot add them)."""
+        return silu_and_mul(self.forward(x))

@@ -1,0 +1,221 @@
+"""`LoRAManager`: the adapters a server serves (name -> path), their host copies (an LRU of
+`--max-cpu-loras`) and which device slot each holds (`--max-loras`), on the scheduler's thread.
+
+Reading an adapter from disk is the slow part and runs on the manager's own thread: a request
+whose adapter is neither on the device nor on the host waits in the queue while it is read, and
+every other request keeps running. Moving a host copy into a free slot (or the least recently
+used slot that no request holds) is a few queued copies, done at admission. A slot a request
+holds is never given to another adapter.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+
+from radixserve.layers.lora_linear import NO_ADAPTER
+from radixserve.lora.adapter import LoRALoadError, LoRAWeights, read_adapter
+from radixserve.lora.pool import LoRASlotPool
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoRACounters:
+    """What the metrics report: loads from disk and their seconds, slot evictions, per adapter
+    requests and tokens (prompt + generated)."""
+
+    loads: int = 0
+    load_seconds: float = 0.0
+    evictions: int = 0
+    requests: dict[str, int] = field(default_factory=dict)
+    prompt_tokens: dict[str, int] = field(default_factory=dict)
+    generated_tokens: dict[str, int] = field(default_factory=dict)
+    # prefix cache: per adapter ("" the base model), admissions and their cached tokens
+    prefix_lookups: dict[str, int] = field(default_factory=dict)
+    prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
+
+
+class LoRAManager:
+    def __init__(
+        self,
+        pool: LoRASlotPool,
+        max_cpu_loras: int,
+        num_layers: int,
+        shapes: dict[str, tuple[int, int]],
+        dtype: torch.dtype,
+    ) -> None:
+        self.pool = pool
+        self.max_cpu_loras = max_cpu_loras
+        self._read_args = (pool.max_rank, num_layers, shapes, dtype)
+        self._pin = pool.batch.device.type == "cuda"
+        self.paths: dict[str, str] = {}
+        # a name's registration number: the prefix cache's namespace (a reloaded adapter
+        # never reuses the KV its previous weights computed)
+        self.uids: dict[str, int] = {}
+        self._next_uid = 1
+        self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
+        self.reading: dict[str, Future[LoRAWeights]] = {}
+        self.failed: dict[str, str] = {}
+        self.slot_names: list[str | None] = [None] * pool.slots
+        self.slot_users = [0] * pool.slots
+        self.slot_of: dict[str, int] = {}
+        self._slot_used_at = [0.0] * pool.slots
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="lora-read")
+        self.counters = LoRACounters()
+
+    # -- what is served ------------------------------------------------------------------
+    def read(self, path: str) -> LoRAWeights:
+        """Read and check the adapter at `path` (any thread); LoRALoadError says why not."""
+        start = time.perf_counter()
+        weights = read_adapter(path, *self._read_args)
+        if self._pin:
+            weights.tensors = {
+                k: (a.pin_memory(), b.pin_memory()) for k, (a, b) in weights.tensors.items()
+            }
+        self.counters.loads += 1
+        self.counters.load_seconds += time.perf_counter() - start
+        return weights
+
+    def read_async(self, path: str) -> Future[LoRAWeights]:
+        return self._executor.submit(self.read, path)
+
+    def add(self, name: str, weights: LoRAWeights) -> None:
+        """Serve `weights` as `name` (replacing what the name served: requests holding the
+        old slot finish on it)."""
+        self.remove(name)
+        self.paths[name] = weights.path
+        self.uids[name] = self._next_uid
+        self._next_uid += 1
+        self._keep_on_host(name, weights)
+
+    def remove(self, name: str) -> bool:
+        """Stop serving `name`; its slot is freed once no request holds it."""
+        if name not in self.paths:
+            return False
+        del self.paths[name], self.uids[name]
+        self.host.pop(name, None)
+        self.failed.pop(name, None)
+        self.reading.pop(name, None)
+        slot = self.slot_of.pop(name, None)
+        if slot is not None and self.slot_users[slot] == 0:
+            self.slot_names[slot] = None
+        return True
+
+    def served(self) -> dict[str, str]:
+        return dict(self.paths)
+
+    def uid(self, name: str | None) -> int:
+        return 0 if name is None else self.uids[name]
+
+    # -- slots ---------------------------------------------------------------------------
+    def acquire(self, name: str) -> int | None:
+        """The slot holding `name` for one more request, or None while it is being read (the
+        request waits). Raises LoRALoadError when its re-read from disk failed."""
+        if name in self.failed:
+            raise LoRALoadError(self.failed[name])
+        slot = self.slot_of.get(name)
+        if slot is None:
+            weights = self._host_copy(name)
+            if weights is None:
+                return None
+            slot = self._free_slot()
+            if slot is None:
+                return None  # every slot is in use: wait for one
+            self.pool.write(slot, weights)
+            self.slot_names[slot] = name
+            self.slot_of[name] = slot
+        self.slot_users[slot] += 1
+        self._slot_used_at[slot] = time.monotonic()
+        return slot
+
+    def release(self, slot: int) -> None:
+        if slot == NO_ADAPTER:
+            return
+        self.slot_users[slot] -= 1
+        name = self.slot_names[slot]
+        if self.slot_users[slot] == 0 and (name is None or self.slot_of.get(name) != slot):
+            self.slot_names[slot] = None  # its adapter was unloaded or replaced meanwhile
+
+    def resident(self) -> list[str]:
+        return [n for n in self.slot_names if n is not None and self.slot_of.get(n) is not None]
+
+    def _free_slot(self) -> int | None:
+        empty = [s for s, n in enumerate(self.slot_names) if n is None]
+        if empty:
+            return empty[0]
+        idle = [s for s in range(len(self.slot_names)) if self.slot_users[s] == 0]
+        if not idle:
+            return None
+        slot = min(idle, key=self._slot_used_at.__getitem__)
+        self.slot_of.pop(self.slot_names[slot], None)
+        self.slot_names[slot] = None
+        self.counters.evictions += 1
+        return slot
+
+    def _host_copy(self, name: str) -> LoRAWeights | None:
+        if name in self.host:
+            self.host.move_to_end(name)
+            return self.host[name]
+        future = self.reading.get(name)
+        if future is None:
+            self.reading[name] = self.read_async(self.paths[name])
+            return None
+        if not future.done():
+            return None
+        del self.reading[name]
+        try:
+            weights = future.result()
+        except LoRALoadError as exc:
+            self.failed[name] = str(exc)
+            raise
+        self._keep_on_host(name, weights)
+        return weights
+
+    def _keep_on_host(self, name: str, weights: LoRAWeights) -> None:
+        self.host[name] = weights
+        self.host.move_to_end(name)
+        while len(self.host) > self.max_cpu_loras:
+            self.host.popitem(last=False)
+
+    # -- counters ------------------------------------------------------------------------
+    def count_request(self, name: str, prompt_tokens: int) -> None:
+        c = self.counters
+        c.requests[name] = c.requests.get(name, 0) + 1
+        c.prompt_tokens[name] = c.prompt_tokens.get(name, 0) + prompt_tokens
+
+    def count_tokens(self, name: str, generated: int) -> None:
+        if generated > 0:
+            c = self.counters
+            c.generated_tokens[name] = c.generated_tokens.get(name, 0) + generated
+
+    def count_prefix(self, name: str | None, cached_tokens: int) -> None:
+        key, c = name or "", self.counters
+        c.prefix_lookups[key] = c.prefix_lookups.get(key, 0) + 1
+        c.prefix_hit_tokens[key] = c.prefix_hit_tokens.get(key, 0) + cached_tokens
+
+    def info(self) -> dict:
+        """Server info: what is served and resident, and the counters."""
+        c = self.counters
+        return {
+            "lora_adapters": self.served(),
+            "lora_resident": self.resident(),
+            "max_loras": self.pool.slots,
+            "max_lora_rank": self.pool.max_rank,
+            "lora_loads": c.loads,
+            "lora_load_seconds": c.load_seconds,
+            "lora_evictions": c.evictions,
+            "lora_requests": dict(c.requests),
+            "lora_prompt_tokens": dict(c.prompt_tokens),
+            "lora_generated_tokens": dict(c.generated_tokens),
+            "lora_prefix_lookups": dict(c.prefix_lookups),
+            "lora_prefix_hit_tokens": dict(c.prefix_hit_tokens),
+        }
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
