@@ -4,18 +4,30 @@
 # normalised), with transformers' Qwen3Model on the same weights and prompts as the peer in the
 # same run (scripts/gpu/bench_embeddings.py). No tokenizer needed: token-id prompts.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/embeddings.sh
-#   BATCH (256), INPUT_LEN (512), REQUESTS (2048), PRESET (qwen3-0.6b), BUDGET_S (230)
+#   BATCH (256), INPUT_LEN (512), REQUESTS (2048), PRESET (qwen3-0.6b), BUDGET_S (330)
 # CPU dry run (no GPU; tiny shapes):
 #   PATH=.venv/bin:$PATH OUT=/tmp/out PRESET=tiny-qwen3 BATCH=8 INPUT_LEN=32 REQUESTS=64 \
 #     bash scripts/gpu/embeddings.sh
-# Result: $OUT/embeddings.json, a line with both throughputs, and PASS/FAIL lines: ours at
+# Result: $OUT/embeddings.json, a line with both throughputs, and PASS/FAIL lines: the GPU
+# parity tests (tests/gpu/test_pooling_gpu.py, $OUT/pytest_pooling.log), ours at
 # least the peer's tokens/s, and every sampled embedding within cosine 0.99 of the peer's
 # (bf16 on both sides).
 set -u
 . "$(dirname "$0")/device_env.sh"
-BUDGET_S=${BUDGET_S:-230}
+BUDGET_S=${BUDGET_S:-330}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
   | tee "$OUT/gpu.txt"
+
+echo "=== parity $(date +%T)"
+# the pooling path against transformers on the GPU (tests/gpu/test_pooling_gpu.py; skipped on
+# the CPU, where tests/integration/test_pooling_parity.py runs)
+timeout "$(limit 120)" python3 -m pytest -q -p no:cacheprovider -rfEs tests/gpu/test_pooling_gpu.py \
+  > "$OUT/pytest_pooling.log" 2>&1
+status=$?
+tail -3 "$OUT/pytest_pooling.log"
+if [ $status -ne 0 ]; then echo "FAIL pooling parity with transformers (pytest exit $status)"
+elif grep -q " passed" "$OUT/pytest_pooling.log"; then echo "PASS pooling parity with transformers"
+else echo "SKIP pooling parity: no CUDA here"; fi
 
 echo "=== embeddings $(date +%T)"
 timeout "$(limit 220)" python3 scripts/gpu/bench_embeddings.py \
