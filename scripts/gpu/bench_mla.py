@@ -78,19 +78,18 @@ def case(bs: int, context: int, heads: int, bandwidth: float) -> dict:
     tokens = bs * context
     layer_bytes = tokens * width * DTYPE.itemsize
     layers = max(1, COLD_BYTES // layer_bytes) if CUDA else 1
-    pools = [
-        torch.randn(tokens + 1, 1, width, device=DEVICE).to(DTYPE) for _ in range(int(layers))
-    ]
+    pools = [torch.randn(tokens + 1, 1, width, device=DEVICE).to(DTYPE) for _ in range(int(layers))]
     slots = torch.randperm(tokens, device=DEVICE).to(torch.int32) + 1
     req_to_token = slots.view(bs, context)
     rows = torch.arange(bs, device=DEVICE)
     lens = torch.full((bs,), context, device=DEVICE)
     q = torch.randn(bs, heads, width, device=DEVICE).to(DTYPE)
     scale, sms = 192**-0.5, num_sms(torch.device(DEVICE))
+    q_latent, q_rope = q[..., :LATENT], q[..., LATENT:]
 
     def kernel():
         for pool in pools:
-            mla_decode_fwd(q, pool, req_to_token, rows, lens, LATENT, scale, sms)
+            mla_decode_fwd(q_latent, q_rope, pool, req_to_token, rows, lens, scale, sms)
 
     def native():
         for pool in pools:
@@ -116,7 +115,7 @@ def case(bs: int, context: int, heads: int, bandwidth: float) -> dict:
         f"{100 * result['fraction_of_bandwidth']:.1f}% of the copy bandwidth; torch "
         f"{result['torch_us_per_layer']:.1f} us ({result['splits']} splits)"
     )
-    del pools
+    pools.clear()
     if CUDA:
         torch.cuda.empty_cache()
     return result

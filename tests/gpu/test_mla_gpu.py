@@ -56,7 +56,9 @@ def test_mla_decode_kernel_matches_reference_bf16(heads):
     seq_lens = [1, 77, 4096, 33000]
     q, pool, req_to_token, rows, lens = latent_case(seq_lens, heads)
     scale = 192**-0.5
-    out = mla_decode_fwd(q, pool, req_to_token, rows, lens, LATENT, scale, num_sms(q.device))
+    out = mla_decode_fwd(
+        q[..., :LATENT], q[..., LATENT:], pool, req_to_token, rows, lens, scale, num_sms(q.device)
+    )
     ref = mla_decode_native(
         q.float(), pool.float(), req_to_token, rows, lens, max(seq_lens), LATENT, scale
     )
@@ -71,10 +73,11 @@ def test_mla_decode_replays_in_a_cuda_graph_at_other_lengths():
     q, pool, req_to_token, rows, lens = latent_case([300, 5, 2000], 16, seed=1)
     static_lens = lens.clone()
     sms = num_sms(q.device)
-    mla_decode_fwd(q, pool, req_to_token, rows, static_lens, LATENT, 0.1, sms)  # compile
+    halves = q[..., :LATENT], q[..., LATENT:]
+    mla_decode_fwd(*halves, pool, req_to_token, rows, static_lens, 0.1, sms)  # compile
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = mla_decode_fwd(q, pool, req_to_token, rows, static_lens, LATENT, 0.1, sms)
+        out = mla_decode_fwd(*halves, pool, req_to_token, rows, static_lens, 0.1, sms)
     for new_lens in ([300, 5, 2000], [1, 1999, 64], [299, 6, 2001]):
         static_lens.copy_(torch.tensor(new_lens))
         graph.replay()

@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from pathlib import Path
 
 os.environ["TRITON_INTERPRET"] = "1"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
@@ -60,7 +63,11 @@ def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> d
     q = torch.randn(bs, heads, width, generator=generator)
     lens = torch.tensor(seq_lens, dtype=torch.int64)
     scale = width**-0.5
-    out = mla_decode_fwd(q, pool, req_to_token, req_pool_indices, lens, latent, scale, sms)
+    # the two halves of the absorbed query as the model hands them over: views, not a cat
+    q_latent = q[..., :latent].transpose(0, 1).contiguous().transpose(0, 1)
+    out = mla_decode_fwd(
+        q_latent, q[..., latent:], pool, req_to_token, req_pool_indices, lens, scale, sms
+    )
     native = mla_decode_native(
         q, pool, req_to_token, req_pool_indices, lens, max(seq_lens), latent, scale
     )
@@ -74,15 +81,87 @@ def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> d
     }
 
 
+@torch.no_grad()
+def rope_store_case(interleaved: bool) -> dict:
+    """The fused prologue against DeepseekMLA's torch path on the tiny V3 layout's layer."""
+    from types import SimpleNamespace
+
+    from radixserve.kernels.mla_rope_store import mla_rope_store
+    from radixserve.layers.rotary_embedding import RotaryEmbedding
+    from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
+    from radixserve.model_loader.random_init import random_hf_config
+    from radixserve.models.deepseek_v2 import DeepseekMLA
+
+    torch.manual_seed(3)
+    config = random_hf_config("tiny-deepseek-v3")
+    config.rope_interleave = interleaved
+    rotary = RotaryEmbedding(config, config.qk_rope_head_dim, 2048)
+    layer = DeepseekMLA(config, 0, rotary, None)
+    layer.kv_a_layernorm.weight.data.uniform_(0.5, 1.5)
+    tokens, width = 7, config.kv_lora_rank + config.qk_rope_head_dim
+    q = torch.randn(tokens, config.num_attention_heads, 24)
+    kv_a = torch.randn(tokens, width)
+    positions = torch.tensor([0, 1, 5, 100, 700, 1500, 2047])
+    loc = torch.tensor([3, 9, 1, 4, 12, 7, 2])
+    pools = [MLATokenToKVPool(16, 1, config.kv_lora_rank, 8, torch.float32, "cpu") for _ in "ab"]
+    batch = SimpleNamespace(token_to_kv_pool=pools[0], out_cache_loc=loc)
+    want = layer._rope_and_store(positions, q, kv_a, batch)
+    got = mla_rope_store(
+        q,
+        kv_a,
+        positions,
+        rotary.cos_cache,
+        rotary.sin_cache,
+        layer.kv_a_layernorm.weight,
+        layer.kv_a_layernorm.variance_epsilon,
+        pools[1].get_latent_buffer(0),
+        loc,
+        16,
+        interleaved,
+    )
+    pool_want, pool_got = pools[0].get_latent_buffer(0), pools[1].get_latent_buffer(0)
+    return {
+        "interleaved": interleaved,
+        "q_err": float((got - want).abs().max()),
+        "pool_err": float((pool_got - pool_want).abs().max()),
+        "rows_written": int((pool_got.abs().sum(-1) > 0).sum()),
+    }
+
+
+def model_results() -> list[dict]:
+    """The DeepSeek layouts forced onto their CUDA path (the prologue and MLA decode kernels,
+    the fused MoE with the model's own routing, V2-Lite's greedy routing through the fused
+    routing kernel) against their torch path, float32: a prefill, a second chunk on its cached
+    prefix, two decode steps (tests/gpu/test_fused_ops.model_passes)."""
+    from test_fused_ops import model_passes
+
+    results = []
+    for preset in ("tiny-deepseek-v3", "tiny-deepseek-v2-lite"):
+        model = f"random:{preset}"
+        native = model_passes(model, "float32", "cpu", "torch_native", False, [3, 17, 70])
+        fused = model_passes(model, "float32", "cpu", "triton", True, [3, 17, 70])
+        pairs = list(zip(fused, native, strict=True))
+        results.append(
+            {
+                "case": preset,
+                "rel_err": max(float((f - n).norm() / n.norm()) for f, n in pairs),
+                "same_argmax": all(torch.equal(f.argmax(-1), n.argmax(-1)) for f, n in pairs),
+            }
+        )
+    return results
+
+
 def main() -> None:
     _allow_one_element_index()
+    rope_store = [rope_store_case(True), rope_store_case(False)]
+    models = model_results()
     results = [
         # several requests, heads that are not a multiple of the 16-row head block
         case([1, 70, 200], heads=20, latent=64, rope=16, sms=8),
         # one long request over many splits (the GPU's split count at batch 1)
         case([1500], heads=16, latent=32, rope=8, sms=132),
     ]
-    print(json.dumps(results))
+    print(json.dumps({"decode": results, "rope_store": rope_store, "models": models}))
 
 
 if __name__ == "__main__":

@@ -17,10 +17,8 @@ on the device, so a captured CUDA graph stays valid for any lengths.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
-from radixserve.kernels.triton_support import dot_precision
+from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
 
 _BLOCK_N = 32
 _BLOCK_H = 16
@@ -29,16 +27,17 @@ _MAX_SPLITS = 128
 _PROGRAMS_PER_SM = 4
 
 
-@triton.jit
+@jit
 def _mla_split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT: tl.constexpr):
     split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
     start = split_len * split_id
     return start, tl.minimum(start + split_len, seq_len)
 
 
-@triton.jit
+@jit
 def _mla_decode_split_kernel(
-    Q,
+    Q_latent,
+    Q_rope,
     KV,
     Req_to_token,
     Req_pool_indices,
@@ -49,8 +48,10 @@ def _mla_decode_split_kernel(
     num_heads,
     num_kv_splits,
     stride_r2t,
-    stride_qb,
-    stride_qh,
+    stride_qcb,
+    stride_qch,
+    stride_qrb,
+    stride_qrh,
     stride_kv,
     stride_mob,
     stride_moh,
@@ -79,10 +80,15 @@ def _mla_decode_split_kernel(
     slot_row = Req_to_token + tl.load(Req_pool_indices + batch).to(tl.int64) * stride_r2t
     start, end = _mla_split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
     if end > start:
-        q_row = Q + batch * stride_qb + heads[:, None] * stride_qh
-        q_c = tl.load(q_row + offs_c[None, :], mask=mask_h[:, None] & mask_c[None, :], other=0.0)
+        q_c = tl.load(
+            Q_latent + batch * stride_qcb + heads[:, None] * stride_qch + offs_c[None, :],
+            mask=mask_h[:, None] & mask_c[None, :],
+            other=0.0,
+        )
         q_r = tl.load(
-            q_row + LATENT + offs_r[None, :], mask=mask_h[:, None] & mask_r[None, :], other=0.0
+            Q_rope + batch * stride_qrb + heads[:, None] * stride_qrh + offs_r[None, :],
+            mask=mask_h[:, None] & mask_r[None, :],
+            other=0.0,
         )
         m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -124,7 +130,7 @@ def _mla_decode_split_kernel(
         )
 
 
-@triton.jit
+@jit
 def _mla_merge_kernel(
     Mid_O,
     Mid_Lse,
@@ -181,30 +187,36 @@ def num_splits(batch_size: int, num_heads: int, num_sms: int) -> int:
 
 
 def mla_decode_fwd(
-    q: torch.Tensor,
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
     kv_buffer: torch.Tensor,
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
     seq_lens: torch.Tensor,
-    kv_lora_rank: int,
     sm_scale: float,
     num_sms: int,
 ) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . KV[b]^T * sm_scale) KV[b, :, :kv_lora_rank] over the
-    first seq_lens[b] tokens of request b's slots (req_to_token[req_pool_indices[b]]).
+    first seq_lens[b] tokens of request b's slots (req_to_token[req_pool_indices[b]]), where
+    q = [q_latent | q_rope] is the absorbed query.
 
-    q: [bs, heads, kv_lora_rank + rope_dim] (the absorbed query); kv_buffer: the layer's
-    latent pool [slots, 1, kv_lora_rank + rope_dim]. Returns [bs, heads, kv_lora_rank] in q's
-    dtype. Every seq_len must be >= 1."""
-    bs, num_heads, width = q.shape
-    rope = width - kv_lora_rank
+    q_latent: [bs, heads, kv_lora_rank], q_rope: [bs, heads, rope_dim], any strides with a
+    unit last one (the W_UK product and the rotary kernel's output, never concatenated);
+    kv_buffer: the layer's latent pool [slots, 1, kv_lora_rank + rope_dim]. Returns
+    [bs, heads, kv_lora_rank] in q's dtype, a view of a head-major [heads, bs, kv_lora_rank]
+    tensor (what the W_UV product takes as it is). Every seq_len must be >= 1."""
+    bs, num_heads, kv_lora_rank = q_latent.shape
+    rope = q_rope.shape[-1]
+    device = q_latent.device
     splits = num_splits(bs, num_heads, num_sms)
-    mid_o = torch.empty((bs, num_heads, splits, kv_lora_rank), dtype=torch.float32, device=q.device)
-    mid_lse = torch.empty((bs, num_heads, splits), dtype=torch.float32, device=q.device)
-    out = torch.empty((bs, num_heads, kv_lora_rank), dtype=q.dtype, device=q.device)
+    mid_o = torch.empty((bs, num_heads, splits, kv_lora_rank), dtype=torch.float32, device=device)
+    mid_lse = torch.empty((bs, num_heads, splits), dtype=torch.float32, device=device)
+    out = torch.empty((num_heads, bs, kv_lora_rank), dtype=q_latent.dtype, device=device)
+    out = out.transpose(0, 1)
     block_c = triton.next_power_of_2(kv_lora_rank)
     _mla_decode_split_kernel[(bs, triton.cdiv(num_heads, _BLOCK_H), splits)](
-        q,
+        q_latent,
+        q_rope,
         kv_buffer,
         req_to_token,
         req_pool_indices,
@@ -215,8 +227,10 @@ def mla_decode_fwd(
         num_heads,
         splits,
         req_to_token.stride(0),
-        q.stride(0),
-        q.stride(1),
+        q_latent.stride(0),
+        q_latent.stride(1),
+        q_rope.stride(0),
+        q_rope.stride(1),
         kv_buffer.stride(0),
         mid_o.stride(0),
         mid_o.stride(1),
@@ -230,7 +244,7 @@ def mla_decode_fwd(
         BLOCK_H=_BLOCK_H,
         BLOCK_N=_BLOCK_N,
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
-        DOT_PRECISION=dot_precision(q.dtype),
+        DOT_PRECISION=dot_precision(q_latent.dtype),
         num_warps=4 if block_c <= 256 else 8,
         num_stages=2,
     )

@@ -1,8 +1,8 @@
 """Multi-head latent attention (MLA, DeepSeek V2/V3) over the latent pool
 (mem_cache/mla_memory_pool.py): the two attention computations an MLA layer makes.
 
-- Decode, absorbed: the query arrives with W_UK folded in (`[q_latent | q_rope]` per head) and
-  attends to the pool's latent rows directly, one shared key per token, the value being the
+- Decode, absorbed: the query arrives with W_UK folded in (`[q_latent | q_rope]` per head,
+  as two tensors) and attends to the pool's latent rows directly, one shared key per token, the value being the
   row's latent part; the caller applies W_UV to the result. Per token it reads
   kv_lora_rank + rope_dim values, not heads x (key + value). On CUDA the Triton kernel
   (kernels/mla_decode.py, which the captured graphs replay), elsewhere the torch reference.
@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.kernels import triton_support
+from radixserve.kernels.mla_decode import mla_decode_fwd
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
@@ -56,36 +57,35 @@ def mla_attention_backend(requested: str, device: str) -> str:
 
 
 def mla_decode(
-    q: torch.Tensor,
+    q_latent: torch.Tensor,
+    q_rope: torch.Tensor,
     kv_buffer: torch.Tensor,
     forward_batch: ForwardBatch,
-    kv_lora_rank: int,
     scaling: float,
 ) -> torch.Tensor:
-    """q: [bs, heads, kv_lora_rank + rope_dim] (absorbed); kv_buffer: the layer's latent pool
-    [slots, 1, kv_lora_rank + rope_dim], this step's rows stored. -> [bs, heads, kv_lora_rank]."""
+    """The absorbed query, q_latent [bs, heads, kv_lora_rank] (W_UK applied) and q_rope
+    [bs, heads, rope_dim], against kv_buffer, the layer's latent pool [slots, 1, kv_lora_rank
+    + rope_dim] with this step's rows stored. -> [bs, heads, kv_lora_rank]."""
     req_to_token = forward_batch.req_to_token_pool.req_to_token
-    if triton_support.enabled_for(q):
-        from radixserve.kernels.mla_decode import mla_decode_fwd
-
+    if triton_support.enabled_for(q_latent):
         return mla_decode_fwd(
-            q,
+            q_latent,
+            q_rope,
             kv_buffer,
             req_to_token,
             forward_batch.req_pool_indices,
             forward_batch.seq_lens,
-            kv_lora_rank,
             scaling,
-            num_sms(q.device),
+            num_sms(q_latent.device),
         )
     return mla_decode_native(
-        q,
+        torch.cat([q_latent, q_rope], dim=-1),
         kv_buffer,
         req_to_token,
         forward_batch.req_pool_indices,
         forward_batch.seq_lens,
         int(forward_batch.seq_lens_cpu.max()),
-        kv_lora_rank,
+        q_latent.shape[-1],
         scaling,
     )
 

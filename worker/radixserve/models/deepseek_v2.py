@@ -37,6 +37,9 @@ from transformers.modeling_rope_utils import yarn_apply_mscale
 
 from radixserve.distributed.parallel_state import all_reduce, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
+from radixserve.kernels import triton_support
+from radixserve.kernels.fused_moe import select_experts
+from radixserve.kernels.mla_rope_store import mla_rope_store
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.mla import mla_decode, mla_extend
 from radixserve.layers.moe.layer import FusedMoE
@@ -160,23 +163,29 @@ class DeepseekMLA(nn.Module):
         else:
             q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
         q = q.view(-1, self.num_heads, self.qk_nope + self.qk_rope)
-        q_nope, q_rope = q[..., : self.qk_nope], q[..., self.qk_nope :]
         kv_a = self.kv_a_proj_with_mqa(hidden)
-        latent = self.kv_a_layernorm(kv_a[:, : self.kv_lora_rank].contiguous())
-        k_rope = kv_a[:, None, self.kv_lora_rank :]
-        if self.interleaved:
-            q_rope, k_rope = _deinterleave(q_rope), _deinterleave(k_rope)
-        q_rope, k_rope = self.rotary(positions, q_rope.contiguous(), k_rope.contiguous())
-        pool = forward_batch.token_to_kv_pool
-        pool.set_latent(self.layer_id, forward_batch.out_cache_loc, latent, k_rope[:, 0])
-        kv_buffer = pool.get_latent_buffer(self.layer_id)
+        kv_buffer = forward_batch.token_to_kv_pool.get_latent_buffer(self.layer_id)
+        if triton_support.enabled_for(kv_a):
+            q_rope = mla_rope_store(
+                q,
+                kv_a,
+                positions,
+                self.rotary.cos_cache,
+                self.rotary.sin_cache,
+                self.kv_a_layernorm.weight,
+                self.kv_a_layernorm.variance_epsilon,
+                kv_buffer,
+                forward_batch.out_cache_loc,
+                self.qk_nope,
+                self.interleaved,
+            )
+        else:
+            q_rope = self._rope_and_store(positions, q, kv_a, forward_batch)
+        q_nope = q[..., : self.qk_nope]
         if forward_batch.forward_mode.is_decode():
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
-            q_absorbed = torch.cat([q_latent, q_rope], dim=-1)
-            out_latent = mla_decode(
-                q_absorbed, kv_buffer, forward_batch, self.kv_lora_rank, self.scaling
-            )
+            out_latent = mla_decode(q_latent, q_rope, kv_buffer, forward_batch, self.scaling)
             # W_UV after: [H, bs, latent] x [H, latent, v_head_dim]
             out = torch.bmm(out_latent.transpose(0, 1), self.w_uv).transpose(0, 1)
         else:
@@ -185,6 +194,26 @@ class DeepseekMLA(nn.Module):
                 q_full, kv_buffer, forward_batch, self._expand, self.kv_lora_rank, self.scaling
             )
         return all_reduce(self.o_proj(out.reshape(-1, self.num_heads * self.v_head_dim)))
+
+    def _rope_and_store(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        kv_a: torch.Tensor,
+        forward_batch: ForwardBatch,
+    ) -> torch.Tensor:
+        """The torch path of `mla_rope_store` (the CPU's, and its reference): the latent
+        normalised, the rope parts de-interleaved and rotated, the latent row stored; returns
+        the query's rotated rope parts [T, heads, rope]."""
+        latent = self.kv_a_layernorm(kv_a[:, : self.kv_lora_rank].contiguous())
+        q_rope, k_rope = q[..., self.qk_nope :], kv_a[:, None, self.kv_lora_rank :]
+        if self.interleaved:
+            q_rope, k_rope = _deinterleave(q_rope), _deinterleave(k_rope)
+        q_rope, k_rope = self.rotary(positions, q_rope.contiguous(), k_rope.contiguous())
+        forward_batch.token_to_kv_pool.set_latent(
+            self.layer_id, forward_batch.out_cache_loc, latent, k_rope[:, 0]
+        )
+        return q_rope
 
 
 class DeepseekRouter(nn.Module):
@@ -211,6 +240,10 @@ class DeepseekRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, top_k] float32, expert ids [T, top_k])."""
         logits = torch.nn.functional.linear(x.float(), self.weight)
+        if self.method == "greedy" and triton_support.enabled_for(logits):
+            # plain softmax top-k (V2-Lite): the fused MoE's one-launch routing kernel
+            weights, ids = select_experts(logits, self.top_k, self.renormalize, False)
+            return (weights if self.scaling == 1.0 else weights * self.scaling), ids
         return grouped_topk(
             logits,
             self.top_k,

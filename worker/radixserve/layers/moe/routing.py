@@ -47,7 +47,9 @@ def grouped_topk(
         weights, ids = torch.topk(scores, k=top_k, dim=-1, sorted=False)
     if renormalize:
         weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
-    return weights * scaling, ids.to(torch.int32)
+    if scaling != 1.0:
+        weights = weights * scaling
+    return weights, ids.to(torch.int32)
 
 
 def _keep_groups(
