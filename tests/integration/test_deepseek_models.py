@@ -6,13 +6,29 @@ groups (renormalised, scaled) and V2-Lite's softmax greedy routing.
 
 Requests run one at a time and all at once, with chunked prefill (8-token chunks, so prompts
 and their cached prefixes cross chunks) and the radix cache on (half of the prompts share a
-24-token prefix; then every prompt again, from the cache)."""
+24-token prefix; then every prompt again, from the cache). And V3 as published: FP8
+projections and experts with block scales (`weight_scale_inv`), a multi-token-prediction layer
+after the last one (read and dropped), against transformers on the weights the loader computes
+(test_fp8_checkpoints.py's checkpoint writer)."""
 
 from __future__ import annotations
 
-import pytest
-from engine_harness import check_against_hf, make_scheduler, random_prompts, run_to_completion
+import json
+import re
 
+import pytest
+import test_fp8_checkpoints
+import torch
+from engine_harness import check_against_hf, make_scheduler, random_prompts, run_to_completion
+from safetensors.torch import load_file, save_file
+from test_fp8_checkpoints import (
+    projection_dtypes,
+    quantize_tensor,
+    run_parity,
+    write_checkpoint,
+)
+
+from radixserve.layers.quantization.fp8 import FP8_DTYPE
 from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
@@ -67,3 +83,30 @@ def test_concurrent_chunked_radix_requests_match_transformers(layout, greedy):
         rid: r["ids"] for rid, r in first.items()
     }
     assert all(again[f"r{i}"]["cached"] == len(p) - 1 for i, p in enumerate(prompts))
+
+
+def test_fp8_block_checkpoint_with_an_mtp_layer(tmp_path, monkeypatch):
+    # every projection in FP8, kv_a_proj_with_mqa too, as V3's checkpoint has them
+    quantized = re.compile(r"(_proj|_proj_with_mqa|experts\.\d+\.w[123])\.weight$")
+    monkeypatch.setattr(test_fp8_checkpoints, "QUANTIZED", quantized)
+    directory = tmp_path / "checkpoint"
+    hf = write_checkpoint(directory, "tiny-deepseek-v3", "fp8-block")
+    config = json.loads((directory / "config.json").read_text())
+    config["num_nextn_predict_layers"] = 1
+    (directory / "config.json").write_text(json.dumps(config))
+    # V3's MTP layer as published: numbered after the last layer, its projections in FP8 too
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    hidden = config["hidden_size"]
+    eh_proj, _ = quantize_tensor(
+        f"{mtp}eh_proj.weight", torch.randn(hidden, 2 * hidden), "fp8-block"
+    )
+    extra = {f"{mtp}enorm.weight": torch.ones(hidden), f"{mtp}hnorm.weight": torch.ones(hidden)}
+    tensors = load_file(directory / "model.safetensors")
+    assert tensors["model.layers.1.self_attn.kv_a_proj_with_mqa.weight"].dtype == FP8_DTYPE
+    assert tensors["model.layers.1.mlp.experts.0.gate_proj.weight"].dtype == FP8_DTYPE
+    save_file(tensors | extra | eh_proj, directory / "model.safetensors")
+    source = load_model_source(str(directory), device="cpu")
+    scheduler = run_parity(str(directory), source, hf)
+    assert projection_dtypes(scheduler) == {FP8_DTYPE}
+    router = scheduler.worker.model_runner.model.model.layers[1].mlp.gate.weight
+    assert router.dtype == torch.float32
