@@ -184,3 +184,19 @@ def test_unsupported_layouts_are_refused_in_one_line():
         mla_attention_backend("flashinfer", "cuda")
     assert mla_attention_backend("auto", "cuda") == "triton"
     assert mla_attention_backend("auto", "cpu") == "auto"
+
+
+def test_active_parameters_count_mla_and_shared_experts():
+    """V2-Lite's published 2.4B activated parameters: MLA's projections, 6 routed and 2 shared
+    experts in 26 MoE layers, one dense layer, embedding and LM head."""
+    from radixserve.model_loader.config import build_model_config
+    from radixserve.model_loader.random_init import random_hf_config
+
+    config = build_model_config(
+        random_hf_config("deepseek-v2-lite"),
+        dtype="auto",
+        device="cpu",
+        context_length=4096,
+        eos_token_ids=set(),
+    )
+    assert 2.40e9 < config.matmul_parameters < 2.50e9

@@ -65,14 +65,16 @@ class ModelConfig:
     def matmul_parameters(self) -> int:
         """Parameters that do matmul work per token (the embedding lookup does none): a token
         costs 2 x this many FLOPs besides attention, the figure every MFU here is based on.
-        MoE layers count their router and the experts a token is sent to (active parameters)."""
+        MoE layers count their router and the experts a token is sent to (active parameters),
+        shared experts included (DeepSeek); MLA its projections, kv_b_proj's expansion too."""
         h, q = self.hidden_size, self.num_attention_heads * self.head_dim
         kv = self.num_key_value_heads * self.head_dim
-        attention = h * (q + 2 * kv) + q * h
+        attention = _mla_parameters(self.hf_config) or h * (q + 2 * kv) + q * h
+        shared = getattr(self.hf_config, "n_shared_experts", 0) or 0
         total = self.vocab_size * h
         for layer in range(self.num_hidden_layers):
             if is_moe_layer(self.hf_config, layer):
-                mlp = h * self.num_experts + self.num_experts_per_tok * 3 * h * (
+                mlp = h * self.num_experts + (self.num_experts_per_tok + shared) * 3 * h * (
                     self.moe_intermediate_size
                 )
             else:
@@ -133,9 +135,23 @@ def sliding_window_of(hf_config: transformers.PretrainedConfig, layer: int) -> i
     return int(window)
 
 
+def _mla_parameters(cfg: transformers.PretrainedConfig) -> int:
+    """A multi-head latent attention layer's projection parameters (DeepSeek), 0 for others."""
+    rank = getattr(cfg, "kv_lora_rank", None)
+    if not rank:
+        return 0
+    h, heads = cfg.hidden_size, cfg.num_attention_heads
+    qk = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    q_rank = cfg.q_lora_rank
+    q = h * heads * qk if q_rank is None else h * q_rank + q_rank * heads * qk
+    kv = h * (rank + cfg.qk_rope_head_dim) + rank * heads * (cfg.qk_nope_head_dim + cfg.v_head_dim)
+    return q + kv + heads * cfg.v_head_dim * h
+
+
 def is_moe_layer(hf_config: transformers.PretrainedConfig, layer: int) -> bool:
     """Whether a layer's MLP is a mixture of experts: every layer of Mixtral; Qwen3-MoE's
-    every `decoder_sparse_step`-th layer not in `mlp_only_layers`."""
+    every `decoder_sparse_step`-th layer not in `mlp_only_layers`; DeepSeek's from
+    `first_k_dense_replace` on."""
     experts = getattr(hf_config, "num_experts", None) or getattr(
         hf_config, "num_local_experts", None
     )
@@ -143,7 +159,8 @@ def is_moe_layer(hf_config: transformers.PretrainedConfig, layer: int) -> bool:
         return False
     step = getattr(hf_config, "decoder_sparse_step", 1) or 1
     dense = getattr(hf_config, "mlp_only_layers", None) or ()
-    return layer not in dense and (layer + 1) % step == 0
+    first_sparse = getattr(hf_config, "first_k_dense_replace", 0) or 0
+    return layer >= first_sparse and layer not in dense and (layer + 1) % step == 0
 
 
 def as_id_set(value: int | Iterable[int] | None) -> set[int]:

@@ -47,6 +47,7 @@ from radixserve.layers.moe.routing import grouped_topk
 from radixserve.layers.quantization.base import QuantizationConfig, make_linear
 from radixserve.layers.quantization.fp8 import dequantize_rows
 from radixserve.layers.rotary_embedding import RotaryEmbedding
+from radixserve.model_loader.config import is_moe_layer
 from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
 # the routing methods served (config.topk_method; V3 names none: noaux_tc)
@@ -298,7 +299,7 @@ class DeepseekDecoderLayer(LlamaDecoderLayer):
     ) -> None:
         nn.Module.__init__(self)
         self.self_attn = DeepseekMLA(config, layer_id, rotary, quant)
-        if layer_id >= (getattr(config, "first_k_dense_replace", 0) or 0):
+        if is_moe_layer(config, layer_id):
             self.mlp: nn.Module = DeepseekMoE(config, quant)
         else:
             self.mlp = LlamaMLP(config, quant)
