@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 from radixserve.kernels import triton_support
 from radixserve.kernels.mla_decode import mla_decode_fwd
@@ -136,18 +137,19 @@ def mla_extend(
         k_rope = rows[:, None, kv_lora_rank:].expand(-1, heads, -1)
         k = torch.cat([k_nope, k_rope], dim=-1)
         qi = q[start : start + ext]
-        # query j (position prefix + j) sees keys 0 .. prefix + j
-        visible = (
-            torch.arange(seq_len, device=q.device)[None, :]
-            <= (torch.arange(ext, device=q.device) + prefix)[:, None]
-        )
+        v_dim = v.shape[-1]
+        if q.is_cuda and v_dim != k.shape[-1]:
+            # FlashAttention takes one head size for q, k and v: v padded with zeros
+            v = F.pad(v, (0, k.shape[-1] - v_dim))
+        # query j (position prefix + j) sees keys 0 .. prefix + j: the causal mask aligned to
+        # the bottom right, which the fused SDPA kernels apply without building it
         out = F.scaled_dot_product_attention(
             qi.transpose(0, 1)[None],
             k.transpose(0, 1)[None],
             v.transpose(0, 1)[None],
-            attn_mask=visible[None, None],
+            attn_mask=causal_lower_right(ext, seq_len),
             scale=scaling,
         )
-        outputs.append(out[0].transpose(0, 1))
+        outputs.append(out[0, ..., :v_dim].transpose(0, 1))
         start += ext
     return torch.cat(outputs) if len(outputs) > 1 else outputs[0]
