@@ -29,7 +29,10 @@ def test_a_prefix_is_matched_only_under_its_own_adapter(inserted, uid, probe):
     own = [t for owner, t in inserted if owner == uid]
     best = max(
         (
-            next((i for i, (a, b) in enumerate(zip(t, probe)) if a != b), min(len(t), len(probe)))
+            next(
+                (i for i, (a, b) in enumerate(zip(t, probe, strict=False)) if a != b),
+                min(len(t), len(probe)),
+            )
             for t in own
         ),
         default=0,

@@ -15,7 +15,9 @@ from radixserve.logging_config import escape_control
 
 # the probes and metrics stay open; the admin paths take the admin key
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
-ADMIN_PATHS = frozenset({"/flush_cache", "/get_server_info"})
+ADMIN_PATHS = frozenset(
+    {"/flush_cache", "/get_server_info", "/v1/load_lora_adapter", "/v1/unload_lora_adapter"}
+)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 

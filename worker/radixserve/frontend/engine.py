@@ -233,6 +233,7 @@ class Engine:
             vocab_size=self.model_info.vocab_size,
             max_request_tokens=min(self.model_info.context_len, self.model_info.max_total_tokens),
         )
+        self.tokenizer_manager.lora_adapters = server_args.lora_module_paths()
         if event_loop_thread:
             self._start_loop_thread()
 

@@ -38,6 +38,7 @@ from aiohttp import web
 from radixserve.api_errors import (
     RETRY_AFTER_S,
     APIError,
+    InvalidParameterError,
     endpoints_of,
     error_response,
     http_exception_error,
@@ -403,6 +404,8 @@ class Handlers:
             req.top_logprobs_num,
             request[REQUEST_ID_KEY],
         )
+        if req.model is not None:
+            generate_request.lora_name = self.openai.check_model(req.model)
         self.tm.check_fits_queue(generate_request)
         record = record_of(request)
         if record is not None:
@@ -422,12 +425,40 @@ class Handlers:
     # -- the rest
 
     async def models(self, request: web.Request) -> web.Response:
-        card = model_card(self.model_name, self.engine.model_info.context_len)
-        return web.json_response({"object": "list", "data": [card]})
+        cards = [self._card(None)] + [self._card(name) for name in self.tm.lora_adapters]
+        return web.json_response({"object": "list", "data": cards})
 
     async def model(self, request: web.Request) -> web.Response:
-        self.openai.check_model(request.match_info["model_id"])
-        return web.json_response(model_card(self.model_name, self.engine.model_info.context_len))
+        lora_name = self.openai.check_model(request.match_info["model_id"])
+        return web.json_response(self._card(lora_name))
+
+    def _card(self, lora_name: str | None) -> dict[str, Any]:
+        """The base model's card, or a LoRA adapter's (vLLM's: `parent` the base, `root` its
+        path)."""
+        context = self.engine.model_info.context_len
+        if lora_name is None:
+            return model_card(self.model_name, context)
+        path = self.tm.lora_adapters[lora_name]
+        return {**model_card(lora_name, context), "parent": self.model_name, "root": path}
+
+    async def load_lora_adapter(self, request: web.Request) -> web.Response:
+        """`POST /v1/load_lora_adapter {"lora_name", "lora_path"}` (vLLM's): a 400 saying why
+        an adapter cannot be served, and nothing served changes."""
+        name, path = lora_request_fields(await read_json(request), with_path=True)
+        if name == self.model_name:
+            raise InvalidParameterError("lora_name is the base model's name", "lora_name")
+        reply = await self.tm.change_lora_adapter(name, path)
+        if not reply.success:
+            raise APIError(reply.message, param="lora_path", code="lora_load_failed")
+        return web.json_response({"success": True, "message": f"LoRA adapter {name} loaded"})
+
+    async def unload_lora_adapter(self, request: web.Request) -> web.Response:
+        """`POST /v1/unload_lora_adapter {"lora_name"}`: a 404 for a name not loaded."""
+        name, _ = lora_request_fields(await read_json(request), with_path=False)
+        reply = await self.tm.change_lora_adapter(name, None)
+        if not reply.success:
+            raise APIError(reply.message, status=404, param="lora_name", code="model_not_found")
+        return web.json_response({"success": True, "message": f"LoRA adapter {name} unloaded"})
 
     async def health(self, request: web.Request) -> web.Response:
         if not self.tm.scheduler_alive:
@@ -550,6 +581,8 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     app.router.add_get("/get_model_info", h.get_model_info)
     app.router.add_get("/get_server_info", h.get_server_info)
     app.router.add_post("/flush_cache", h.flush_cache)
+    app.router.add_post("/v1/load_lora_adapter", h.load_lora_adapter)
+    app.router.add_post("/v1/unload_lora_adapter", h.unload_lora_adapter)
     return app
 
 
@@ -627,3 +660,15 @@ async def _wait_for(condition: Callable[[], bool], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not condition() and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
+
+
+def lora_request_fields(body: Any, with_path: bool) -> tuple[str, str | None]:
+    """`lora_name` (and `lora_path`) of a load or unload body, each a non-empty string."""
+    if not isinstance(body, dict):
+        raise InvalidParameterError("the body must be a JSON object", None)
+    names = ("lora_name", "lora_path") if with_path else ("lora_name",)
+    for field_name in names:
+        value = body.get(field_name)
+        if not isinstance(value, str) or not value:
+            raise InvalidParameterError(f"{field_name} must be a non-empty string", field_name)
+    return body["lora_name"], body.get("lora_path") if with_path else None

@@ -49,6 +49,8 @@ from radixserve.boundary import (
     FlushCacheReqOutput,
     GetServerInfoReq,
     GetServerInfoReqOutput,
+    LoRAAdapterReq,
+    LoRAAdapterReqOutput,
     ReqOutput,
     TokenizedGenerateReqInput,
     TokenLogprob,
@@ -125,6 +127,8 @@ class GenerateRequest:
     # How the request spells SamplingParams fields, for errors about them
     # (OpenAI: max_new_tokens is max_tokens; native: temperature is sampling_params.temperature).
     sampling_param_names: dict[str, str] = field(default_factory=dict)
+    # the LoRA adapter the request's `model` names (None: the base model)
+    lora_name: str | None = None
 
     @classmethod
     def native(
@@ -235,6 +239,9 @@ class TokenizerManager:
         self._states: dict[str, _RequestState] = {}
         self._flush_replies: deque[asyncio.Future] = deque()
         self._info_replies: deque[asyncio.Future] = deque()
+        self._lora_replies: deque[asyncio.Future] = deque()
+        # the LoRA adapters served (name -> path): the scheduler's word after each change
+        self.lora_adapters: dict[str, str] = {}
         self._scheduler_error: str | None = None
         self._recv_task: asyncio.Task | None = None
         # when the scheduler loop last reported (a step's outputs, or an idle heartbeat)
@@ -305,7 +312,7 @@ class TokenizerManager:
             self._scheduler_error = message
         for state in self._states.values():
             state.outputs.put_nowait(SchedulerUnavailableError(message))
-        for future in (*self._flush_replies, *self._info_replies):
+        for future in (*self._flush_replies, *self._info_replies, *self._lora_replies):
             if not future.done():
                 future.set_exception(SchedulerUnavailableError(message))
 
@@ -341,6 +348,8 @@ class TokenizerManager:
             _resolve_next(self._flush_replies, message)
         elif isinstance(message, GetServerInfoReqOutput):
             _resolve_next(self._info_replies, message)
+        elif isinstance(message, LoRAAdapterReqOutput):
+            _resolve_next(self._lora_replies, message)
         else:
             logger.warning("ignoring unexpected message from the scheduler: %r", type(message))
 
@@ -385,6 +394,7 @@ class TokenizerManager:
                         stream=True,
                         return_logprob=request.return_logprob,
                         top_logprobs_num=top,
+                        lora_name=request.lora_name,
                     )
                 )
         if len(inputs) == 1:
@@ -735,6 +745,21 @@ class TokenizerManager:
             self._flush_replies.remove(future)
             raise
         return await future
+
+    async def change_lora_adapter(self, name: str, path: str | None) -> LoRAAdapterReqOutput:
+        """Load (`path`) or unload (None) a LoRA adapter in the scheduler; on success the
+        adapters served are the scheduler's list."""
+        future = asyncio.get_running_loop().create_future()
+        self._lora_replies.append(future)
+        try:
+            self._send(LoRAAdapterReq(name, path))
+        except SchedulerUnavailableError:
+            self._lora_replies.remove(future)
+            raise
+        reply: LoRAAdapterReqOutput = await future
+        if reply.success:
+            self.lora_adapters = dict(reply.adapters)
+        return reply
 
     async def get_scheduler_info(self) -> dict[str, Any]:
         future = asyncio.get_running_loop().create_future()

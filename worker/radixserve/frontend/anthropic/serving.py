@@ -117,7 +117,7 @@ class AnthropicServing:
         self, body: Any, request_id: str, observe: ChunkObserver | None = None
     ) -> PreparedRequest:
         req: MessagesRequest = parse_request(MessagesRequest, body, self.policy)
-        self.openai.check_model(req.model)
+        lora_name = self.openai.check_model(req.model)
         prompt_text, ids = await self._prompt(req)
         sampling = req.sampling_dict()
         tool_parser = self.openai.tool_parser
@@ -134,6 +134,7 @@ class AnthropicServing:
                 request_id=request_id,
                 prompt_param="messages",
                 sampling_param_names=ANTHROPIC_PARAM_NAMES,
+                lora_name=lora_name,
             )
         )
         calls: CallParser | None = None

@@ -690,6 +690,8 @@ class GenerateRequestBody(_Request):
     text: str | list[str] | None = None
     input_ids: list[int] | list[list[int]] | None = None
     sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None
+    # a LoRA adapter's name (or the base model's): which weights generate
+    model: str | None = None
     stream: bool = False
     return_logprob: bool = False
     top_logprobs_num: int = 0

@@ -109,14 +109,20 @@ class OpenAIServing:
             reasoning_parser or "off",
         )
 
-    def check_model(self, model: str) -> None:
-        if model not in self._model_names:
-            raise APIError(
-                f"The model {model!r} does not exist; this server serves {self.model_name!r}",
-                status=404,
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, model: str) -> str | None:
+        """The LoRA adapter `model` names, None for the base model; a 404 listing what is
+        served for any other name."""
+        if model in self._model_names:
+            return None
+        if model in self.tm.lora_adapters:
+            return model
+        served = [self.model_name, *self.tm.lora_adapters]
+        raise APIError(
+            f"The model {model!r} does not exist; this server serves {served}",
+            status=404,
+            param="model",
+            code="model_not_found",
+        )
 
     def usage(self, last: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
         """Usage of a request's inputs (n per prompt) from each one's last chunk."""
@@ -156,7 +162,7 @@ class OpenAIServing:
         self, body: Any, request_id: str, observe: ChunkObserver | None = None
     ) -> PreparedRequest:
         req: CompletionRequest = parse_request(CompletionRequest, body, self.policy)
-        self.check_model(req.model)
+        lora_name = self.check_model(req.model)
         prompts = req.prompts()
         self.tm.check_fan_out([req.n] * len(prompts), "prompt", "n")
         sampling = {**req.sampling_dict(req.max_tokens), "n": req.n}
@@ -169,6 +175,7 @@ class OpenAIServing:
                 top_logprobs_num=req.logprobs or 0,
                 fill_context=True,
                 sampling_param_names=OPENAI_PARAM_NAMES,
+                lora_name=lora_name,
             )
         )
         echo = [
@@ -183,7 +190,7 @@ class OpenAIServing:
         self, body: Any, request_id: str, observe: ChunkObserver | None = None
     ) -> PreparedRequest:
         req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body, self.policy)
-        self.check_model(req.model)
+        lora_name = self.check_model(req.model)
         self.tm.check_fan_out([req.n], "messages", "n")
         tools = None
         if req.tools_offered:
@@ -214,6 +221,7 @@ class OpenAIServing:
                 fill_context=True,
                 prompt_param="messages",
                 sampling_param_names=OPENAI_PARAM_NAMES,
+                lora_name=lora_name,
             )
         )
 
