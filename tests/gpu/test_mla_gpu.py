@@ -90,7 +90,10 @@ def test_mla_decode_replays_in_a_cuda_graph_at_other_lengths():
 @pytest.mark.parametrize("preset", ["tiny-deepseek-v3", "tiny-deepseek-v2-lite"])
 def test_fp32_graphs_and_overlap_match_the_torch_path(preset, monkeypatch):
     model = f"random:{preset}"
-    prompts = random_prompts(16, 1024, 10, 200, seed=17)
+    # half of them behind one 96-token prefix: extends over cached prefixes, chunk by chunk
+    shared = random_prompts(1, 1024, 96, 96, seed=16)[0]
+    prompts = [shared + tail for tail in random_prompts(8, 1024, 1, 100, seed=18)]
+    prompts += random_prompts(8, 1024, 10, 200, seed=17)
 
     def generate(**kw):
         source = load_model_source(model, dtype="float32", device="cuda")
@@ -103,6 +106,7 @@ def test_fp32_graphs_and_overlap_match_the_torch_path(preset, monkeypatch):
     runner = scheduler.worker.model_runner
     assert runner.cuda_graph_runner is not None and scheduler.overlap
     assert runner.attention_backend_name == "triton"
+    assert scheduler.get_server_info()["prefix_cache_hit_tokens"] > 0
     monkeypatch.setattr(triton_support, "enabled_for", lambda x: False)
     eager, _ = generate(
         attention_backend="torch_native", disable_cuda_graph=True, disable_overlap=True
