@@ -113,6 +113,7 @@ def test_openai_client_embeddings_match_transformers(embedder):
         ({"input": "x", "dimensions": "8"}, "dimensions"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "word " * 5000}, "input"),
+        ({"input": ["ok", "x" * 300_000]}, "input.1"),  # refused untokenized
         ({"input": ["x"] * 65}, "input"),  # more than the queue can ever hold
     ],
 )

@@ -100,6 +100,9 @@ class PoolingServing:
                 "dimensions",
             )
         prompts = request.inputs()
+        if isinstance(prompts[0], str):
+            where = "input" if isinstance(request.input, str) else "input.{}"
+            prompts = [*await self._encode(prompts, where)]  # type: ignore[arg-type]
         pooled, prompt_tokens = await self._run(prompts, "input", request_id, dims)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return await asyncio.to_thread(
@@ -152,36 +155,59 @@ class PoolingServing:
         request_id: str,
         instruction: str | None,
     ) -> tuple[list[float], int]:
-        """The score of each (query, document) pair (one query for all, or one each)."""
-        pairs = [
-            (queries[0] if len(queries) == 1 else queries[i], d) for i, d in enumerate(documents)
-        ]
-        prompts = [await self._pair_ids(q, d, param, instruction) for q, d in pairs]
+        """The score of each (query, document) pair (one query for all, or one each): the
+        reranker's instruction template around them for a model scored by its "yes"/"no"
+        tokens (rerank_prompt.py), the tokenizer's own pair encoding for a classifier (as
+        sentence-transformers' CrossEncoder feeds it)."""
+        firsts = [queries[0] if len(queries) == 1 else queries[i] for i in range(len(documents))]
+        for i, (query, document) in enumerate(zip(firsts, documents, strict=True)):
+            if len(query) + len(document) > self.tm.max_prompt_chars:
+                raise PromptTooLongError(
+                    f"a query and document of {len(query) + len(document)} characters cannot "
+                    f"fit this model's context of {self.tm.max_request_tokens} tokens",
+                    f"{param}.{i}",
+                )
+        if self.head == "yes_no":
+            parts = [
+                yes_no_prompt(q, d, instruction) for q, d in zip(firsts, documents, strict=True)
+            ]
+            unique = list(dict.fromkeys(head for head, _ in parts))  # one query: one head
+            heads = dict(zip(unique, await self._encode(unique, param, special=False), strict=True))
+            tails = await self._encode([tail for _, tail in parts], param, special=False)
+            prompts: list[str | list[int]] = [
+                heads[head] + tail for (head, _), tail in zip(parts, tails, strict=True)
+            ]
+        else:
+            prompts = [*await self._encode(firsts, param, pairs=documents)]
         pooled, tokens = await self._run(prompts, param, request_id, None)
         return [array.array("f", raw)[0] for raw in pooled], tokens
 
-    async def _pair_ids(
-        self, query: str, document: str, param: str, instruction: str | None
-    ) -> list[int]:
-        """The prompt of one pair: the reranker's instruction template around query and
-        document for a model scored by its "yes"/"no" tokens (rerank_prompt.py), the
-        tokenizer's own pair encoding for a classifier (as sentence-transformers' CrossEncoder
-        feeds it)."""
+    async def _encode(
+        self,
+        texts: list[str],
+        param: str,
+        special: bool = True,
+        pairs: list[str] | None = None,
+    ) -> list[list[int]]:
+        """Token ids of many texts (or text pairs) in one call on the tokenizer's threads: the
+        Rust tokenizer encodes a batch in parallel without the GIL, so thousands of inputs
+        never hold the event loop. A text longer than any prompt that fits is refused first,
+        untokenized; `param` may hold `{}` for the text's index."""
         tokenizer = self.tm.tokenizer
         if tokenizer is None:
-            raise InvalidParameterError("this model has no tokenizer: it cannot score text", param)
-        if len(query) + len(document) > self.tm.max_prompt_chars:
-            raise PromptTooLongError(
-                f"a query and document of {len(query) + len(document)} characters cannot fit "
-                f"this model's context of {self.tm.max_request_tokens} tokens",
-                param,
+            raise InvalidParameterError(
+                "this model has no tokenizer: send token ids", param.format(0)
             )
-        if self.head == "yes_no":
-            head, tail = yes_no_prompt(query, document, instruction)
-            encode = functools.partial(tokenizer.encode, add_special_tokens=False)
-            return await self.tm.off_loop(encode, head) + await self.tm.off_loop(encode, tail)
-        encoded = await self.tm.off_loop(functools.partial(tokenizer, query, document))
-        return list(encoded["input_ids"])
+        for i, text in enumerate(texts):
+            if len(text) > self.tm.max_prompt_chars:
+                raise PromptTooLongError(
+                    f"{param.format(i)} has {len(text)} characters: more than this model's "
+                    f"context of {self.tm.max_request_tokens} tokens can hold",
+                    param.format(i),
+                )
+        encode = functools.partial(tokenizer, add_special_tokens=special)
+        encoded = await self.tm.off_loop(encode, texts, pairs)
+        return [list(ids) for ids in encoded["input_ids"]]
 
     # ------------------------------------------------------------------ running
 
