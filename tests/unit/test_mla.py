@@ -15,11 +15,12 @@ from transformers import DeepseekV2Config, DeepseekV3Config
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-from radixserve.catalog.architectures import check_architecture
+from radixserve.catalog.architectures import UnsupportedModelError, check_architecture
+from radixserve.catalog.servable import check_servable
 from radixserve.layers.mla import mla_attention_backend, mla_decode_native, mla_extend
 from radixserve.layers.moe.routing import grouped_topk
 from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
-from radixserve.models.deepseek_v2 import UnsupportedDeepseekLayout, check_layout
+from radixserve.models.deepseek_v2 import check_layout
 
 HIDDEN = 16
 
@@ -178,8 +179,13 @@ def test_unsupported_layouts_are_refused_in_one_line():
     assert check_architecture("deepseek_v2", None) == "DeepseekV2ForCausalLM"
     config = DeepseekV2Config(hidden_size=HIDDEN, num_attention_heads=4)
     config.topk_method = "auxiliary_free"
-    with pytest.raises(UnsupportedDeepseekLayout, match="topk_method 'auxiliary_free'"):
+    with pytest.raises(UnsupportedModelError, match="topk_method 'auxiliary_free'"):
         check_layout(config)
+    # from the raw config.json, torch-free, before anything loads
+    v3 = {"model_type": "deepseek_v3", "architectures": ["DeepseekV3ForCausalLM"]}
+    check_servable({**v3, "topk_method": "noaux_tc", "scoring_func": "sigmoid"}, None)
+    with pytest.raises(UnsupportedModelError, match="'noaux_tc' with scoring_func 'softmax'"):
+        check_servable({**v3, "topk_method": "noaux_tc", "scoring_func": "softmax"}, None)
     with pytest.raises(ValueError, match="flashinfer does not serve MLA"):
         mla_attention_backend("flashinfer", "cuda")
     assert mla_attention_backend("auto", "cuda") == "triton"

@@ -12,12 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve.catalog.architectures import check_architecture
+from radixserve.catalog.model_layouts import check_layout
 from radixserve.catalog.quantization_methods import check_quantization
 
 
 def check_servable(config: dict[str, Any], quantization: str | None) -> None:
-    """Raise a ValueError naming what cannot be served (architecture, quantization method) and
-    what can. `config`: the model's config as a plain dict (config.json, or a transformers
-    config's `to_dict()`)."""
+    """Raise a ValueError naming what cannot be served (architecture, quantization method, a
+    layout of the architecture: catalog/model_layouts.py) and what can. `config`: the model's
+    config as a plain dict (config.json, or a transformers config's `to_dict()`)."""
     check_architecture(config.get("model_type"), config.get("architectures"))
     check_quantization(config.get("quantization_config"), quantization)
+    check_layout(config)

@@ -35,6 +35,8 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import yarn_apply_mscale
 
+from radixserve.catalog.architectures import UnsupportedModelError
+from radixserve.catalog.model_layouts import check_layout as check_config_layout
 from radixserve.distributed.parallel_state import all_reduce, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.kernels import triton_support
@@ -50,35 +52,14 @@ from radixserve.layers.rotary_embedding import RotaryEmbedding
 from radixserve.model_loader.config import is_moe_layer
 from radixserve.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 
-# the routing methods served (config.topk_method; V3 names none: noaux_tc)
-TOPK_METHODS = ("noaux_tc", "greedy", "group_limited_greedy")
-
-
-class UnsupportedDeepseekLayout(ValueError):
-    """A DeepSeek config whose layout this worker does not serve."""
-
 
 def check_layout(config: PretrainedConfig) -> None:
-    """Refuse what is not built, in one line each."""
-    method = getattr(config, "topk_method", None) or "noaux_tc"
-    if method not in TOPK_METHODS:
-        raise UnsupportedDeepseekLayout(
-            f"DeepSeek topk_method {method!r} is not supported; supported: {', '.join(TOPK_METHODS)}"
-        )
-    if getattr(config, "scoring_func", "sigmoid" if method == "noaux_tc" else "softmax") not in (
-        "sigmoid",
-        "softmax",
-    ):
-        raise UnsupportedDeepseekLayout(
-            f"DeepSeek scoring_func {config.scoring_func!r} is not supported"
-        )
+    """Refuse what is not built, in one line each: the config's routing (catalog's torch-free
+    check, which the start runs first) and tensor parallelism."""
+    check_config_layout(config.to_dict())
     if tp_size() > 1:
-        raise UnsupportedDeepseekLayout(
+        raise UnsupportedModelError(
             "DeepSeek (MLA) models are served on one GPU for now: --tp-size 1"
-        )
-    if getattr(config, "index_topk", None) or getattr(config, "index_n_heads", None):
-        raise UnsupportedDeepseekLayout(
-            "DeepSeek sparse attention (V3.2's indexer) is not supported"
         )
 
 
