@@ -81,4 +81,10 @@ def test_the_router_imports_neither_torch_nor_the_engine() -> None:
     ).stdout
     modules = eval(loaded)  # a printed list of module names
     assert "torch" not in modules
-    assert {m.split(".")[1] for m in modules} == {"api_errors", "api_keys", "logging_config", "router"}
+    assert {m.split(".")[1] for m in modules} == {
+        "api_errors",
+        "api_keys",
+        "logging_config",
+        "kv_event_format",
+        "router",
+    }

@@ -5,7 +5,9 @@ Conversations, each a system prompt of about 400 tokens followed by user turns, 
 shuffled order with a fixed number in flight; turn k of a conversation carries the earlier
 turns and the worker's real replies, so it is sent only after turn k-1 was answered. The run
 is repeated for one worker alone (no router) and for each policy, on the same workers, their
-caches flushed before each run; it reports the prefix-cache hit tokens summed over the workers
+caches flushed before each run (`cache_aware_events`: cache_aware with `--prefix-source events`,
+the workers publishing KV events on ports of their own, which the router reads from their
+server info); it reports the prefix-cache hit tokens summed over the workers
 (`radixserve_prefix_cache_hits_tokens_total`), request throughput and TTFT p50, for a KV pool
 that holds every prompt and one that holds about half of them.
 
@@ -32,8 +34,11 @@ from pathlib import Path
 
 import aiohttp
 
-from radixserve.bench.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess, free_port
 from radixserve.router.policies import POLICIES
+
+# cache_aware with --prefix-source events: the exact index from the workers' KV events
+EVENTS_POLICY = "cache_aware_events"
 
 TOPICS = (
     "astronomy", "baking", "chess", "cycling", "gardening", "geology",
@@ -331,10 +336,19 @@ class PolicyResult:
 
 
 @contextlib.contextmanager
-def started_workers(count: int, serve_args: list[str], log_dir: Path | None) -> Iterator[list]:
-    """`count` workers started together (their model loads overlap), stopped together."""
+def started_workers(
+    count: int, serve_args: list[str], log_dir: Path | None, *, kv_events: bool = False
+) -> Iterator[list]:
+    """`count` workers started together (their model loads overlap), stopped together; with
+    `kv_events` each publishes its KV events on a port of its own."""
     workers = [
-        ServerProcess(serve_args, log_dir / f"worker-{i}.log" if log_dir else None)
+        ServerProcess(
+            [
+                *serve_args,
+                *(["--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"] * kv_events),
+            ],
+            log_dir / f"worker-{i}.log" if log_dir else None,
+        )
         for i in range(count)
     ]
     try:
@@ -392,7 +406,11 @@ def run_policy(
         )  # fmt: skip
     else:
         log = log_dir / f"router-{policy}-{kv_tokens}.log" if log_dir else None
-        args = ["--policy", policy, "--health-check-interval", "0.5", *router_args]
+        if policy == EVENTS_POLICY:
+            args = ["--policy", "cache_aware", "--prefix-source", "events"]
+        else:
+            args = ["--policy", policy]
+        args += ["--health-check-interval", "0.5", *router_args]
         with started_router(worker_urls, args, log) as router:
             model = asyncio.run(served_model(router.base_url))
             run = asyncio.run(
@@ -424,7 +442,9 @@ def compare_policies(args: argparse.Namespace) -> list[PolicyResult]:
     for kv_tokens in args.kv_tokens:
         serve_args = [*shlex.split(args.worker_args), "--max-total-tokens", str(kv_tokens)]
         print(f"starting {args.num_workers} workers: radixserve serve {shlex.join(serve_args)}")
-        with started_workers(args.num_workers, serve_args, args.log_dir) as workers:
+        with started_workers(
+            args.num_workers, serve_args, args.log_dir, kv_events=EVENTS_POLICY in args.policies
+        ) as workers:
             urls = [worker.base_url for worker in workers]
             for policy in ("single", *args.policies):
                 result = run_policy(
@@ -439,7 +459,7 @@ def compare_policies(args: argparse.Namespace) -> list[PolicyResult]:
 
 def policy_line(r: PolicyResult) -> str:
     return (
-        f"kv {r.kv_tokens:>6}  {r.policy:<13} hit tokens {r.hit_tokens:8.0f}"
+        f"kv {r.kv_tokens:>6}  {r.policy:<18} hit tokens {r.hit_tokens:8.0f}"
         f" ({100 * r.hit_rate:4.1f}%)  {r.requests_per_s:5.2f} req/s"
         f"  TTFT p50 {r.ttft_p50_ms:7.1f} ms  failed {r.failures}"
     )
@@ -536,8 +556,9 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     policies.add_argument(
         "--policies",
         type=lambda s: s.split(","),
-        default=list(POLICIES),
-        help=f"routing policies to compare, comma-separated (default: {','.join(POLICIES)})",
+        default=[*POLICIES, EVENTS_POLICY],
+        help="routing policies to compare, comma-separated; cache_aware_events is cache_aware "
+        f"with --prefix-source events (default: {','.join([*POLICIES, EVENTS_POLICY])})",
     )
     policies.add_argument(
         "--kv-tokens",

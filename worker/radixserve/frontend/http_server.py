@@ -329,6 +329,9 @@ class Handlers:
         )
         return await self._reply(request, prepared)
 
+    async def tokenize(self, request: web.Request) -> web.Response:
+        return web.json_response(await self.openai.tokenize(await read_json(request)))
+
     # -- Anthropic (errors in its shape: anthropic.http.anthropic_errors)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
@@ -374,20 +377,26 @@ class Handlers:
         self._admit("embed")
         body = await read_json(request)
         with self._counted():
-            text = await self.pooling.embeddings(body, request[REQUEST_ID_KEY])
+            text = await self.pooling.embeddings(
+                body, request[REQUEST_ID_KEY], self._observer(request)
+            )
         return web.Response(text=text, content_type="application/json")
 
     async def rerank(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            return web.json_response(await self.pooling.rerank(body, request[REQUEST_ID_KEY]))
+            reply = await self.pooling.rerank(
+                body, request[REQUEST_ID_KEY], self._observer(request)
+            )
+            return web.json_response(reply)
 
     async def score(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            return web.json_response(await self.pooling.score(body, request[REQUEST_ID_KEY]))
+            reply = await self.pooling.score(body, request[REQUEST_ID_KEY], self._observer(request))
+            return web.json_response(reply)
 
     # -- native API
 
@@ -572,6 +581,7 @@ def build_app(engine: Engine, state: ServerState) -> web.Application:
     app.router.add_post("/v1/messages", h.messages)
     app.router.add_post("/v1/messages/count_tokens", h.count_message_tokens)
     app.router.add_post("/generate", h.generate)
+    app.router.add_post("/tokenize", h.tokenize)
     app.router.add_post("/v1/embeddings", h.embeddings)
     app.router.add_post("/v1/rerank", h.rerank)
     app.router.add_post("/v1/score", h.score)

@@ -16,6 +16,7 @@ from radixserve.logging_config import LOG_FORMATS
 from radixserve.router.discovery import parse_selector
 from radixserve.router.policies import DEFAULT_POLICY, POLICIES, PolicyConfig
 
+PREFIX_SOURCES = ("tree", "events")
 # the worker's names for the same keys (radixserve.server_args, which the router cannot import)
 API_KEY_ENV = "RADIXSERVE_API_KEY"
 ADMIN_API_KEY_ENV = "RADIXSERVE_ADMIN_API_KEY"
@@ -58,6 +59,24 @@ class RouterArgs:
         " --balance-rel-threshold x min load",
     )
     balance_rel_threshold: float = _option(1.0001, "cache_aware: see --balance-abs-threshold")
+    prefix_source: str = _option(
+        "tree",
+        "cache_aware: what a worker is taken to hold: tree (an approximate tree of the prompts"
+        " the router sent it) or events (its KV events: what its cache holds, block by block;"
+        " the workers run with --kv-events-endpoint tcp://*:--kv-events-port)",
+        choices=PREFIX_SOURCES,
+    )
+    kv_events_port: int = _option(
+        5557, "--prefix-source events: the workers' KV events port (on each worker's host)"
+    )
+    kv_events_replay_port: int = _option(
+        0,
+        "--prefix-source events: the workers' replay port, asked for batches a gap shows were"
+        " lost (0: none; a gap then drops that worker's index)",
+    )
+    kv_events_block_size: int = _option(
+        16, "--prefix-source events: the workers' --kv-events-block-size"
+    )
     max_tree_chars: int = _option(
         4 * 1024 * 1024, "cache_aware: prompt characters remembered per worker (LRU beyond)"
     )
@@ -139,6 +158,10 @@ class RouterArgs:
                 raise ValueError(f"--{name.replace('_', '-')} must be {bound}, got {value}")
         if self.health_check_interval <= 0:
             raise ValueError("--health-check-interval must be > 0")
+        if not 0 < self.kv_events_port < 65536 or not 0 <= self.kv_events_replay_port < 65536:
+            raise ValueError("--kv-events-port and --kv-events-replay-port must be TCP ports")
+        if self.kv_events_block_size < 1:
+            raise ValueError("--kv-events-block-size must be positive")
 
     @property
     def admin_key(self) -> str | None:

@@ -10,7 +10,10 @@ it (the `decision` label of `radixserve_router_requests_total`).
   loaded worker (`least_loaded`, ties to the worker with the smallest tree: the most room for
   a new prefix). The load is imbalanced when max - min > `balance_abs_threshold` and max >
   `balance_rel_threshold` x min; then the least loaded worker gets it whatever it matches
-  (`balance`). Every choice is recorded in the tree.
+  (`balance`). Every choice is recorded in the tree. With an event index
+  (`--prefix-source events`, `kv_index.py`) a request whose prompt tokens the router has is
+  matched against what each worker's KV events say it holds, in whole blocks, instead of the
+  tree (which still decides for requests without tokens and breaks load ties).
 - `power_of_two`: the less loaded of two workers drawn at random.
 - `round_robin`: each worker in turn.
 """
@@ -22,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from radixserve.router.kv_index import KVEventIndex
 from radixserve.router.prefix_tree import ApproximatePrefixTree
 
 
@@ -45,8 +49,11 @@ class PolicyConfig:
 
 
 class Policy(Protocol):
-    def choose(self, key: str, candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
-        """The worker for a request with routing key `key`, and the decision's name."""
+    def choose(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+    ) -> tuple[Candidate, str]:
+        """The worker for a request with routing key `key` (and, where the policy asked for
+        them, its prompt's token ids), and the decision's name."""
         ...
 
     def forget(self, url: str) -> None:
@@ -58,7 +65,9 @@ class RoundRobinPolicy:
     def __init__(self, config: PolicyConfig) -> None:
         self._turn = 0
 
-    def choose(self, key: str, candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
+    def choose(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+    ) -> tuple[Candidate, str]:
         ordered = sorted(candidates, key=lambda c: c.url)
         chosen = ordered[self._turn % len(ordered)]
         self._turn += 1
@@ -72,7 +81,9 @@ class PowerOfTwoPolicy:
     def __init__(self, config: PolicyConfig) -> None:
         self._rng = random.Random(config.seed)
 
-    def choose(self, key: str, candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
+    def choose(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+    ) -> tuple[Candidate, str]:
         if len(candidates) == 1:
             return candidates[0], "power_of_two"
         first, second = self._rng.sample(list(candidates), 2)
@@ -83,17 +94,31 @@ class PowerOfTwoPolicy:
 
 
 class CacheAwarePolicy:
-    def __init__(self, config: PolicyConfig) -> None:
+    def __init__(self, config: PolicyConfig, events: KVEventIndex | None = None) -> None:
         self.config = config
         self.tree = ApproximatePrefixTree(config.max_tree_chars)
+        self.events = events
 
-    def choose(self, key: str, candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
-        chosen, decision = self._decide(key, candidates)
+    def choose(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+    ) -> tuple[Candidate, str]:
+        chosen, decision = self._decide(key, candidates, token_ids)
         if key:
             self.tree.insert(key, chosen.url)
         return chosen, decision
 
-    def _decide(self, key: str, candidates: Sequence[Candidate]) -> tuple[Candidate, str]:
+    def _matched(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None
+    ) -> tuple[dict[str, int], int]:
+        """Each worker's match and the prompt's length: tokens held (events) or characters
+        sent (the tree)."""
+        if self.events is not None and token_ids:
+            return self.events.match(token_ids, (c.url for c in candidates)), len(token_ids)
+        return (self.tree.match(key) if key else {}), len(key)
+
+    def _decide(
+        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None
+    ) -> tuple[Candidate, str]:
         loads = [c.load for c in candidates]
         highest, lowest = max(loads), min(loads)
         if (
@@ -101,9 +126,9 @@ class CacheAwarePolicy:
             and highest > lowest * self.config.balance_rel_threshold
         ):
             return self._least_loaded(candidates), "balance"
-        matched = self.tree.match(key) if key else {}
+        matched, length = self._matched(key, candidates, token_ids)
         best = max(candidates, key=lambda c: (matched.get(c.url, 0), -c.load))
-        if key and matched.get(best.url, 0) / len(key) > self.config.cache_threshold:
+        if length and matched.get(best.url, 0) / length > self.config.cache_threshold:
             return best, "prefix"
         return self._least_loaded(candidates), "least_loaded"
 
@@ -122,9 +147,12 @@ POLICIES: dict[str, Callable[[PolicyConfig], Policy]] = {
 DEFAULT_POLICY = "cache_aware"
 
 
-def create_policy(name: str, config: PolicyConfig) -> Policy:
+def create_policy(name: str, config: PolicyConfig, events: KVEventIndex | None = None) -> Policy:
+    """The policy `name`; `events` (the KV event index) serves cache_aware only."""
     try:
         factory = POLICIES[name]
     except KeyError:
         raise ValueError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+    if name == "cache_aware" and events is not None:
+        return CacheAwarePolicy(config, events)
     return factory(config)

@@ -71,6 +71,7 @@ from radixserve.router.pool import (
 )
 from radixserve.router.quarantine import Quarantine, fingerprint
 from radixserve.router.routing import BodyTooDeepError, routing_key
+from radixserve.router.tokens import prompt_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -166,8 +167,10 @@ class Proxy:
         pending_timeout: float,
         quarantine: Quarantine | None = None,
         affinity: ResponseAffinity | None = None,
+        tokenize: bool = False,
     ) -> None:
         self.session = session
+        self.tokenize = tokenize  # --prefix-source events: the policy matches token ids
         self.pool = pool
         self.policy = policy
         self.metrics = metrics
@@ -212,7 +215,7 @@ class Proxy:
         miss: web.StreamResponse | None = None  # a worker's 404 for the response named
         for attempt in range(self.max_retries + 1):
             try:
-                picked = await self._pick(key, tried, deadline)
+                picked = await self._pick(key, tried, deadline, request, body)
             except NoReadyWorkerError:
                 return error_response(
                     APIError(
@@ -307,8 +310,9 @@ class Proxy:
                 self.affinity.remember(response_id, url)
 
     async def _pick(
-        self, key: str, tried: set[str], deadline: float
+        self, key: str, tried: set[str], deadline: float, request: web.Request, body: bytes
     ) -> tuple[Upstream, str] | None:
+        token_ids: list[int] | None = None
         while True:
             ready = self.pool.ready()
             if not ready:
@@ -318,8 +322,20 @@ class Proxy:
             candidates = [u for u in ready if u.url not in tried]
             if not candidates:
                 return None
-            chosen, decision = self.policy.choose(key, candidates)
+            if self.tokenize and token_ids is None:
+                token_ids = await self._token_ids(request, body, candidates)
+            chosen, decision = self.policy.choose(key, candidates, token_ids)
             return cast(Upstream, chosen), decision
+
+    async def _token_ids(
+        self, request: web.Request, body: bytes, candidates: list[Upstream]
+    ) -> list[int] | None:
+        """The prompt's token ids, tokenized by the least loaded candidate (its keys too)."""
+        worker = min(candidates, key=lambda u: (u.load, u.url))
+        keys = {
+            h: request.headers[h] for h in ("Authorization", "x-api-key") if h in request.headers
+        }
+        return await prompt_token_ids(self.session, worker.url, request.path, body, keys)
 
     def _died_with(self, request: web.Request, print_: str, upstream: Upstream, how: str) -> None:
         """A worker failed with this request possibly inside it: strike its fingerprint."""

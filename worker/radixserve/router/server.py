@@ -48,6 +48,7 @@ from radixserve.router.affinity import ResponseAffinity
 from radixserve.router.apis import as_anthropic_error, is_anthropic_path
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
+from radixserve.router.kv_index import KVEventIndex, worker_endpoint
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
@@ -69,7 +70,15 @@ class Router:
     def __init__(self, args: RouterArgs, discovery: EndpointSliceDiscovery | None = None) -> None:
         self.args = args
         self.metrics = RouterMetrics(args.model_name)
-        self.policy = create_policy(args.policy, args.policy_config())
+        self.events: KVEventIndex | None = None
+        if args.prefix_source == "events" and args.policy == "cache_aware":
+            self.events = KVEventIndex(
+                args.kv_events_port,
+                args.kv_events_replay_port or None,
+                args.kv_events_block_size,
+                self._events_endpoints,
+            )
+        self.policy = create_policy(args.policy, args.policy_config(), self.events)
         self.pool = UpstreamPool(
             self.metrics, max_pending=args.max_pending, on_removed=self.policy.forget
         )
@@ -79,6 +88,7 @@ class Router:
         self.quarantine = Quarantine(args.quarantine_ttl)
         self.affinity = ResponseAffinity(args.response_affinity_size)
         self._prober: asyncio.Task[None] | None = None
+        self._tracker: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         self.session = aiohttp.ClientSession(
@@ -95,6 +105,7 @@ class Router:
             pending_timeout=self.args.pending_timeout,
             quarantine=self.quarantine,
             affinity=self.affinity,
+            tokenize=self.events is not None,
         )
         if self.discovery is not None:
             # EndpointSlices list only pods whose readiness probe passed: ready from the start.
@@ -107,14 +118,47 @@ class Router:
         self._prober = asyncio.create_task(
             self.pool.run_prober(self.session, self.args.health_check_interval)
         )
+        if self.events is not None:
+            self._tracker = asyncio.create_task(self._track_events(self.events))
+
+    async def _events_endpoints(self, url: str) -> tuple[str, str | None]:
+        """Where `url` publishes its KV events: its server info says, else the flags do."""
+        assert self.session is not None and self.events is not None
+        key = self.args.admin_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        try:
+            async with self.session.get(
+                url + "/get_server_info",
+                headers=headers,
+                timeout=aiohttp.ClientTimeout(total=ADMIN_WORKER_TIMEOUT_S),
+            ) as reply:
+                info = await reply.json() if reply.status == 200 else {}
+        except (aiohttp.ClientError, TimeoutError, ValueError):
+            info = {}
+        endpoint = info.get("kv_events_endpoint") if isinstance(info, dict) else None
+        if not isinstance(endpoint, str):
+            return await self.events.by_port(url)
+        replay = info.get("kv_events_replay_endpoint")
+        return worker_endpoint(url, endpoint), (
+            worker_endpoint(url, replay) if isinstance(replay, str) else None
+        )
+
+    async def _track_events(self, events: KVEventIndex) -> None:
+        """Keep one KV event subscription per worker in the pool (discovery changes it)."""
+        while True:
+            events.track(upstream.url for upstream in self.pool.members())
+            await asyncio.sleep(self.args.health_check_interval)
 
     async def close(self) -> None:
         if self.discovery is not None:
             self.discovery.stop()
-        if self._prober is not None:
-            self._prober.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._prober
+        for task in (self._prober, self._tracker):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.events is not None:
+            await self.events.close()
         if self.session is not None:
             await self.session.close()
 

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixserve.api_errors import APIError
+from radixserve.api_errors import APIError, InvalidParameterError
 from radixserve.boundary import TokenizedGenerateReqInput, TokenLogprob
 from radixserve.frontend.openai import responses
 from radixserve.frontend.openai.chat_template import ChatTemplate
@@ -186,12 +186,8 @@ class OpenAIServing:
 
     # ---------------------------------------------------------------- chat
 
-    async def prepare_chat(
-        self, body: Any, request_id: str, observe: ChunkObserver | None = None
-    ) -> PreparedRequest:
-        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body, self.policy)
-        lora_name = self.check_model(req.model)
-        self.tm.check_fan_out([req.n], "messages", "n")
+    async def _chat_prompt(self, req: ChatCompletionRequest) -> tuple[str, list[int]]:
+        """The chat's messages (and tools) through the template: the text and its tokens."""
         tools = None
         if req.tools_offered:
             tools = [
@@ -204,7 +200,40 @@ class OpenAIServing:
             prompt_text = self.chat_template.render(*args)
         else:
             prompt_text = await self.tm.off_loop(self.chat_template.render, *args)
-        prompt_ids = await self.tm.encode(prompt_text, add_special_tokens=False, param="messages")
+        ids = await self.tm.encode(prompt_text, add_special_tokens=False, param="messages")
+        return prompt_text, ids
+
+    async def tokenize(self, body: Any) -> dict[str, Any]:
+        """`POST /tokenize` (vLLM's shape): the token ids that a chat body's `messages` (with
+        its tools and template arguments) or a completion's `prompt` become, exactly as
+        generation tokenizes them: what `radixserve router --prefix-source events` hashes into
+        KV blocks. Nothing is generated."""
+        if isinstance(body, dict) and "messages" in body:
+            chat = {"model": self.model_name, **body}  # the model is optional here
+            _, ids = await self._chat_prompt(
+                parse_request(ChatCompletionRequest, chat, self.policy)
+            )
+        else:
+            prompt = body.get("prompt") if isinstance(body, dict) else None
+            if isinstance(prompt, str):
+                ids = await self.tm.encode(prompt, param="prompt")
+            elif isinstance(prompt, list) and all(
+                isinstance(t, int) and not isinstance(t, bool) for t in prompt
+            ):
+                ids = prompt
+            else:
+                raise InvalidParameterError(
+                    "give 'messages' (a chat) or 'prompt' (a string or token ids)", "prompt"
+                )
+        return {"tokens": ids, "count": len(ids), "max_model_len": self.tm.max_request_tokens}
+
+    async def prepare_chat(
+        self, body: Any, request_id: str, observe: ChunkObserver | None = None
+    ) -> PreparedRequest:
+        req: ChatCompletionRequest = parse_request(ChatCompletionRequest, body, self.policy)
+        lora_name = self.check_model(req.model)
+        self.tm.check_fan_out([req.n], "messages", "n")
+        prompt_text, prompt_ids = await self._chat_prompt(req)
         sampling = {**req.sampling_dict(req.requested_max_tokens), "n": req.n}
         family_parses = req.tools_offered and req.forced_tool is None
         if family_parses and self.tool_parser.keeps_special_tokens:
