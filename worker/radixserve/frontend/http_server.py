@@ -377,26 +377,20 @@ class Handlers:
         self._admit("embed")
         body = await read_json(request)
         with self._counted():
-            text = await self.pooling.embeddings(
-                body, request[REQUEST_ID_KEY], self._observer(request)
-            )
+            text = await self.pooling.embeddings(body, request[REQUEST_ID_KEY])
         return web.Response(text=text, content_type="application/json")
 
     async def rerank(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            reply = await self.pooling.rerank(
-                body, request[REQUEST_ID_KEY], self._observer(request)
-            )
-            return web.json_response(reply)
+            return web.json_response(await self.pooling.rerank(body, request[REQUEST_ID_KEY]))
 
     async def score(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            reply = await self.pooling.score(body, request[REQUEST_ID_KEY], self._observer(request))
-            return web.json_response(reply)
+            return web.json_response(await self.pooling.score(body, request[REQUEST_ID_KEY]))
 
     # -- native API
 
