@@ -8,6 +8,8 @@ field, generation refused on a pooling model (and the reverse), the server alive
 from __future__ import annotations
 
 import base64
+import json
+import time
 
 import numpy as np
 import openai
@@ -36,7 +38,7 @@ def serve(workdir, checkpoint, *extra):
 def embedder(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("embed")
     checkpoint = embedding_checkpoint(workdir / "Qwen3-Embedding-tiny")
-    with serve(workdir, checkpoint) as server:
+    with serve(workdir, checkpoint, "--log-requests", "--log-format", "json") as server:
         yield server, checkpoint
     assert server.process.returncode == 0, (workdir / "server.log").read_text()[-3000:]
 
@@ -124,6 +126,28 @@ def test_bad_embedding_requests_are_400s_naming_the_field(embedder, body, param)
     error = reply.json()["error"]
     assert error["param"] == param, error
     assert error["type"] == "invalid_request_error"
+
+
+def test_an_embeddings_request_is_one_request_log_line(embedder):
+    server, checkpoint = embedder
+    body = {"input": ["one two", "three"]}
+    headers = {"X-Request-Id": "emb-log"}
+    reply = requests.post(
+        server.base_url + "/v1/embeddings", json=body, headers=headers, timeout=30
+    )
+    tokens = reply.json()["usage"]["prompt_tokens"]
+
+    def logged() -> list[dict]:
+        log = (checkpoint.parent / "server.log").read_text().splitlines()
+        lines = [json.loads(line) for line in log if '"radixserve.requests"' in line]
+        return [r for r in lines if r.get("id") == "emb-log"]
+
+    deadline = time.monotonic() + 10
+    while not logged() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    (line,) = logged()
+    assert (line["path"], line["status"], line["prompt_tokens"]) == ("/v1/embeddings", 200, tokens)
+    assert (line["completion_tokens"], line["finish_reason"]) == (0, "stop")
 
 
 def test_generation_on_an_embedding_model_is_a_400(embedder):

@@ -377,20 +377,26 @@ class Handlers:
         self._admit("embed")
         body = await read_json(request)
         with self._counted():
-            text = await self.pooling.embeddings(body, request[REQUEST_ID_KEY])
+            text = await self.pooling.embeddings(
+                body, request[REQUEST_ID_KEY], self._observer(request)
+            )
         return web.Response(text=text, content_type="application/json")
 
     async def rerank(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            return web.json_response(await self.pooling.rerank(body, request[REQUEST_ID_KEY]))
+            reply = await self.pooling.rerank(
+                body, request[REQUEST_ID_KEY], self._observer(request)
+            )
+            return web.json_response(reply)
 
     async def score(self, request: web.Request) -> web.Response:
         self._admit("rerank")
         body = await read_json(request)
         with self._counted():
-            return web.json_response(await self.pooling.score(body, request[REQUEST_ID_KEY]))
+            reply = await self.pooling.score(body, request[REQUEST_ID_KEY], self._observer(request))
+            return web.json_response(reply)
 
     # -- native API
 

@@ -32,6 +32,8 @@ request_logger = logging.getLogger("radixserve.requests")
 GENERATION_PATHS = frozenset(
     {"/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses", "/generate"}
 )
+# an embedding or rerank request's line: its prompt tokens, no completion, finish "stop"
+POOLING_PATHS = frozenset({"/v1/embeddings", "/v1/rerank", "/v1/score"})
 CLIENT_CLOSED_REQUEST = 499
 LOG_REQUESTS_KEY = web.AppKey("log_requests", bool)
 MODEL_NAME_KEY = web.AppKey("model_name", str)
@@ -126,7 +128,8 @@ async def request_lifecycle(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     record = None
-    if request.app[LOG_REQUESTS_KEY] and request.path in GENERATION_PATHS:
+    logged = request.path in GENERATION_PATHS or request.path in POOLING_PATHS
+    if request.app[LOG_REQUESTS_KEY] and logged:
         record = RequestRecord(model=request.app[MODEL_NAME_KEY], path=request.path)
         request[RECORD_KEY] = record
     status = CLIENT_CLOSED_REQUEST

@@ -28,6 +28,7 @@ from radixserve.boundary import PoolingParams, TokenizedGenerateReqInput
 from radixserve.frontend.embeddings.protocol import EmbeddingRequest, RerankRequest, ScoreRequest
 from radixserve.frontend.embeddings.rerank_prompt import yes_no_prompt
 from radixserve.frontend.openai.protocol import FieldPolicy, parse_request
+from radixserve.frontend.openai.serving import ChunkObserver
 from radixserve.frontend.tokenizer_manager import (
     GenerateRequest,
     PromptTooLongError,
@@ -86,7 +87,9 @@ class PoolingServing:
 
     # ------------------------------------------------------------------ embeddings
 
-    async def embeddings(self, body: Any, request_id: str) -> str:
+    async def embeddings(
+        self, body: Any, request_id: str, observe: ChunkObserver | None = None
+    ) -> str:
         """The reply as JSON text: a large batch is megabytes of floats, encoded on a thread
         one embedding at a time (one `json.dumps` of all of them would hold the GIL, and so
         the event loop, for a second or more)."""
@@ -103,7 +106,7 @@ class PoolingServing:
         if isinstance(prompts[0], str):
             where = "input" if isinstance(request.input, str) else "input.{}"
             prompts = [*await self._encode(prompts, where)]  # type: ignore[arg-type]
-        pooled, prompt_tokens = await self._run(prompts, "input", request_id, dims)
+        pooled, prompt_tokens = await self._run(prompts, "input", request_id, dims, observe)
         usage = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens}
         return await asyncio.to_thread(
             _embeddings_json, pooled, request.encoding_format, self.model_name, usage
@@ -111,12 +114,14 @@ class PoolingServing:
 
     # ------------------------------------------------------------------ rerank and score
 
-    async def rerank(self, body: Any, request_id: str) -> dict[str, Any]:
+    async def rerank(
+        self, body: Any, request_id: str, observe: ChunkObserver | None = None
+    ) -> dict[str, Any]:
         request: RerankRequest = parse_request(RerankRequest, body, self.policy)
         self._check_model(request.model)
         documents = request.texts()
         scores, tokens = await self._scores(
-            [request.query], documents, "documents", request_id, request.instruction
+            [request.query], documents, "documents", request_id, request.instruction, observe
         )
         order = sorted(range(len(documents)), key=lambda i: -scores[i])
         if request.top_n is not None:
@@ -134,11 +139,13 @@ class PoolingServing:
             "results": results,
         }
 
-    async def score(self, body: Any, request_id: str) -> dict[str, Any]:
+    async def score(
+        self, body: Any, request_id: str, observe: ChunkObserver | None = None
+    ) -> dict[str, Any]:
         request: ScoreRequest = parse_request(ScoreRequest, body, self.policy)
         self._check_model(request.model)
         firsts, seconds = request.pairs_of()
-        scores, tokens = await self._scores(firsts, seconds, "text_2", request_id, None)
+        scores, tokens = await self._scores(firsts, seconds, "text_2", request_id, None, observe)
         return {
             "id": f"score-{request_id}",
             "object": "list",
@@ -154,6 +161,7 @@ class PoolingServing:
         param: str,
         request_id: str,
         instruction: str | None,
+        observe: ChunkObserver | None,
     ) -> tuple[list[float], int]:
         """The score of each (query, document) pair (one query for all, or one each): the
         reranker's instruction template around them for a model scored by its "yes"/"no"
@@ -179,7 +187,7 @@ class PoolingServing:
             ]
         else:
             prompts = [*await self._encode(firsts, param, pairs=documents)]
-        pooled, tokens = await self._run(prompts, param, request_id, None)
+        pooled, tokens = await self._run(prompts, param, request_id, None, observe)
         return [array.array("f", raw)[0] for raw in pooled], tokens
 
     async def _encode(
@@ -212,10 +220,15 @@ class PoolingServing:
     # ------------------------------------------------------------------ running
 
     async def _run(
-        self, prompts: list[str | list[int]], param: str, request_id: str, dims: int | None
+        self,
+        prompts: list[str | list[int]],
+        param: str,
+        request_id: str,
+        dims: int | None,
+        observe: ChunkObserver | None,
     ) -> tuple[list[bytes], int]:
         """Pool every prompt: (their outputs in order, float32 bytes; the prompt tokens they
-        took)."""
+        took). `observe` (a request log's) sees each finished input."""
         self.tm.check_fan_out([1] * len(prompts), param, param)
         generate = GenerateRequest(
             prompts=prompts,
@@ -233,17 +246,23 @@ class PoolingServing:
         offset = 0
         for wave in waves:
             if wave:
-                tokens += await self._collect(wave, pooled, offset)
+                tokens += await self._collect(wave, pooled, offset, observe)
             offset += len(wave)
         return [raw or b"" for raw in pooled], tokens
 
     async def _collect(
-        self, inputs: list[TokenizedGenerateReqInput], pooled: list[bytes | None], offset: int
+        self,
+        inputs: list[TokenizedGenerateReqInput],
+        pooled: list[bytes | None],
+        offset: int,
+        observe: ChunkObserver | None,
     ) -> int:
         tokens = 0
         stream = self.tm.generate_many(inputs)
         async with contextlib.aclosing(stream):
             async for index, chunk in stream:
+                if observe is not None:
+                    observe(offset + index, chunk)
                 if chunk.finished:
                     pooled[offset + index] = chunk.pooled
                     tokens += chunk.prompt_tokens
