@@ -220,6 +220,7 @@ def panels(by: str) -> list[Panel]:
                 Query(_quantile(0.99, "radixserve_forward_step_seconds", "mode"), "p99 {{mode}}"),
             ),
         ),
+        *kv_tier_panels(by),
         *router_panels(),
         Panel(
             "Batch size distribution: $mode",
@@ -234,6 +235,51 @@ def panels(by: str) -> list[Panel]:
             ),
             kind="heatmap",
             repeat="mode",
+        ),
+    ]
+
+
+def kv_tier_panels(by: str) -> list[Panel]:
+    """The cache tiers: where prefix hits came from, and the host and disk KV tiers
+    (`--kv-host-memory`, `--kv-disk-path`; their series exist only where a tier is on)."""
+    legend = "{{" + by.split(", ")[-1] + "}}"
+    return [
+        Panel(
+            "Cache tiers: prefix hits by tier",
+            "Prompt tokens served from the prefix cache per second, by where they were found: "
+            "gpu (already in the device pool), host and disk (copied back from the KV tiers "
+            "instead of being recomputed).",
+            "short",
+            (Query(_rate("radixserve_prefix_cache_hits_tokens_total", "tier"), "{{tier}}"),),
+        ),
+        Panel(
+            "Cache tiers: usage",
+            "Used / capacity of the host-memory and disk KV tiers, of the fullest worker.",
+            "percentunit",
+            (
+                Query(
+                    f"max by ({by}, tier) (radixserve_kv_tier_usage_ratio{{{SELECTOR}}})",
+                    f"{{{{tier}}}} {legend}",
+                ),
+            ),
+            extra={"min": 0, "max": 1},
+        ),
+        Panel(
+            "Cache tiers: bytes moved",
+            "KV bytes per second each tier took in (written), gave back to the GPU (restored) "
+            "or let go (dropped: evicted, or a corrupt disk file).",
+            "Bps",
+            (Query(_rate("radixserve_kv_tier_bytes_total", "tier, op"), "{{tier}} {{op}}"),),
+        ),
+        Panel(
+            "Cache tiers: restore latency",
+            "One copy of a prefix from the host tier back to the GPU, p50 and p99: with the "
+            "restore bandwidth, what a host hit costs instead of a prefill.",
+            "s",
+            (
+                Query(_quantile(0.5, "radixserve_kv_restore_seconds", by), f"p50 {legend}"),
+                Query(_quantile(0.99, "radixserve_kv_restore_seconds", by), f"p99 {legend}"),
+            ),
         ),
     ]
 

@@ -148,3 +148,17 @@ def test_dashboard_shows_the_router(filename: str) -> None:
         assert series in exprs, series
     share = next(p for p in panels if "share" in p["title"])
     assert "worker" in share["targets"][0]["expr"] and share["fieldConfig"]["defaults"]["max"] == 1
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_has_the_cache_tiers_row(filename: str) -> None:
+    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("Cache tiers: ")]
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    for series in (
+        "radixserve_prefix_cache_hits_tokens_total",
+        "radixserve_kv_tier_usage_ratio",
+        "radixserve_kv_tier_bytes_total",
+        "radixserve_kv_restore_seconds_bucket",
+    ):
+        assert series in exprs, series
+    assert "sum by (tier)" in exprs and "tier, op" in exprs

@@ -101,6 +101,9 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     radixserve = Path(sys.executable).parent / "radixserve"
     command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-total-tokens", "4096", "--device", "cpu"]
+    # the KV tiers on, so that their panels have data: see send_tier_traffic
+    disk = tmp_path_factory.mktemp("kv-disk")
+    command += ["--kv-host-memory", "1", "--kv-disk-path", str(disk), "--kv-disk-size", "1"]
     with log_path.open("w") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
@@ -224,10 +227,21 @@ def send_traffic(worker: Worker) -> int:
     return len(QUESTIONS)
 
 
+def send_tier_traffic(worker: Worker) -> int:
+    """Three long prompts that overflow the 4096-token pool, then the first again: its
+    prefix comes back from the host tier (a restore, bytes moved both ways, a host hit)."""
+    client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
+    prompts = [f"{name} " + " ".join(str(n) for n in range(700)) for name in ("A", "B", "C")]
+    for prompt in [*prompts, prompts[0]]:
+        reply = client.completions.create(model=worker.model, prompt=prompt, max_tokens=2)
+        assert reply.usage.completion_tokens > 0
+    return len(prompts) + 1
+
+
 @pytest.fixture(scope="module")
 def scraped_traffic(worker: Worker, router: Worker, prometheus: str) -> dict[str, str]:
     """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
-    sent = send_traffic(router)
+    sent = send_traffic(router) + send_tier_traffic(router)
     for counter in ("radixserve_requests_total", "radixserve_router_requests_total"):
         selector = f'{counter}{{job="{JOB}"}}'
         deadline = time.monotonic() + SCRAPE_DEADLINE_S

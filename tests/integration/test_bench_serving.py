@@ -77,3 +77,24 @@ def test_bench_serving_compares_apis_on_one_server(tmp_path):
     # the same words through the same chat template: the same prompt tokens (24 words, one
     # token each, plus the template's) for every API
     assert len(set(prompts.values())) == 1 and prompts["chat"] > 4 * 24, prompts
+
+
+def test_bench_serving_multi_turn_sessions(tmp_path):
+    """`--turns 3`: each session resends its conversation (prompts and the replies' own ids)
+    plus new tokens, so later turns hit the cache for everything before them."""
+    report_path = tmp_path / "turns.json"
+    command = [
+        sys.executable, "-m", "radixserve.entrypoints.cli", "bench", "serving",
+        "--launch-server", "--model random:tiny-llama --max-total-tokens 4096",
+        "--num-requests", "4", "--turns", "3", "--turn-len", "8", "--max-concurrency", "4",
+        "--input-len", "32", "--output-len", "4", "--output-json", str(report_path),
+    ]  # fmt: skip
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    report = json.loads(report_path.read_text())
+    assert report["completed"] == 12 and report["failed"] == 0
+    # a session's prompts: 32, then 32 + 4 + 8, then 44 + 4 + 8 tokens
+    duration = report["duration_s"]
+    assert report["input_token_throughput"] * duration == pytest.approx(4 * (32 + 44 + 56))
+    # turns 2 and 3 find at least their previous prompt (32 and 44 tokens) cached
+    assert report["cached_prompt_tokens"] >= 4 * (32 + 44)

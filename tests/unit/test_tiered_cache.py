@@ -170,7 +170,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
                 if node.lock_ref:
                     protected += len(node.key)
             if node.host_value is not None:
-                data = self.host.buffer[node.host_value].view(torch.float32)
+                data = self.host.read(node.host_value).view(torch.float32)
                 want = torch.tensor([kv_of(path[: start + i + 1]) for i in range(len(node.key))])
                 assert torch.equal(data[:, 0], want), "a host copy holds another prefix's KV"
             stack.extend((c, path) for c in node.children.values())

@@ -20,6 +20,12 @@ they stream through:
   (E2E - TTFT) / (output tokens - 1) per request, with the output tokens from the reply's
   usage, which counts every token whatever the chunking.
 
+`--turns T` (generate only) makes each of the `--num-requests` prompts the first turn of a
+session: turn t+1 sends the whole conversation so far (every prompt and reply, the replies'
+own token ids) plus `--turn-len` new tokens, once turn t's reply is complete, so a session's
+prefix grows as a chat's does and the radix cache (and its host and disk tiers) can hold it
+between turns. Sessions start at the set arrivals; figures pool every turn.
+
 Several APIs (`--api chat,responses,messages`) run one after another against one server, each
 from a flushed prefix cache, the same prompts and arrivals for each, `--rounds` times (odd
 rounds in the given order, even ones reversed), after `--warmup-requests` unmeasured requests
@@ -38,6 +44,7 @@ import os
 import random
 import shlex
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -80,6 +87,7 @@ class RequestResult:
     itls: list[float] = field(default_factory=list)
     error: str = ""
     cached_tokens: int = 0
+    output_ids: list[int] = field(default_factory=list)  # generate: what the next turn appends
 
     @property
     def tpot(self) -> float | None:
@@ -225,6 +233,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--vocab-range", type=int, default=1000, help="token ids drawn below this")
     parser.add_argument(
+        "--turns",
+        type=int,
+        default=1,
+        help="generate: turns per session; above 1 each of --num-requests prompts opens a "
+        "session whose next turn appends its reply and --turn-len new tokens, sent when the "
+        "reply is complete (a multi-turn chat; default: 1)",
+    )
+    parser.add_argument(
+        "--turn-len", type=int, default=64, help="new user tokens per later turn (default: 64)"
+    )
+    parser.add_argument(
         "--seed", type=int, default=0, help="seed of the prompts and arrival times (default: 0)"
     )
     parser.add_argument(
@@ -284,6 +303,7 @@ async def send_request(
                     result.error = item["error"]["message"]
                     return result
                 num_new = len(item["output_ids"])
+                result.output_ids.extend(item["output_ids"])
                 now = time.perf_counter()
                 if num_new:
                     if result.output_tokens == 0:
@@ -495,14 +515,46 @@ async def run_api(
 
     started = time.perf_counter()
     tasks = []
-    for prompt in prompts:
-        tasks.append(asyncio.ensure_future(limited(prompt)))
+    turns = getattr(args, "turns", 1)
+    for i, prompt in enumerate(prompts):
+        if turns > 1:
+            later = session_turns(args, i)
+            tasks.append(asyncio.ensure_future(run_session(prompt, later, limited)))
+        else:
+            tasks.append(asyncio.ensure_future(limited(prompt)))
         if args.request_rate != float("inf"):
             await asyncio.sleep(rng.expovariate(args.request_rate))
-    results = await asyncio.gather(*tasks)
+    gathered = await asyncio.gather(*tasks)
+    results = [r for item in gathered for r in (item if isinstance(item, list) else [item])]
     duration = time.perf_counter() - started
     after = await server_info(session, base_url)
     return Run(list(results), duration, before, after)
+
+
+def session_turns(args: argparse.Namespace, session: int) -> list[list[int]]:
+    """The new user tokens of a session's turns after its first (seeded per session)."""
+    rng = random.Random(f"{args.seed}-turns-{session}")
+    return [
+        [rng.randrange(10, args.vocab_range) for _ in range(args.turn_len)]
+        for _ in range(args.turns - 1)
+    ]
+
+
+async def run_session(
+    first: list[int],
+    later: list[list[int]],
+    send: Callable[[list[int]], Awaitable[RequestResult]],
+) -> list[RequestResult]:
+    """A multi-turn session: each turn is the whole conversation so far (prompts and replies)
+    plus its new tokens, sent once the previous reply is complete; a failed turn ends it."""
+    results = [await send(first)]
+    context = first
+    for new in later:
+        if not results[-1].ok:
+            break
+        context = context + results[-1].output_ids + new
+        results.append(await send(context))
+    return results
 
 
 @functools.cache
@@ -662,6 +714,10 @@ def table_lines(reports: dict[str, Report]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     if args.rounds < 1:
         raise SystemExit("--rounds must be at least 1")
+    if args.turns < 1 or args.turn_len < 1:
+        raise SystemExit("--turns and --turn-len must be at least 1")
+    if args.turns > 1 and args.api != ["generate"]:
+        raise SystemExit("--turns above 1 drives --api generate (token ids) only")
     if args.launch_server is not None:
         print(f"starting: radixserve serve {args.launch_server}")
         with ServerProcess(shlex.split(args.launch_server), args.server_log) as server:

@@ -2,9 +2,11 @@
 
 Generic over the device pool: it sees only the pool's buffers (`kv_buffers(pool)`), each
 `[slots + 1, ...]` with slot i's values in row i, whatever the layout (per-layer K and V, one
-latent MLA buffer per layer, FP8 or not). A host slot stores the raw bytes of one token across
-every buffer, side by side, so one copy moves a token's whole KV and the pool never needs to
-know what the bytes mean.
+latent MLA buffer per layer, FP8 or not), and keeps one host buffer of the same row shape and
+dtype per device buffer, so a copy either way is a row gather and a row scatter per buffer
+(typed rows: a byte-wise copy is several times slower on the CPU). The disk tier sees a token
+as its raw bytes across every buffer, side by side (`gather`, `write`), and never needs to know
+what the bytes mean.
 
 Copies to the host (back-ups) are ordered on the compute stream after the forward passes that
 wrote the slots and land in host memory asynchronously; copies back to the device (restores)
@@ -31,17 +33,16 @@ def kv_buffers(pool: object) -> list[torch.Tensor]:
     return [*pool.k_buffers, *pool.v_buffers]  # type: ignore[attr-defined]
 
 
-def _as_bytes(buffer: torch.Tensor) -> torch.Tensor:
-    """[slots, ...] of any dtype as [slots, bytes per slot] uint8 (a view, no copy)."""
-    return buffer.view(buffer.shape[0], -1).view(torch.uint8)
+def _row_bytes(buffer: torch.Tensor) -> int:
+    return buffer[0].numel() * buffer.element_size()
 
 
 @dataclass
 class _PendingBackup:
-    """A device-to-host copy in flight: its staging buffer lands in `host_slots` once `done`."""
+    """A device-to-host copy in flight: its staging rows land in `host_slots` once `done`."""
 
     done: torch.cuda.Event
-    staging: torch.Tensor
+    staging: list[torch.Tensor]  # one pinned tensor per buffer
     host_slots: torch.Tensor
 
 
@@ -49,16 +50,17 @@ class HostKVPool:
     """`size` host slots mirroring one token's KV across all of a device pool's buffers."""
 
     def __init__(self, device_pool: object, size: int) -> None:
-        self._device_buffers = [_as_bytes(b) for b in kv_buffers(device_pool)]
+        self._device_buffers = kv_buffers(device_pool)
         self.device = self._device_buffers[0].device
-        self.widths = [b.shape[1] for b in self._device_buffers]
+        self.is_cuda = self.device.type == "cuda"
+        self.widths = [_row_bytes(b) for b in self._device_buffers]
         self.bytes_per_token = sum(self.widths)
         self.size = size
-        self.is_cuda = self.device.type == "cuda"
         # row 0 unused, as on the device: host slots are 1..size like device slots
-        self.buffer = torch.zeros(
-            (size + 1, self.bytes_per_token), dtype=torch.uint8, pin_memory=self.is_cuda
-        )
+        self._host_buffers = [
+            torch.zeros((size + 1, *b.shape[1:]), dtype=b.dtype, pin_memory=self.is_cuda)
+            for b in self._device_buffers
+        ]
         self.allocator = TokenSlotAllocator(size)
         self._pending: list[_PendingBackup] = []
         self._load_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
@@ -69,8 +71,7 @@ class HostKVPool:
     @staticmethod
     def slots_for_bytes(device_pool: object, num_bytes: float) -> int:
         """How many host slots `num_bytes` of host memory hold for this pool's layout."""
-        per_token = sum(_as_bytes(b).shape[1] for b in kv_buffers(device_pool))
-        return int(num_bytes // per_token)
+        return int(num_bytes // sum(_row_bytes(b) for b in kv_buffers(device_pool)))
 
     def available_size(self) -> int:
         return self.allocator.available_size()
@@ -82,32 +83,49 @@ class HostKVPool:
 
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
         """Copy the KV of `device_slots` into `host_slots`. Ordered after every pass already
-        launched on the compute stream; on CUDA the bytes land later (`_settle`)."""
+        launched on the compute stream; on CUDA the rows land later (`_settle`)."""
         if device_slots.numel() == 0:
             return
-        staging, done = self.gather(device_slots)
-        if done is None:
-            self.buffer[host_slots] = staging
+        if not self.is_cuda:
+            for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
+                host.index_copy_(0, host_slots, device.index_select(0, device_slots))
             return
+        index = device_slots.to(self.device, non_blocking=True)
+        staging = []
+        for device in self._device_buffers:
+            rows = device.index_select(0, index)
+            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
+            pinned.copy_(rows, non_blocking=True)
+            staging.append(pinned)
+        done = torch.cuda.Event()
+        done.record()
         self._pending.append(_PendingBackup(done, staging, host_slots))
         self._settle(block=False)
 
     def _settle(self, block: bool) -> None:
-        """Move finished back-ups from their staging buffers into the pool (all, if `block`)."""
+        """Move finished back-ups from their staging rows into the pool (all, if `block`)."""
         while self._pending:
             head = self._pending[0]
             if block:
                 head.done.synchronize()
             elif not head.done.query():
                 return
-            self.buffer[head.host_slots] = head.staging
+            for host, rows in zip(self._host_buffers, head.staging, strict=True):
+                host.index_copy_(0, head.host_slots, rows)
             self._pending.pop(0)
 
+    # --- raw bytes (the disk tier) ---------------------------------------------------------
+
     def gather(self, device_slots: torch.Tensor) -> tuple[torch.Tensor, torch.cuda.Event | None]:
-        """The raw bytes of `device_slots` in a fresh host tensor, and on CUDA the event after
-        which they are there (the disk writer waits for it, the step loop does not)."""
+        """The raw bytes of `device_slots` ([n, bytes_per_token]) in a fresh host tensor, and
+        on CUDA the event after which they are there (the disk writer waits for it, the step
+        loop does not)."""
         index = device_slots.to(self.device, non_blocking=True)
-        gathered = torch.cat([b.index_select(0, index) for b in self._device_buffers], dim=1)
+        n = index.numel()
+        rows = [
+            b.index_select(0, index).view(n, -1).view(torch.uint8) for b in self._device_buffers
+        ]
+        gathered = torch.cat(rows, dim=1)
         if not self.is_cuda:
             return gathered, None
         staging = torch.empty(gathered.shape, dtype=torch.uint8, pin_memory=True)
@@ -116,9 +134,26 @@ class HostKVPool:
         done.record()
         return staging, done
 
+    def read(self, host_slots: torch.Tensor) -> torch.Tensor:
+        """The raw bytes of `host_slots` ([n, bytes_per_token]), as `gather` lays them out."""
+        self._settle(block=True)
+        n = host_slots.numel()
+        return torch.cat(
+            [
+                h.index_select(0, host_slots).view(n, -1).view(torch.uint8)
+                for h in self._host_buffers
+            ],
+            dim=1,
+        )
+
     def write(self, host_slots: torch.Tensor, data: torch.Tensor) -> None:
-        """Store raw bytes (from the disk tier) into `host_slots`."""
-        self.buffer[host_slots] = data
+        """Store raw bytes (a disk block, laid out as `gather` does) into `host_slots`."""
+        n = host_slots.numel()
+        offset = 0
+        for host, width in zip(self._host_buffers, self.widths, strict=True):
+            part = data[:, offset : offset + width].contiguous().view(host.dtype)
+            host.index_copy_(0, host_slots, part.view(n, *host.shape[1:]))
+            offset += width
 
     # --- host -> device --------------------------------------------------------------------
 
@@ -128,10 +163,10 @@ class HostKVPool:
         if host_slots.numel() == 0:
             return
         self._settle(block=True)
-        data = self.buffer[host_slots]
         if not self.is_cuda:
             start = time.perf_counter()
-            self._scatter(data, device_slots)
+            for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
+                device.index_copy_(0, device_slots, host.index_select(0, host_slots))
             self._restore_seconds.append(time.perf_counter() - start)
             return
         compute = torch.cuda.current_stream(self.device)
@@ -140,19 +175,17 @@ class HostKVPool:
         # the target slots may have been freed by passes still running: start after them
         stream.wait_stream(compute)
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        rows = [host.index_select(0, host_slots).pin_memory() for host in self._host_buffers]
         with torch.cuda.stream(stream):
             begin.record()
-            on_device = data.pin_memory().to(self.device, non_blocking=True)
-            self._scatter(on_device, device_slots.to(self.device, non_blocking=True))
+            index = device_slots.to(self.device, non_blocking=True)
+            for device, pinned in zip(self._device_buffers, rows, strict=True):
+                device.index_copy_(0, index, pinned.to(self.device, non_blocking=True))
             end.record()
+        # (the pinned rows may be freed now: the caching host allocator keeps a block until
+        # the copies that read it have run)
         compute.wait_event(end)
         self._restore_timings.append((begin, end))
-
-    def _scatter(self, data: torch.Tensor, device_slots: torch.Tensor) -> None:
-        offset = 0
-        for buffer, width in zip(self._device_buffers, self.widths, strict=True):
-            buffer[device_slots] = data[:, offset : offset + width]
-            offset += width
 
     def pop_restore_seconds(self) -> list[float]:
         """Durations of the restores finished since the last call (the latency histogram)."""
