@@ -127,8 +127,46 @@ def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama):
             assert len(a.top) == 3 and [t for t, _ in a.top] == [t for t, _ in b.top]
 
 
-def test_bundled_model_json_schema_and_stop_strings_in_one_batch():
-    source = load_model_source("builtin:smollm2-135m", device="cpu")
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_model_source("builtin:smollm2-135m", device="cpu")
+
+
+def chat_ids(tok, text: str) -> list[int]:
+    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    return ids if isinstance(ids, list) else ids["input_ids"]
+
+
+def test_bundled_model_copies_json_under_its_grammar(smollm2):
+    """A constrained request proposes what its grammar accepts (the matcher walks the proposals
+    and is rolled back), and the verify step masks each position as its grammar stands there."""
+    record = '{"city": "Paris", "country": "France", "population": 2102650, "capital": true}'
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string"},
+            "country": {"type": "string"},
+            "population": {"type": "integer"},
+            "capital": {"type": "boolean"},
+        },
+        "required": ["city", "country", "population", "capital"],
+    }
+    prompt = chat_ids(smollm2.tokenizer, f"Repeat this JSON exactly: {record}")
+    params = [SamplingParams(max_new_tokens=40, temperature=0.0, json_schema=json.dumps(schema))]
+    results = {}
+    for spec in ({}, SPEC):
+        scheduler = make_scheduler("builtin:smollm2-135m", smollm2, **spec)
+        results[bool(spec)] = run(scheduler, [prompt], params)
+        assert_memory_back(scheduler)
+    assert results[True]["r0"]["ids"] == results[False]["r0"]["ids"]
+    assert results[True]["r0"]["finish"] == results[False]["r0"]["finish"]
+    text = smollm2.tokenizer.decode(results[True]["r0"]["ids"], skip_special_tokens=True)
+    jsonschema.validate(json.loads(text), schema)
+    assert scheduler.get_server_info()["spec_accepted_tokens"] >= 10
+
+
+def test_bundled_model_json_schema_and_stop_strings_in_one_batch(smollm2):
+    source = smollm2
     tok = source.tokenizer
 
     def chat(text: str) -> list[int]:

@@ -39,6 +39,14 @@ class Grammar(ABC):
     def is_terminated(self) -> bool:
         """The grammar has ended: it accepted a stop token and allows nothing more."""
 
+    # whether `rollback` works: speculative decoding walks a matcher through proposed tokens
+    # and back (a grammar without it proposes nothing)
+    can_rollback = False
+
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens."""
+        raise NotImplementedError
+
 
 class CompileRecipe(Protocol):
     """How a worker process compiles for a backend (compile_worker.py). Picklable; `build`

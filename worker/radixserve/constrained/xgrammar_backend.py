@@ -79,6 +79,12 @@ class XGrammarMatcher(Grammar):
     def is_terminated(self) -> bool:
         return self.matcher.is_terminated()
 
+    can_rollback = True  # xgrammar keeps every step (max_rollback_tokens -1: unbounded)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
+
 
 class XGrammarBackend(GrammarBackend):
     """One model's vocabulary as xgrammar sees it. Building it reads the whole vocabulary (about

@@ -57,8 +57,10 @@ class PendingBatchResult:
         self._top_logprobs: list[list[tuple[int, float]]] | None = None
         self._num_accepted: torch.Tensor | None = None  # a verify step's, per row
         self._verified_top: list[list[list[tuple[int, float]]]] | None = None
-        # a verify step's proposals per request (ModelWorkerBatch.verify_draft_lens)
+        # a verify step's proposals per request (ModelWorkerBatch.verify_draft_lens), and its
+        # input ids on the host when constrained rows need them (their grammars walk them)
         self.verify_draft_lens: list[int] | None = None
+        self.verify_inputs: list[int] | None = None
         self._pooled: torch.Tensor | None = None
         # the forward's output (its batch's sampling info with it), kept until the deferred
         # sampling launches
@@ -220,6 +222,7 @@ class ModelWorker:
         if batch.verify_draft_lens is not None:
             pending.verify_draft_lens = batch.verify_draft_lens
             if info.has_grammars:
+                pending.verify_inputs = batch.input_ids.tolist()
                 pending.deferred = out
             else:
                 self._verify(out, pending)
@@ -262,6 +265,7 @@ class ModelWorker:
             batch.return_logprob,
             batch.top_logprobs_nums,
             greedy_ids=out.greedy_ids if info.is_plain_greedy else None,
+            inputs=pending.verify_inputs,
         )
         broadcast_from_first(result.tokens)
         broadcast_from_first(result.num_accepted)

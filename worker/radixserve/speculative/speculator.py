@@ -8,9 +8,11 @@ Per step, `plan` decides for the running batch:
   when speculation is off: the scheduler holds no speculator);
 - per request a budget: `--speculative-num-tokens`, bounded by what the request may still
   generate, its context, and its own acceptance (adaptive: a request whose proposals keep being
-  rejected proposes fewer, down to none, and probes again with one after a pause); rows whose
-  next token depends on the ones before in ways the verify step does not follow (penalties,
-  logit_bias, min_new_tokens, a grammar) propose nothing and decode one token, exactly;
+  rejected proposes fewer, down to none, and probes again with one after a pause); a
+  constrained request's proposals stop at the first token its grammar refuses (the matcher
+  walks them and is rolled back); rows whose next token depends on the ones before in ways the
+  verify step does not follow (penalties, logit_bias, min_new_tokens) propose nothing and
+  decode one token, exactly;
 - the proposals trimmed to the free KV slots (the verify step writes KV for every position).
 A batch where nothing was proposed runs as a plain decode step.
 
@@ -89,10 +91,25 @@ def build_proposer(server_args: ServerArgs) -> Proposer:
 
 def speculates_exactly(req: Req) -> bool:
     """Whether the verify step reproduces this request's sampling at every position: not with
-    penalties, logit_bias or min_new_tokens (they depend on the tokens before) nor a grammar
-    (its mask does); such rows decode one token in the verify step."""
+    penalties, logit_bias or min_new_tokens (they depend on the tokens before), nor a grammar
+    that cannot roll back (its mask does: verify.py walks the matcher); such rows decode one
+    token in the verify step."""
     params = req.sampling_params
-    return req.grammar is None and not any(k.is_required(params) for k in PENALIZER_KINDS)
+    if req.grammar is not None and not req.grammar.can_rollback:
+        return False
+    return not any(k.is_required(params) for k in PENALIZER_KINDS)
+
+
+def grammar_prefix(grammar: Any, tokens: list[int]) -> list[int]:
+    """The longest prefix of `tokens` the grammar accepts (its matcher walked and rolled back):
+    a proposal the grammar refuses could never be sampled."""
+    taken = 0
+    for token in tokens:
+        if grammar.is_terminated() or not grammar.accept_token(token):
+            break
+        taken += 1
+    grammar.rollback(taken)
+    return tokens[:taken]
 
 
 class Speculator:
@@ -136,9 +153,11 @@ class Speculator:
         )
         drafts: list[list[int]] = [[] for _ in reqs]
         for i, tokens in zip(chosen, proposals, strict=True):
-            take = min(len(tokens), spare_slots)
-            drafts[i] = list(tokens[:take])
-            spare_slots -= take
+            tokens = list(tokens[: max(spare_slots, 0)])
+            if reqs[i].grammar is not None:
+                tokens = grammar_prefix(reqs[i].grammar, tokens)
+            drafts[i] = tokens
+            spare_slots -= len(tokens)
         for req, tokens in zip(reqs, drafts, strict=True):
             state = self._state.get(req)
             if state is not None:

@@ -16,8 +16,11 @@ probability min(1, p(d) / q(d)) = p(d), the chance the target's own sample is d,
 rejection the token is drawn from the residual max(0, p - q) renormalized = p without d, which
 is the target's sample given that it is not d. So each emitted token has exactly the target's
 distribution, and a seeded request even emits the very tokens it would without speculation
-(same noise per token). Penalties and grammar masks depend on the tokens before them, so rows
-that use them propose nothing (the speculator sees to it) and are sampled at position 0 only.
+(same noise per token). A constrained row's mask at position j is its grammar's after the row's
+first j proposals: the matcher walks them for the masks and is rolled back (the scheduler then
+accepts the tokens the row emits). Penalties depend on the tokens before them in ways this does
+not follow, so rows that use them propose nothing (the speculator sees to it) and are sampled at
+position 0 only.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixserve.constrained.base_grammar_backend import Grammar
 from radixserve.kernels.argmax import argmax
 from radixserve.layers.sampler import sample_rows
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
@@ -59,11 +63,13 @@ def verify(
     return_logprob: bool = False,
     top_logprobs_nums: list[int] | None = None,
     greedy_ids: torch.Tensor | None = None,
+    inputs: list[int] | None = None,
 ) -> VerifyOutput:
     """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass,
     `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals).
     `greedy_ids`: the argmax of every row, when the batch is plain greedy and the pass took it
-    already (a replayed CUDA graph does): the picks are then those."""
+    already (a replayed CUDA graph does): the picks are then those. `inputs`: `input_ids` on the
+    host, for the grammars of constrained rows with proposals."""
     bs = len(draft_lens)
     rows_list, width = position_rows(draft_lens)
     rows = device_tensor(rows_list, torch.int64, logits.device).view(bs, width + 1)
@@ -75,7 +81,12 @@ def verify(
     if greedy_ids is not None:
         tokens = greedy_ids[rows]
     else:
-        tokens = _picks(logits, rows, info)
+        walk = GrammarWalk(info, draft_lens, inputs) if info.has_grammars else None
+        try:
+            tokens = _picks(logits, rows, info, walk)
+        finally:
+            if walk is not None:
+                walk.rollback()
     matches = (tokens[:, :width] == proposals) & proposed
     num_accepted = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
@@ -87,13 +98,56 @@ def verify(
     return VerifyOutput(tokens, num_accepted, logprobs, top)
 
 
-def _picks(logits: torch.Tensor, rows: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+class GrammarWalk:
+    """The constrained rows' masks past position 0: each matcher accepts its row's proposals
+    one position at a time, and `rollback` returns it to where it stood."""
+
+    def __init__(self, info: SamplingBatchInfo, draft_lens: list[int], inputs: list[int]):
+        self.info = info
+        self.walked = [0] * len(draft_lens)
+        self.proposals: dict[int, list[int]] = {}
+        start = 0
+        for i, k in enumerate(draft_lens):
+            if info.grammars[i] is not None and k:
+                self.proposals[i] = inputs[start + 1 : start + 1 + k]
+            start += k + 1
+
+    def mask(self, j: int, logits: torch.Tensor) -> None:
+        """Mask position j's `[bs, vocab]` logits: rows with a j-th proposal, their grammar past
+        it (the speculator checked that it accepts it)."""
+        grammars: list[Grammar] = []
+        rows: list[int] = []
+        for i, tokens in self.proposals.items():
+            grammar = self.info.grammars[i]
+            if j <= len(tokens) and grammar.accept_token(tokens[j - 1]):
+                self.walked[i] += 1
+                if not grammar.is_terminated():
+                    grammars.append(grammar)
+                    rows.append(i)
+        if grammars:
+            pending = grammars[0].backend.start_token_bitmask(
+                grammars, rows, len(self.walked), pinned=logits.device.type == "cuda"
+            )
+            pending.wait(logits.device).apply(logits)
+
+    def rollback(self) -> None:
+        for i, n in enumerate(self.walked):
+            if n:
+                self.info.grammars[i].rollback(n)
+        self.walked = [0] * len(self.walked)
+
+
+def _picks(
+    logits: torch.Tensor, rows: torch.Tensor, info: SamplingBatchInfo, walk: GrammarWalk | None
+) -> torch.Tensor:
     """`[bs, K + 1]`: the target's token at each position, as the Sampler would pick it."""
     picks = []
     for j in range(rows.shape[1]):
         step_logits = logits[rows[:, j]]  # a copy: the processors change it in place
         if j == 0:
             info.apply_logits_processors(step_logits)
+        elif walk is not None:
+            walk.mask(j, step_logits)
         if info.is_all_greedy:
             picks.append(argmax(step_logits))
         else:
