@@ -250,7 +250,8 @@ def test_out_of_range_parameter_is_a_400(client):
 def test_shared_system_prompt_is_served_from_the_cache(client, server):
     assert post(server, "/flush_cache", b"")[0] == 200
     system = "You are a careful assistant. " * 30
-    hits_before = metric(server, "radixserve_prefix_cache_hits_tokens_total")
+    hits = "radixserve_prefix_cache_hits_tokens_total"  # no KV tiers: every hit is on the GPU
+    hits_before = metric(server, hits, tier="gpu")
     usages = []
     for question in ("What is 2 + 2?", "Name a planet."):
         reply = client.chat.completions.create(
@@ -261,7 +262,7 @@ def test_shared_system_prompt_is_served_from_the_cache(client, server):
         usages.append(reply.usage)
     assert usages[0].prompt_tokens_details.cached_tokens < 20
     assert usages[1].prompt_tokens_details.cached_tokens >= 150
-    assert metric(server, "radixserve_prefix_cache_hits_tokens_total") - hits_before >= 150
+    assert metric(server, hits, tier="gpu") - hits_before >= 150
 
 
 # ------------------------------------------------------------------ native API and bad inputs

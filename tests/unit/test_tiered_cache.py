@@ -250,3 +250,38 @@ def test_write_policies_keep_evicted_prefixes(policy: str) -> None:
     cache.evict(6)
     assert cache.host_size() == 6 and cache.evictable_size() == 0
     assert cache.match_prefix([5, 6, 7, 8, 9]).restorable == 5
+
+
+class RecordingSink:
+    """A KV event sink that keeps (kind, tokens, medium) of what it is told."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, tuple[int, ...], str]] = []
+
+    def stored(self, token_ids, start, medium) -> None:
+        self.events.append(("stored", tuple(token_ids[start:]), medium))
+
+    def removed(self, token_ids, start, medium) -> None:
+        self.events.append(("removed", tuple(token_ids[start:]), medium))
+
+    def cleared(self) -> None:
+        self.events.append(("cleared", (), ""))
+
+
+def test_the_event_sink_sees_pages_move_between_tiers() -> None:
+    kv_pool = TokenToKVPool(8, 1, 1, 2, torch.float32, "cpu")
+    req_pool = ReqToTokenPool(1, 8, "cpu")
+    allocator = TokenSlotAllocator(8)
+    sink = RecordingSink()
+    cache = TieredRadixCache(req_pool, allocator, HostKVPool(kv_pool, 16), event_sink=sink)
+    row = req_pool.alloc(1)[0]
+    req_pool.write(row, 0, allocator.alloc(4))
+    cache.cache_finished_req(FakeReq(row, [5, 6, 7, 8], kv_len=4))
+    cache.evict(4)
+    cache.restore([5, 6, 7, 8])
+    assert sink.events == [
+        ("stored", (5, 6, 7, 8), "GPU"),
+        ("stored", (5, 6, 7, 8), "CPU"),  # written back just before the eviction
+        ("removed", (5, 6, 7, 8), "GPU"),
+        ("stored", (5, 6, 7, 8), "GPU"),  # restored: on both tiers again
+    ]
