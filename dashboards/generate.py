@@ -222,6 +222,7 @@ def panels(by: str) -> list[Panel]:
         ),
         *kv_tier_panels(by),
         *router_panels(),
+        *spec_decode_panels(by),
         Panel(
             "Batch size distribution: $mode",
             "How many requests each forward step carried (radixserve_batch_size), one panel "
@@ -279,6 +280,38 @@ def kv_tier_panels(by: str) -> list[Panel]:
             (
                 Query(_quantile(0.5, "radixserve_kv_restore_seconds", by), f"p50 {legend}"),
                 Query(_quantile(0.99, "radixserve_kv_restore_seconds", by), f"p99 {legend}"),
+            ),
+        ),
+    ]
+
+
+def spec_decode_panels(by: str) -> list[Panel]:
+    """Speculative decoding (`--speculative-method`; its series exist only where it is on):
+    how much of what is proposed the target keeps, per pod (per model in the fleet view)."""
+    legend = "{{" + by.split(", ")[-1] + "}}"
+    accepted = _rate("radixserve_spec_decode_accepted_tokens_total", by)
+    proposed = _rate("radixserve_spec_decode_proposed_tokens_total", by)
+    lengths = "radixserve_spec_decode_acceptance_length"
+    return [
+        Panel(
+            "Speculative decoding: acceptance",
+            "Proposed tokens the verify step accepted / proposed tokens: low acceptance means "
+            "speculation costs more than it saves (requests turn it down on their own).",
+            "percentunit",
+            (Query(f"{accepted} / {proposed}", legend),),
+            extra={"min": 0, "max": 1},
+        ),
+        Panel(
+            "Speculative decoding: tokens per verify step",
+            "Tokens a request emits per verify step (accepted proposals + 1), the mean: the "
+            "speed-up over plain decode is this divided by the verify step's cost in decode "
+            "steps (radixserve_forward_step_seconds, mode verify against decode).",
+            "short",
+            (
+                Query(
+                    f"{_rate(lengths + '_sum', by)} / {_rate(lengths + '_count', by)}",
+                    legend,
+                ),
             ),
         ),
     ]

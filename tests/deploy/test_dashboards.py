@@ -151,6 +151,19 @@ def test_dashboard_shows_the_router(filename: str) -> None:
 
 
 @pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_shows_speculative_acceptance_per_pod(filename: str) -> None:
+    panels = {p["title"]: p for p in DOCUMENTS[filename]["panels"]}
+    acceptance = panels["Speculative decoding: acceptance"]
+    expr = acceptance["targets"][0]["expr"]
+    by = "instance" if "service" in filename else "namespace, model_name"
+    assert f"sum by ({by}) (rate(radixserve_spec_decode_accepted_tokens_total" in expr
+    assert "radixserve_spec_decode_proposed_tokens_total" in expr
+    assert acceptance["fieldConfig"]["defaults"]["max"] == 1
+    length = panels["Speculative decoding: tokens per verify step"]["targets"][0]["expr"]
+    assert "radixserve_spec_decode_acceptance_length_sum" in length
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
 def test_dashboard_has_the_cache_tiers_row(filename: str) -> None:
     panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("Cache tiers: ")]
     exprs = " ".join(t["expr"] for p in panels for t in p["targets"])

@@ -101,6 +101,8 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     radixserve = Path(sys.executable).parent / "radixserve"
     command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
     command += ["--max-total-tokens", "4096", "--device", "cpu"]
+    # speculative decoding on, so that its panels have data: see send_spec_traffic
+    command += ["--speculative-method", "ngram"]
     # the KV tiers on, so that their panels have data: see send_tier_traffic
     disk = tmp_path_factory.mktemp("kv-disk")
     command += ["--kv-host-memory", "1", "--kv-disk-path", str(disk), "--kv-disk-size", "1"]
@@ -238,10 +240,19 @@ def send_tier_traffic(worker: Worker) -> int:
     return len(prompts) + 1
 
 
+def send_spec_traffic(worker: Worker) -> int:
+    """A request whose answer copies its prompt: prompt lookup proposes, the target accepts."""
+    client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
+    text = "one two three four five six seven eight nine ten " * 4
+    reply = client.completions.create(model=worker.model, prompt=text, max_tokens=32)
+    assert reply.usage.completion_tokens > 0
+    return 1
+
+
 @pytest.fixture(scope="module")
 def scraped_traffic(worker: Worker, router: Worker, prometheus: str) -> dict[str, str]:
     """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
-    sent = send_traffic(router) + send_tier_traffic(router)
+    sent = send_spec_traffic(router) + send_traffic(router) + send_tier_traffic(router)
     for counter in ("radixserve_requests_total", "radixserve_router_requests_total"):
         selector = f'{counter}{{job="{JOB}"}}'
         deadline = time.monotonic() + SCRAPE_DEADLINE_S
