@@ -110,3 +110,23 @@ def test_fp8_block_checkpoint_with_an_mtp_layer(tmp_path, monkeypatch):
     assert projection_dtypes(scheduler) == {FP8_DTYPE}
     router = scheduler.worker.model_runner.model.model.layers[1].mlp.gate.weight
     assert router.dtype == torch.float32
+
+
+def test_the_host_tier_mirrors_the_latent_pool(greedy):
+    """A device pool too small for the prompts, and a host tier: the shared prefixes are
+    evicted from the device by the long prompts after them and come back from host memory
+    (the latent rows, copied through the pool's `kv_buffers()`), the tokens unchanged."""
+    model = "random:tiny-deepseek-v3"
+    source = load_model_source(model, device="cpu")
+    vocab = source.config.vocab_size
+    shared = random_prompts(1, vocab, 48, 48, seed=3)[0]
+    prompts = [shared + tail for tail in random_prompts(6, vocab, 5, 30, seed=4)]
+    prompts += random_prompts(10, vocab, 60, 90, seed=5)
+    scheduler = make_scheduler(
+        model, source, chunked_prefill_size=32, max_total_tokens=400, kv_host_memory=0.05
+    )
+    first = run_to_completion(scheduler, prompts, greedy(NEW))
+    check_against_hf(build_hf_reference(source), prompts, first, NEW)
+    again = run_to_completion(scheduler, prompts[:6], greedy(NEW))
+    assert [again[f"r{i}"]["ids"] for i in range(6)] == [first[f"r{i}"]["ids"] for i in range(6)]
+    assert all(again[f"r{i}"]["cached"] == len(p) - 1 for i, p in enumerate(prompts[:6]))
