@@ -1,6 +1,6 @@
 """The fused MoE kernels at real sizes on the GPU: against the torch reference over random
 routings (experts that get no token included, and all tokens on one expert), in bf16 and with
-FP8 experts; routing against torch; and a MoE layer captured in a CUDA graph (no host sync,
+FP8 experts, gpt-oss's MXFP4 experts (biases, clamped SwiGLU); routing against torch; and a MoE layer captured in a CUDA graph (no host sync,
 replays with new routings equal to eager)."""
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
 from radixserve.layers.moe.layer import FusedMoE  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
+from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 # (experts, top_k, hidden, intermediate): Qwen3-30B-A3B's layer, a Mixtral-like one
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768), "mixtral-like": (8, 2, 1024, 1792)}
@@ -85,6 +86,38 @@ def test_fp8_experts_match_dequantized_reference(tokens):
     use = torch.zeros(2, dtype=torch.int64, device="cuda")
     out = fused_moe(x, q13, q2, topk_w, topk_ids, use, "silu", s13, s2)
     ref = fused_moe_native(x.double(), q13, q2, topk_w.double(), topk_ids, "silu", s13, s2)
+    assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [1, 64])
+def test_mxfp4_gpt_oss_experts_match_decoded_reference(tokens):
+    """gpt-oss-20b's layer (32 experts, top 4, 2880 wide) with MXFP4 experts decoded in the
+    kernel, biases and the clamped SwiGLU, bf16, against float64 on the decoded weights."""
+    experts, top_k, hidden, inter = 32, 4, 2880, 2880
+    gen = torch.Generator().manual_seed(6)
+    w13, w2 = weights(experts, hidden, inter, gen)
+    (b13, s13), (b2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
+    bias13 = (torch.randn(experts, 2 * inter, generator=gen) * 0.1).cuda().to(torch.bfloat16)
+    bias2 = (torch.randn(experts, hidden, generator=gen) * 0.1).cuda().to(torch.bfloat16)
+    x = torch.randn(tokens, hidden, generator=gen).cuda().to(torch.bfloat16)
+    topk_w, topk_ids = select_experts_native(
+        routing(tokens, experts, "random", gen), top_k, True, True
+    )
+    use = torch.zeros(2, dtype=torch.int64, device="cuda")
+    q13, q2 = b13.flatten(-2), b2.flatten(-2)
+    extra = {"w13_bias": bias13, "w2_bias": bias2, "swiglu": (1.702, 7.0)}
+    out = fused_moe(x, q13, q2, topk_w, topk_ids, use, "swiglu_oai", s13, s2, **extra)
+    ref = fused_moe_native(
+        x.double(),
+        dequantize_mxfp4(b13, s13, torch.float64),
+        dequantize_mxfp4(b2, s2, torch.float64),
+        topk_w.double(),
+        topk_ids,
+        "swiglu_oai",
+        w13_bias=bias13.double(),
+        w2_bias=bias2.double(),
+        swiglu=(1.702, 7.0),
+    )
     assert relative_error(out, ref) < 1e-2
 
 

@@ -26,39 +26,38 @@ from engine_harness import (
 from safetensors.torch import save_file
 
 from radixserve.frontend.engine import Engine
-from radixserve.layers.quantization.mxfp4 import E2M1_VALUES, GROUP, dequantize_mxfp4
+from radixserve.layers.quantization.mxfp4 import (
+    E2M1_VALUES,
+    GROUP,
+    dequantize_mxfp4,
+    quantize_mxfp4,
+)
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 pytestmark = pytest.mark.slow
 NEW = 8
 WINDOW = 16  # the preset's sliding window
-_MAGNITUDES = torch.tensor(E2M1_VALUES[:8])
-
-
-def quantize_mxfp4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[..., K] -> (blocks [..., K / 32, 16] uint8, scales [..., K / 32] uint8): per group of
-    32 the power of two that brings its largest magnitude within e2m1's 6, each value rounded
-    to the nearest e2m1 magnitude (ties to the lower code), its sign in the nibble's top bit."""
-    groups = weight.float().unflatten(-1, (-1, GROUP))
-    exponent = torch.ceil(torch.log2(groups.abs().amax(-1).clamp(min=2.0**-100) / 6.0))
-    scaled = groups / torch.exp2(exponent).unsqueeze(-1)
-    codes = (scaled.abs().unsqueeze(-1) - _MAGNITUDES).abs().argmin(-1)
-    codes = (codes | ((scaled < 0).long() << 3)).to(torch.uint8)
-    blocks = codes[..., 0::2] | (codes[..., 1::2] << 4)
-    return blocks, (exponent + 127).to(torch.uint8)
 
 
 def test_mxfp4_quantizer_round_trips_its_own_grid():
-    """The test's quantizer is the loader's dequantizer's inverse on values of the grid."""
+    """The loader's quantizer inverts its dequantizer on values of the grid, and values it
+    decoded quantize again to the same values (so a checkpoint's experts pass a load that
+    keeps them in MXFP4 unchanged; a group's scale may come out finer where its largest
+    value is small for its scale)."""
     gen = torch.Generator().manual_seed(5)
     codes = torch.randint(0, 16, (3, 4, 64), generator=gen)
     exponents = torch.randint(-6, 3, (3, 4, 2, 1), generator=gen).float()
     grid = torch.tensor(E2M1_VALUES)[codes].unflatten(-1, (2, GROUP))
-    # every group holds a 6 (or -6), so its scale is exactly its exponent
-    grid[..., 0] = 6.0
+    grid[..., 0] = 6.0  # every group holds a 6, so its scale is exactly its exponent
     weight = (grid * torch.exp2(exponents)).flatten(-2)
     blocks, scales = quantize_mxfp4(weight)
     assert torch.equal(dequantize_mxfp4(blocks, scales, torch.float32), weight)
+    random = torch.randn(5, 96, generator=gen)
+    blocks, scales = quantize_mxfp4(random)
+    decoded = dequantize_mxfp4(blocks, scales, torch.bfloat16)
+    assert torch.equal(dequantize_mxfp4(*quantize_mxfp4(decoded), torch.bfloat16), decoded)
+    # at most half the widest e2m1 gap (1, between 4 and 6) times a scale below amax / 3
+    assert ((decoded.float() - random).abs() <= random.abs().amax() / 3).all()
 
 
 def write_mxfp4_checkpoint(directory: Path):
@@ -155,6 +154,26 @@ def test_quantization_fp8_requantizes_the_dequantized_experts(checkpoint):
     runner_model = scheduler.worker.model_runner.model
     assert runner_model.model.layers[0].mlp.experts.w13_weight.dtype == FP8_DTYPE
     assert runner_model.model.layers[0].mlp.router.weight.dtype == torch.float32
+
+
+def test_quantization_mxfp4_keeps_the_checkpoints_experts(checkpoint):
+    """--quantization mxfp4: the experts stay MXFP4 (the checkpoint's own bytes: its values
+    quantize back to themselves), the rest float; the same tokens as transformers."""
+    model, source, hf = checkpoint
+    prompts = random_prompts(4, source.config.vocab_size, 3, 40, seed=62)
+    scheduler = make_scheduler(model, source, chunked_prefill_size=16, quantization="mxfp4")
+    check_against_hf(hf, prompts, run_to_completion(scheduler, prompts, greedy(NEW)), NEW)
+    experts = scheduler.worker.model_runner.model.model.layers[0].mlp.experts
+    assert experts.w13_weight.dtype == experts.w13_weight_scale.dtype == torch.uint8
+    assert scheduler.get_server_info()["quantization"].startswith("mxfp4")
+
+
+def test_quantization_mxfp4_is_refused_for_other_architectures():
+    from radixserve.catalog.quantization_methods import UnsupportedQuantizationError
+    from radixserve.catalog.servable import check_servable
+
+    with pytest.raises(UnsupportedQuantizationError, match="GptOssForCausalLM only"):
+        check_servable({"model_type": "llama"}, "mxfp4")
 
 
 def test_two_ranks_shard_sinks_biases_and_experts(checkpoint):

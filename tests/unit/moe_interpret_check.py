@@ -25,6 +25,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
 )
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
+from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
 _allow_one_element_index()
 gen = torch.Generator().manual_seed(0)
@@ -179,6 +180,68 @@ for dtype in (torch.float32, torch.float16):
             "dtype": str(dtype),
             "rel_err": float((out.double() - ref).norm() / ref.norm()),
             "clamped": float((gate > swiglu[1]).double().mean()),
+        }
+    )
+# MXFP4 experts (gpt-oss's checkpoint format, kept by --quantization mxfp4): the tiles decoded
+# in the kernel against the reference on the decoded weights, with biases and the clamped
+# SwiGLU; float32 and float16 activations, K spanning several tiles and groups
+for dtype in (torch.float32, torch.float16):
+    tokens, experts, top_k, hidden, inter = 7, 8, 4, 64, 64
+    x = randn(tokens, hidden, dtype=dtype)
+    w13_blocks, w13_scales = quantize_mxfp4(randn(experts, 2 * inter, hidden, std=0.3))
+    w2_blocks, w2_scales = quantize_mxfp4(randn(experts, hidden, inter, std=0.2))
+    w13_q, w2_q = w13_blocks.flatten(-2), w2_blocks.flatten(-2)
+    b13, b2 = randn(experts, 2 * inter, dtype=dtype), randn(experts, hidden, dtype=dtype)
+    weights, ids = select_experts_native(
+        routing_logits(tokens, experts, [1, 2, 5, 6]), 4, True, True
+    )
+    w13 = dequantize_mxfp4(w13_blocks, w13_scales, torch.float64)
+    w2 = dequantize_mxfp4(w2_blocks, w2_scales, torch.float64)
+    extra = {"swiglu": (1.702, 1.5)}
+    ref = fused_moe_native(
+        x.double(),
+        w13,
+        w2,
+        weights.double(),
+        ids,
+        "swiglu_oai",
+        w13_bias=b13.double(),
+        w2_bias=b2.double(),
+        **extra,
+    )
+    use = torch.zeros(2, dtype=torch.int64)
+    out = fused_moe(
+        x,
+        w13_q,
+        w2_q,
+        weights,
+        ids,
+        use,
+        "swiglu_oai",
+        w13_scales,
+        w2_scales,
+        w13_bias=b13,
+        w2_bias=b2,
+        **extra,
+    )
+    native = fused_moe_native(
+        x,
+        w13_q,
+        w2_q,
+        weights,
+        ids,
+        "swiglu_oai",
+        w13_scales,
+        w2_scales,
+        w13_bias=b13,
+        w2_bias=b2,
+        **extra,
+    )
+    results.setdefault("mxfp4", []).append(
+        {
+            "dtype": str(dtype),
+            "rel_err": float((out.double() - ref).norm() / ref.norm()),
+            "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
         }
     )
 print(json.dumps(results))

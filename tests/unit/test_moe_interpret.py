@@ -60,6 +60,15 @@ def test_fused_moe_biases_and_clamped_swiglu_match_reference(interpreted):
         assert case["rel_err"] < TOLERANCE[case["dtype"]], case
 
 
+def test_fused_moe_mxfp4_experts_match_decoded_reference(interpreted):
+    """MXFP4 weights decoded tile by tile in the kernel, and by the CPU reference, as the
+    float64 computation on the decoded weights."""
+    assert len(interpreted["mxfp4"]) == 2
+    for case in interpreted["mxfp4"]:
+        assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+        assert case["native_rel_err"] < TOLERANCE[case["dtype"]], case
+
+
 def test_clamped_swiglu_reference_is_gpt_oss_activation():
     """The reference activation on [gate; up] halves against transformers' GptOssExperts
     gate, which reads them interleaved."""

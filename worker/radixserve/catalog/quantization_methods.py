@@ -13,6 +13,11 @@ from typing import Any
 # --quantization NAME -> the QuantizationConfig class that builds its layers
 QUANTIZATION_METHODS: dict[str, str] = {
     "fp8": "radixserve.layers.quantization.fp8:Fp8Config",
+    "mxfp4": "radixserve.layers.quantization.mxfp4:Mxfp4Config",
+}
+# methods that only some architectures have weights for -> those architectures
+ARCHITECTURES_OF: dict[str, tuple[str, ...]] = {
+    "mxfp4": ("GptOssForCausalLM",),  # its MoE experts, kept as its checkpoints store them
 }
 QUANTIZATION_CHOICES: tuple[str, ...] = tuple(QUANTIZATION_METHODS)
 
@@ -68,6 +73,15 @@ def check_quantization(checkpoint: dict[str, Any] | None, requested: str | None)
     if quant_method == "compressed-tensors":
         _check_compressed_tensors(checkpoint)
     return method
+
+
+def check_method_for(architecture: str, method: str | None) -> None:
+    """Refuse a method that has nothing to quantize in this architecture."""
+    served = ARCHITECTURES_OF.get(method or "")
+    if served is not None and architecture not in served:
+        raise UnsupportedQuantizationError(
+            f"--quantization {method} applies to {', '.join(served)} only, not {architecture}"
+        )
 
 
 def dequantized_at_load(checkpoint: dict[str, Any]) -> bool:

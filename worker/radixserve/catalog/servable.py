@@ -13,13 +13,14 @@ from typing import Any
 
 from radixserve.catalog.architectures import check_architecture
 from radixserve.catalog.model_layouts import check_layout
-from radixserve.catalog.quantization_methods import check_quantization
+from radixserve.catalog.quantization_methods import check_method_for, check_quantization
 
 
 def check_servable(config: dict[str, Any], quantization: str | None) -> None:
     """Raise a ValueError naming what cannot be served (architecture, quantization method, a
     layout of the architecture: catalog/model_layouts.py) and what can. `config`: the model's
     config as a plain dict (config.json, or a transformers config's `to_dict()`)."""
-    check_architecture(config.get("model_type"), config.get("architectures"))
-    check_quantization(config.get("quantization_config"), quantization)
+    architecture = check_architecture(config.get("model_type"), config.get("architectures"))
+    method = check_quantization(config.get("quantization_config"), quantization)
+    check_method_for(architecture, method)
     check_layout(config)

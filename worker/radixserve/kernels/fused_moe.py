@@ -20,7 +20,11 @@ Expert weights may be FP8 with one scale per (expert, output channel): the tiles
 to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
 reads half the bytes). Experts may have biases (gpt-oss: one per output of gate/up and of
 down, added after each product), and the gated activation is SiLU, GELU-tanh or gpt-oss's
-clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)). `fused_moe_native` is the torch reference: the CPU path, and what the
+clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)).
+Expert weights may also be MXFP4 (uint8 [E, N, K / 2] e2m1 pairs, uint8 [E, N, K / 32]
+power-of-two scales: layers/quantization/mxfp4.py): each B tile is dequantized in registers
+as it is read (weight-only, for any GPU Triton runs on; decode reads about a quarter of
+bf16's bytes). `fused_moe_native` is the torch reference: the CPU path, and what the
 kernels are tested against.
 """
 
@@ -37,6 +41,9 @@ from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
 # GELU-tanh (gelu_pytorch_tanh and its aliases), as for the dense MLP
 ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}
 _GELU = 1
+
+# values per MXFP4 scale (layers/quantization/mxfp4.GROUP): K tiles hold whole groups
+MXFP4_GROUP = 32
 
 # Largest expert count the one-program align kernel holds in registers.
 MAX_EXPERTS = 512
@@ -144,6 +151,23 @@ def _align_kernel(
 
 
 @jit
+def _mxfp4_tile(b_ptrs, s_ptrs, offs_k, mask, dtype: tl.constexpr):
+    """A [BLOCK_K, BLOCK_N] tile of MXFP4 weights as `dtype`: nibble k of byte k // 2 (low
+    first), e2m1 decoded (sign, 2 exponent bits, 1 mantissa bit; exponent 0 is 0 or 0.5),
+    times its group's 2^(scale - 127)."""
+    packed = tl.load(b_ptrs, mask=mask, other=0).to(tl.int32)
+    code = (packed >> ((offs_k[:, None] % 2) * 4)) & 0xF
+    exponent = ((code >> 1) & 3).to(tl.float32)
+    mantissa = (code & 1).to(tl.float32)
+    magnitude = tl.where(
+        exponent == 0.0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * tl.exp2(exponent - 1.0)
+    )
+    value = tl.where((code & 8) != 0, -magnitude, magnitude)
+    scale = tl.exp2(tl.load(s_ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
+    return (value * scale).to(dtype)
+
+
+@jit
 def _moe_gemm_kernel(
     A,
     B,
@@ -163,6 +187,7 @@ def _moe_gemm_kernel(
     stride_bn,
     stride_cm,
     stride_se,
+    stride_sn,
     stride_biase,
     alpha,
     limit,
@@ -172,6 +197,7 @@ def _moe_gemm_kernel(
     MUL_WEIGHT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    MXFP4: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -184,7 +210,8 @@ def _moe_gemm_kernel(
     token reads its row; 1 for the activations, one row per pair). B is [E, N(or 2N), K] with
     unit-stride K. GATED: B's rows N.. are the up projection and C = act(gate) * up, act by
     ACT (0 SiLU, 1 GELU-tanh, 2 clamped SwiGLU with alpha and limit). HAS_BIAS: Bias [E, N
-    (or 2N)] is added to each product, rounded, as the reference's separate add is."""
+    (or 2N)] is added to each product, rounded, as the reference's separate add is. MXFP4: B
+    is packed [E, N, K / 2] and BScale [E, N, K / 32] its group scales."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -202,22 +229,40 @@ def _moe_gemm_kernel(
         n_mask = offs_n < N
         offs_k = tl.arange(0, BLOCK_K)
         a_ptrs = A + a_rows[:, None] * stride_am + offs_k[None, :]
-        b_ptrs = B + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn + offs_k[:, None]
+        b_rows = B + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+        if MXFP4:
+            b_ptrs = b_rows + offs_k[:, None] // 2
+            s_ptrs = (
+                BScale + expert * stride_se + offs_n[None, :].to(tl.int64) * stride_sn
+            ) + offs_k[:, None] // 32
+        else:
+            b_ptrs = b_rows + offs_k[:, None]
         acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         if GATED:
             acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
         for k0 in range(0, K, BLOCK_K):
             k_mask = offs_k < K - k0
+            b_mask = k_mask[:, None] & n_mask[None, :]
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-            b = tl.load(b_ptrs, mask=k_mask[:, None] & n_mask[None, :], other=0.0)
-            acc += tl.dot(a, b.to(a.dtype), input_precision=DOT_PRECISION)
+            if MXFP4:
+                b = _mxfp4_tile(b_ptrs, s_ptrs, offs_k, b_mask, a.dtype)
+            else:
+                b = tl.load(b_ptrs, mask=b_mask, other=0.0).to(a.dtype)
+            acc += tl.dot(a, b, input_precision=DOT_PRECISION)
             if GATED:
-                b_up = tl.load(
-                    b_ptrs + N * stride_bn, mask=k_mask[:, None] & n_mask[None, :], other=0.0
-                )
-                acc_up += tl.dot(a, b_up.to(a.dtype), input_precision=DOT_PRECISION)
+                if MXFP4:
+                    b_up = _mxfp4_tile(
+                        b_ptrs + N * stride_bn, s_ptrs + N * stride_sn, offs_k, b_mask, a.dtype
+                    )
+                else:
+                    b_up = tl.load(b_ptrs + N * stride_bn, mask=b_mask, other=0.0).to(a.dtype)
+                acc_up += tl.dot(a, b_up, input_precision=DOT_PRECISION)
             a_ptrs += BLOCK_K
-            b_ptrs += BLOCK_K
+            if MXFP4:
+                b_ptrs += BLOCK_K // 2
+                s_ptrs += BLOCK_K // 32
+            else:
+                b_ptrs += BLOCK_K
         if HAS_SCALE:
             scale = tl.load(BScale + expert * stride_se + offs_n, mask=n_mask, other=0.0)
             acc = acc * scale[None, :]
@@ -374,6 +419,9 @@ def _grouped_gemm(
 ) -> None:
     if a.stride(-1) != 1 or b.stride(-1) != 1 or out.stride(-1) != 1:
         raise ValueError("fused MoE needs unit-stride rows")
+    mxfp4 = b.dtype == torch.uint8
+    if mxfp4 and (b_scale is None or config.block_k % MXFP4_GROUP):
+        raise ValueError(f"MXFP4 experts need their scales and K tiles of {MXFP4_GROUP}s")
     k = a.shape[-1]
     grid = (triton.cdiv(align.max_padded, config.block_m) * triton.cdiv(n, config.block_n),)
     _moe_gemm_kernel[grid](
@@ -395,6 +443,7 @@ def _grouped_gemm(
         b.stride(1),
         out.stride(0),
         b_scale.stride(0) if b_scale is not None else 0,
+        b_scale.stride(1) if mxfp4 and b_scale is not None else 0,
         bias.stride(0) if bias is not None else 0,
         swiglu[0],
         swiglu[1],
@@ -402,8 +451,9 @@ def _grouped_gemm(
         GATED=gated,
         ACT=ACTIVATIONS.get(activation, _GELU),
         MUL_WEIGHT=mul_weight,
-        HAS_SCALE=b_scale is not None,
+        HAS_SCALE=b_scale is not None and not mxfp4,
         HAS_BIAS=bias is not None,
+        MXFP4=mxfp4,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
@@ -432,7 +482,9 @@ def fused_moe(
     """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
 
     hidden [T, H]; w13 [E, 2I, H] ([gate; up] per expert); w2 [E, H, I]; scales, for FP8
-    weights, [E, 2I] and [E, H] float32 per output channel; biases [E, 2I] and [E, H];
+    weights, [E, 2I] and [E, H] float32 per output channel; MXFP4 weights (uint8) are
+    [E, 2I, H / 2] and [E, H, I / 2] with uint8 scales [E, 2I, H / 32] and [E, H, I / 32];
+    biases [E, 2I] and [E, H];
     swiglu: (alpha, limit) of the clamped SwiGLU. Returns [T, H] in hidden's dtype."""
     tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape

@@ -7,7 +7,9 @@ experts with biases and the clamped SwiGLU.
 The published checkpoints store the experts in MXFP4 (`*_blocks` + `*_scales`,
 layers/quantization/mxfp4.py), gate and up interleaved row by row; the loader dequantizes
 them to the model dtype (or, under `--quantization fp8`, on to FP8) and splits the rows into
-the fused layer's [gate; up]. transformers' own unquantized layout (`gate_up_proj` [E, H, 2I],
+the fused layer's [gate; up]; under `--quantization mxfp4` the layer keeps them in MXFP4 (the
+values quantize back to themselves) for the fused MoE kernel to decode as it reads them.
+transformers' own unquantized layout (`gate_up_proj` [E, H, 2I],
 `down_proj` [E, I, H], what random weights and dequantized checkpoints carry) loads too.
 """
 
@@ -25,8 +27,9 @@ from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4
 from radixserve.model_loader.config import sliding_window_of
 from radixserve.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
 
-# the dequantized experts' dtype where the layer keeps FP8 (quantized from it at load)
-_FP8_SOURCE_DTYPE = torch.bfloat16
+# the dequantized experts' dtype where the layer quantizes them again (FP8, MXFP4): MXFP4 values
+# are exact in it
+_REQUANTIZED_DTYPE = torch.bfloat16
 
 
 class GptOssMoE(nn.Module):
@@ -49,6 +52,7 @@ class GptOssMoE(nn.Module):
             fp8=quant is not None and quant.quantize_experts,
             bias=True,
             swiglu=(getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit),
+            mxfp4=quant is not None and quant.keeps_experts_mxfp4,
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +115,7 @@ class GptOssForCausalLM(LlamaForCausalLM):
             if len(parts) < 2:
                 return set()
             del self._mxfp4_parts[f"{head}.{projection}"]
-            dtype = moe.w2_weight.dtype if moe.w2_weight_scale is None else _FP8_SOURCE_DTYPE
+            dtype = moe.w2_weight.dtype if moe.w2_weight_scale is None else _REQUANTIZED_DTYPE
             for expert, (blocks, scales) in enumerate(
                 zip(parts["blocks"], parts["scales"], strict=True)
             ):

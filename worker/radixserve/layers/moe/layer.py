@@ -8,7 +8,10 @@ layer. With FP8 (`--quantization fp8` or an FP8 checkpoint) the weights are floa
 float32 scale per (expert, output channel). Experts may have biases (`bias=True`, gpt-oss:
 `w13_bias` [E, 2 * I_rank] and `w2_bias` [E, H], the latter added by rank 0 only, since the
 ranks' outputs are summed) and gpt-oss's clamped SwiGLU (`activation="swiglu_oai"`, `swiglu`:
-its alpha and limit).
+its alpha and limit). With `mxfp4` the weights are MXFP4 (layers/quantization/mxfp4.py): uint8
+[E, N, K / 2] packed e2m1 pairs and uint8 [E, N, K / 32] power-of-two scales in the `*_scale`
+parameters, quantized at load from whatever the checkpoint holds; each rank's intermediate
+size must then be a multiple of 32 (down's groups run along it).
 
 Routing (softmax, top-k, renormalisation) is here too, so a model gives the layer its hidden
 states and router logits only; a model that routes its own way (DeepSeek) gives the chosen
@@ -30,6 +33,7 @@ from radixserve.kernels.fused_moe import (
 )
 from radixserve.layers.moe.reference import fused_moe_native
 from radixserve.layers.quantization.fp8 import FP8_DTYPE, channel_scales, quantize_rows
+from radixserve.layers.quantization.mxfp4 import GROUP, quantize_mxfp4
 
 # checkpoint projection name -> (tensor, offset of its rows in [gate; up] in units of I)
 EXPERT_PROJECTIONS = {"gate": ("w13", 0), "up": ("w13", 1), "down": ("w2", None)}
@@ -48,6 +52,7 @@ class FusedMoE(nn.Module):
         fp8: bool = False,
         bias: bool = False,
         swiglu: tuple[float, float] = (1.702, 7.0),
+        mxfp4: bool = False,
     ) -> None:
         """`round_weights`: round the routing weights to the model dtype before using them
         (Qwen3-MoE does, Mixtral keeps them in float32)."""
@@ -62,15 +67,24 @@ class FusedMoE(nn.Module):
         self.rows = even_shard(intermediate_size, tp_rank(), tp_size())
         local = self.rows[1] - self.rows[0]
         self.local_intermediate = local
-        dtype = FP8_DTYPE if fp8 else None
-        self.w13_weight = nn.Parameter(
-            torch.zeros(num_experts, 2 * local, hidden_size, dtype=dtype), requires_grad=False
-        )
-        self.w2_weight = nn.Parameter(
-            torch.zeros(num_experts, hidden_size, local, dtype=dtype), requires_grad=False
-        )
+        self.mxfp4 = mxfp4
         self.w13_weight_scale: nn.Parameter | None = None
         self.w2_weight_scale: nn.Parameter | None = None
+        if mxfp4:
+            if hidden_size % GROUP or local % GROUP:
+                raise ValueError(
+                    f"MXFP4 experts need the hidden size ({hidden_size}) and each rank's "
+                    f"intermediate size ({local}) to be multiples of {GROUP}"
+                )
+            self._mxfp4_parameters(num_experts, hidden_size, local)
+        dtype = FP8_DTYPE if fp8 else None
+        if not mxfp4:
+            self.w13_weight = nn.Parameter(
+                torch.zeros(num_experts, 2 * local, hidden_size, dtype=dtype), requires_grad=False
+            )
+            self.w2_weight = nn.Parameter(
+                torch.zeros(num_experts, hidden_size, local, dtype=dtype), requires_grad=False
+            )
         if fp8:
             self.w13_weight_scale = nn.Parameter(
                 torch.ones(num_experts, 2 * local, dtype=torch.float32), requires_grad=False
@@ -132,6 +146,15 @@ class FusedMoE(nn.Module):
                 swiglu=self.swiglu,
             )
         return all_reduce(out)
+
+    def _mxfp4_parameters(self, experts: int, hidden: int, local: int) -> None:
+        def packed(rows: int, k: int) -> nn.Parameter:
+            return nn.Parameter(torch.zeros(experts, rows, k, dtype=torch.uint8), False)
+
+        self.w13_weight = packed(2 * local, hidden // 2)
+        self.w2_weight = packed(hidden, local // 2)
+        self.w13_weight_scale = packed(2 * local, hidden // GROUP)
+        self.w2_weight_scale = packed(hidden, local // GROUP)
 
     def experts_read(self) -> tuple[int, int]:
         """(experts used, passes) summed since the layer was built (a host sync)."""
@@ -221,6 +244,11 @@ class FusedMoE(nn.Module):
         if scale is None:
             weight[experts, rows].copy_(tensor)
             return {f"{name}_weight"}
+        if self.mxfp4:
+            blocks, scales = quantize_mxfp4(tensor)
+            weight[experts, rows].copy_(blocks.flatten(-2))
+            scale[experts, rows].copy_(scales)
+            return {f"{name}_weight", f"{name}_weight_scale"}
         if tensor.dtype == FP8_DTYPE:
             weight[experts, rows].copy_(tensor)
             return {f"{name}_weight"}

@@ -12,11 +12,17 @@ from radixserve.layers.activation import (
     silu_and_mul_native,
 )
 from radixserve.layers.quantization.fp8 import dequantize_rows
+from radixserve.layers.quantization.mxfp4 import GROUP, dequantize_mxfp4
 
 
 def dequantize_experts(weight: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype):
-    """[E, N, K] expert weights as `dtype`: FP8 ones times their [E, N] channel scales."""
-    return weight.to(dtype) if scale is None else dequantize_rows(weight, scale, dtype)
+    """[E, N, K] expert weights as `dtype`: FP8 ones times their [E, N] channel scales, MXFP4
+    ones (uint8 [E, N, K / 2] with [E, N, K / 32] scales) decoded."""
+    if scale is None:
+        return weight.to(dtype)
+    if weight.dtype == torch.uint8:
+        return dequantize_mxfp4(weight.unflatten(-1, (-1, GROUP // 2)), scale, dtype)
+    return dequantize_rows(weight, scale, dtype)
 
 
 def fused_moe_native(

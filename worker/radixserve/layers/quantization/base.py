@@ -28,6 +28,8 @@ WeightStream = Iterator[tuple[str, torch.Tensor]]
 
 class QuantizationConfig(ABC):
     name: str
+    # whether MoE experts stay in MXFP4 (gpt-oss's checkpoint format, `--quantization mxfp4`)
+    keeps_experts_mxfp4: bool = False
 
     @abstractmethod
     def linear(self, in_features: int, out_features: int, bias: bool) -> nn.Module:
