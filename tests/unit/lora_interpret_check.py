@@ -46,11 +46,13 @@ def rel(x, y) -> float:
 
 
 # (segment lengths, their slots, K, N, rank): a prefill mix with the base in the middle and a
-# segment longer than a block, decode rows (one token each) with padding rows, a rank below 16
+# segment longer than a block, decode rows (one token each, by slot) with padding rows, a
+# rank below 16, more decode rows than one program takes
 CASES = [
     ([20, 3, 17], [1, -1, 0], 96, 80, 16),
     ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, 48, 8),
     ([5], [-1], 32, 40, 16),
+    ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, 40, 8),  # two blocks of decode rows
 ]
 results = []
 with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x: True):

@@ -3,10 +3,12 @@
 different adapters, in one launch each whatever the mix.
 
 A batch is cut into segments of consecutive tokens that share one adapter slot: a request's
-extend tokens, or one decode row. A program takes a block of one segment's tokens and the
-slot's A or B, so a prefill reads each adapter's weights once per token block, not once per
-token; a decode row is a one-token segment (the step is bound by reading the weights anyway).
-Slot -1 is the base model: its programs load nothing and add nothing.
+extend tokens, or one decode row. With longer segments a program takes a block of one
+segment's tokens and the slot's A or B, so a prefill reads each adapter's weights once per
+token block, not once per token. A decode pass (one-row segments) goes by slot instead: a
+program per slot takes a block of up to 64 rows and keeps those that use its slot, so a step
+reads each resident adapter's weights once per 64 rows, whatever the mix (a decode step is
+bound by reading weights). Slot -1 is the base model: nothing is loaded or added for it.
 
 The adapters' weights are stacked by slot: A `[slots, n_sub * R, K]` (the sub-projections of a
 fused projection, q/k/v or gate/up, one after the other, each padded to the pool's rank R) and
@@ -25,7 +27,31 @@ import torch
 from radixserve.kernels import triton_support
 from radixserve.kernels.triton_support import jit, tl, triton
 
-_BLOCK_M = 16  # tokens per program (tl.dot's smallest tile)
+_BLOCK_M = 16  # tokens per program of a segment (tl.dot's smallest tile)
+_DECODE_BLOCK_M = 64  # decode rows per program by slot
+
+
+@jit
+def _program_rows(SegStart, SegSlot, n_rows, BY_SLOT: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The slot this program applies and its rows: (slot, rows, live), live the rows that use
+    the slot. By segment: program_id(0) is a segment (all its rows live unless its slot is -1).
+    By slot (a decode pass, one row per segment): program_id(0) is a slot, and its rows are
+    the block's rows whose slot it is, so each adapter's weights are read once per block of
+    rows instead of once per row."""
+    block = tl.program_id(1)
+    if BY_SLOT:
+        slot = tl.program_id(0).to(tl.int64)
+        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_slots = tl.load(SegSlot + rows, mask=rows < n_rows, other=-1)
+        live = row_slots == slot
+    else:
+        seg = tl.program_id(0)
+        slot = tl.load(SegSlot + seg).to(tl.int64)
+        start = tl.load(SegStart + seg)
+        end = tl.load(SegStart + seg + 1)
+        rows = start + block * BLOCK_M + tl.arange(0, BLOCK_M)
+        live = rows < tl.where(slot >= 0, end, start)  # a base segment (-1): no row
+    return slot, rows, live
 
 
 @jit
@@ -35,37 +61,31 @@ def _shrink_kernel(
     Out,
     SegStart,
     SegSlot,
+    n_rows,
     K,
     R_total,
     stride_xm,
     stride_as,
     stride_ar,
     stride_om,
+    BY_SLOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    block = tl.program_id(1)
-    rblock = tl.program_id(2)
-    slot = tl.load(SegSlot + seg).to(tl.int64)
-    start = tl.load(SegStart + seg)
-    end = tl.load(SegStart + seg + 1)
-    rows = start + block * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < end
-    cols = rblock * BLOCK_R + tl.arange(0, BLOCK_R)
-    col_ok = cols < R_total
-    # a base-model segment (slot -1) loads nothing: its rows and columns are all masked off
-    live_rows = rows < tl.where(slot >= 0, end, start)
-    live_cols = cols < tl.where(slot >= 0, R_total, 0)
+    slot, rows, live = _program_rows(SegStart, SegSlot, n_rows, BY_SLOT, BLOCK_M)
+    cols = tl.program_id(2) * BLOCK_R + tl.arange(0, BLOCK_R)
+    # a program without live rows (a base segment, a slot no row uses) loads no weights
+    any_live = tl.max(live.to(tl.int32), axis=0) > 0
+    live_cols = cols < tl.where(any_live, R_total, 0)
     acc = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_ok = ks < K
         x = tl.load(
             X + rows[:, None].to(tl.int64) * stride_xm + ks[None, :],
-            mask=live_rows[:, None] & k_ok[None, :],
+            mask=live[:, None] & k_ok[None, :],
             other=0.0,
         )
         a = tl.load(
@@ -77,7 +97,7 @@ def _shrink_kernel(
     tl.store(
         Out + rows[:, None].to(tl.int64) * stride_om + cols[None, :],
         acc,
-        mask=row_ok[:, None] & col_ok[None, :],
+        mask=live[:, None] & (cols < R_total)[None, :],
     )
 
 
@@ -88,33 +108,28 @@ def _expand_kernel(
     Y,
     SegStart,
     SegSlot,
+    n_rows,
     N,
     R,
     stride_sm,
     stride_bs,
     stride_bn,
     stride_ym,
+    BY_SLOT: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    seg = tl.program_id(0)
-    block = tl.program_id(1)
-    nblock = tl.program_id(2)
-    slot = tl.load(SegSlot + seg).to(tl.int64)
-    start = tl.load(SegStart + seg)
-    end = tl.load(SegStart + seg + 1)
-    rows = start + block * BLOCK_M + tl.arange(0, BLOCK_M)
-    # a base-model segment (slot -1) reads and writes nothing
-    row_ok = rows < tl.where(slot >= 0, end, start)
-    ns = nblock * BLOCK_N + tl.arange(0, BLOCK_N)
-    n_ok = ns < tl.where(slot >= 0, N, 0)
+    slot, rows, live = _program_rows(SegStart, SegSlot, n_rows, BY_SLOT, BLOCK_M)
+    any_live = tl.max(live.to(tl.int32), axis=0) > 0
+    ns = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_ok = ns < tl.where(any_live, N, 0)
     rs = tl.arange(0, BLOCK_R)
     r_ok = rs < R
     s = tl.load(
         S + rows[:, None].to(tl.int64) * stride_sm + rs[None, :],
-        mask=row_ok[:, None] & r_ok[None, :],
+        mask=live[:, None] & r_ok[None, :],
         other=0.0,
     )
     b = tl.load(
@@ -124,7 +139,7 @@ def _expand_kernel(
     )
     delta = tl.dot(s.to(b.dtype), b, input_precision=PRECISION)
     out = Y + rows[:, None].to(tl.int64) * stride_ym + ns[None, :]
-    mask = row_ok[:, None] & n_ok[None, :]
+    mask = live[:, None] & n_ok[None, :]
     y = tl.load(out, mask=mask, other=0.0)
     tl.store(out, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
 
@@ -137,10 +152,11 @@ def shrink(
     max_seg_len: int,
     token_slots: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x `[T, K]` times each token's slot's A `[slots, R_total, K]`: float32 `[T, R_total]`,
-    zeros for base tokens (slot -1). `seg_starts` `[segments + 1]` and `seg_slots`
-    `[segments]` (int32, on x's device) cut the tokens into runs of one slot; `token_slots`
-    `[T]` is the same per token, which the torch path uses instead."""
+    """x `[T, K]` times each token's slot's A `[slots, R_total, K]`: float32 `[T, R_total]`
+    (the rows of base tokens, slot -1, are left as they are: `expand` never reads them).
+    `seg_starts` `[segments + 1]` and `seg_slots` `[segments]` (int32, on x's device) cut the
+    tokens into runs of one slot; `max_seg_len` 1 (a decode pass) runs the kernels by slot;
+    `token_slots` `[T]` is the same per token, which the torch path uses instead."""
     if triton_support.enabled_for(x):
         return _shrink_triton(x, a, seg_starts, seg_slots, max_seg_len)
     assert token_slots is not None
@@ -177,22 +193,24 @@ def _shrink_triton(
     out = torch.empty((tokens, r_total), dtype=torch.float32, device=x.device)
     segments = seg_slots.shape[0]
     if tokens == 0 or segments == 0:
-        return out.zero_()
+        return out
     block_r = max(16, min(64, triton.next_power_of_2(r_total)))
-    grid = (segments, triton.cdiv(max_seg_len, _BLOCK_M), triton.cdiv(r_total, block_r))
-    _shrink_kernel[grid](
+    by_slot, grid, block_m = _layout(a.shape[0], segments, max_seg_len)
+    _shrink_kernel[(*grid, triton.cdiv(r_total, block_r))](
         x,
         a,
         out,
         seg_starts,
         seg_slots,
+        segments,
         k,
         r_total,
         x.stride(0),
         a.stride(0),
         a.stride(1),
         out.stride(0),
-        BLOCK_M=_BLOCK_M,
+        BY_SLOT=by_slot,
+        BLOCK_M=block_m,
         BLOCK_R=block_r,
         BLOCK_K=64,
         PRECISION=triton_support.dot_precision(x.dtype),
@@ -214,24 +232,35 @@ def _expand_triton(
     if tokens == 0 or segments == 0:
         return
     block_n = 64
-    grid = (segments, triton.cdiv(max_seg_len, _BLOCK_M), triton.cdiv(n, block_n))
-    _expand_kernel[grid](
+    by_slot, grid, block_m = _layout(b.shape[0], segments, max_seg_len)
+    _expand_kernel[(*grid, triton.cdiv(n, block_n))](
         s,
         b,
         y,
         seg_starts,
         seg_slots,
+        segments,
         n,
         rank,
         s.stride(0),
         b.stride(0),
         b.stride(1),
         y.stride(0),
-        BLOCK_M=_BLOCK_M,
+        BY_SLOT=by_slot,
+        BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
         PRECISION=triton_support.dot_precision(y.dtype),
     )
+
+
+def _layout(slots: int, segments: int, max_seg_len: int) -> tuple[bool, tuple[int, int], int]:
+    """(by slot, the grid's first two axes, rows per program). One-row segments (a decode
+    pass) go by slot: a program per slot and block of 64 rows reads its adapter's weights once
+    for all the block's rows that use it; longer segments go by segment, 16 rows a program."""
+    if max_seg_len == 1:
+        return True, (slots, triton.cdiv(segments, _DECODE_BLOCK_M)), _DECODE_BLOCK_M
+    return False, (segments, triton.cdiv(max_seg_len, _BLOCK_M)), _BLOCK_M
 
 
 def shrink_torch(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:

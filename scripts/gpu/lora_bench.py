@@ -1,0 +1,244 @@
+"""LoRA adapters' GPU must-shows (issue 34), in process, one section a call:
+
+- batch: 8 distinct rank-16 adapters (every projection) spread over a batch of 64 rows against
+  64 base rows on the same server, alternating rounds: steady decode tok/s (after every row's
+  prefill), the ratio (target >= 0.85x). CUDA graphs and overlap on (checked).
+- single: batch 1, one adapter against the base (target >= 0.90x).
+- kernels: the LoRA kernels alone for one decode step of the model (every layer's q/k/v, o,
+  gate/up, down shrink + expand, 64 rows over 8 slots), captured in a CUDA graph and replayed:
+  device time per step against the time the adapters' bytes take at the HBM bandwidth.
+
+The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
+under /tmp). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from radixserve.boundary import TokenizedGenerateReqInput
+from radixserve.kernels import lora as lora_kernels
+from radixserve.lora.pool import projection_shapes
+from radixserve.model_loader.random_init import random_hf_config
+from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler.scheduler_process import build_scheduler
+from radixserve.server_args import ServerArgs
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+HBM_BYTES_PER_S = 4.8e12  # H200
+
+
+def write_adapters(model: str, count: int, rank: int, root: Path) -> dict[str, Path]:
+    config = random_hf_config(model.removeprefix("random:"))
+    shapes = projection_shapes(config)
+    dirs = {}
+    for i in range(count):
+        directory = root / f"adapter{i}"
+        dirs[f"adapter{i}"] = directory
+        if (directory / "adapter_model.safetensors").exists():
+            continue
+        directory.mkdir(parents=True, exist_ok=True)
+        gen = torch.Generator().manual_seed(i)
+        tensors = {}
+        for layer in range(config.num_hidden_layers):
+            for module in TARGETS:
+                fan_in, fan_out = shapes[module]
+                part = "self_attn" if module in ("q_proj", "k_proj", "v_proj", "o_proj") else "mlp"
+                prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
+                a = torch.randn(rank, fan_in, generator=gen) * 0.01
+                b = torch.randn(fan_out, rank, generator=gen) * 0.01
+                tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
+                tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
+        save_file(tensors, str(directory / "adapter_model.safetensors"))
+        adapter_config = {"peft_type": "LORA", "r": rank, "lora_alpha": rank}
+        adapter_config["target_modules"] = list(TARGETS)
+        (directory / "adapter_config.json").write_text(json.dumps(adapter_config))
+    return dirs
+
+
+def decode_tok_s(scheduler, names: list[str | None], prompt_len: int, tokens: int) -> float:
+    """Steady decode tok/s of one request per entry of `names` (an adapter or None): timed
+    from the step where every row has its first token to the end."""
+    vocab = scheduler.model.vocab_size
+    stamp = time.perf_counter()
+    for i, name in enumerate(names):
+        prompt = [(i * 7919 + j * 31) % vocab for j in range(prompt_len)]
+        params = SamplingParams(max_new_tokens=tokens, temperature=0.0, ignore_eos=True)
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid=f"{stamp}-{i}",
+                input_ids=prompt,
+                sampling_params=params,
+                stream=True,
+                lora_name=name,
+            )
+        )
+    produced = {}
+    start = None
+    counted_before = 0
+    while scheduler.has_work():
+        scheduler.step()
+        for out in scheduler.pop_outputs():
+            produced[out.rid] = produced.get(out.rid, 0) + len(out.new_token_ids)
+        if start is None and len(produced) == len(names) and all(produced.values()):
+            start, counted_before = time.perf_counter(), sum(produced.values())
+    elapsed = time.perf_counter() - start
+    return (sum(produced.values()) - counted_before) / elapsed
+
+
+def make(a, dirs: dict[str, Path]):
+    modules = [f"{name}={path}" for name, path in dirs.items()]
+    args = ServerArgs(
+        model=a.model,
+        device=a.device,
+        lora_modules=modules,
+        max_loras=len(dirs),
+        max_lora_rank=a.rank,
+        max_cpu_loras=len(dirs),
+    )
+    return build_scheduler(args)
+
+
+def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
+    runner = scheduler.worker.model_runner
+    graphs = runner.cuda_graph_runner is not None
+    names = list(dirs) if spread else list(dirs)[:1]
+    lora_rows = [names[i % len(names)] for i in range(batch)]
+    decode_tok_s(scheduler, [None] * batch, a.prompt_len, 4)  # warm-up: both paths
+    decode_tok_s(scheduler, lora_rows, a.prompt_len, 4)
+    base, lora = [], []
+    for _ in range(a.rounds):
+        base.append(decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens))
+        lora.append(decode_tok_s(scheduler, lora_rows, a.prompt_len, a.tokens))
+    ratio = statistics.median(lora) / statistics.median(base)
+    return {
+        "batch": batch,
+        "adapters": len(names),
+        "base_tok_s": base,
+        "lora_tok_s": lora,
+        "ratio": ratio,
+        "cuda_graphs": graphs,
+        "overlap": scheduler.overlap,
+    }
+
+
+def section_kernels(a) -> dict:
+    """The LoRA kernels of one decode step (all layers, 64 rows over the slots), graph-timed."""
+    config = random_hf_config(a.model.removeprefix("random:"))
+    shapes = projection_shapes(config)
+    device, dtype, slots, rank, rows = a.device, torch.bfloat16, a.adapters, a.rank, a.batch
+    projections = [  # (in, sub-projection outputs)
+        (shapes["q_proj"][0], [shapes[m][1] for m in ("q_proj", "k_proj", "v_proj")]),
+        (shapes["o_proj"][0], [shapes["o_proj"][1]]),
+        (shapes["gate_proj"][0], [shapes["gate_proj"][1]] * 2),
+        (shapes["down_proj"][0], [shapes["down_proj"][1]]),
+    ]
+    weights = []
+    for fan_in, outs in projections:
+        a_w = torch.randn(slots, len(outs) * rank, fan_in, device=device, dtype=dtype) * 0.01
+        b_w = torch.randn(slots, sum(outs), rank, device=device, dtype=dtype) * 0.01
+        x = torch.randn(rows, fan_in, device=device, dtype=dtype)
+        y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
+        weights.append((a_w, b_w, x, y, outs))
+    starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
+    row_slots = torch.arange(rows, dtype=torch.int32, device=device) % slots
+    token_slots = row_slots
+
+    def step() -> None:
+        for _ in range(config.num_hidden_layers):
+            for a_w, b_w, x, y, outs in weights:
+                s = lora_kernels.shrink(x, a_w, starts, row_slots, 1, token_slots)
+                offset = 0
+                for i, size in enumerate(outs):
+                    lora_kernels.expand(
+                        y[:, offset : offset + size],
+                        s[:, i * rank : (i + 1) * rank],
+                        b_w[:, offset : offset + size],
+                        starts,
+                        row_slots,
+                        1,
+                        token_slots,
+                    )
+                    offset += size
+
+    adapter_bytes = sum(a_w.nbytes + b_w.nbytes for a_w, b_w, *_ in weights)
+    step_bytes = adapter_bytes * config.num_hidden_layers  # every slot is used
+    result = {"rows": rows, "slots": slots, "rank": rank, "bytes_per_step": step_bytes}
+    if device != "cuda":
+        start = time.perf_counter()
+        step()
+        result["cpu_seconds_per_step"] = time.perf_counter() - start
+        return result
+    step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    begin.record()
+    for _ in range(20):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    seconds = begin.elapsed_time(end) / 1e3 / 20
+    limit = step_bytes / HBM_BYTES_PER_S
+    result.update({"us_per_step": seconds * 1e6, "bandwidth_limit_us": limit * 1e6})
+    result["fraction_of_bandwidth"] = limit / seconds
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("section", choices=("decode", "kernels"))
+    parser.add_argument("--model", default="random:llama-3-8b")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--adapters", type=int, default=8)
+    parser.add_argument("--rank", type=int, default=16)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--adapter-dir", default=str(Path(tempfile.gettempdir()) / "lora-bench"))
+    parser.add_argument("--json")
+    a = parser.parse_args()
+    if a.section == "kernels":
+        result = section_kernels(a)
+        print(f"kernels: {json.dumps(result)}", flush=True)
+    else:  # one server for both: one model load and graph capture
+        dirs = write_adapters(a.model, a.adapters, a.rank, Path(a.adapter_dir))
+        scheduler = make(a, dirs)
+        result = {}
+        for name, batch, spread, target in (
+            ("batch", a.batch, True, 0.85),
+            ("single", 1, False, 0.90),
+        ):
+            one = section_throughput(a, scheduler, dirs, batch, spread)
+            result[name] = one
+            verdict = "PASS" if one["ratio"] >= target and one["cuda_graphs"] else "FAIL"
+            if a.device != "cuda":
+                verdict = "DRY"
+            print(
+                f"{name} {verdict}: {one['ratio']:.3f}x base decode tok/s "
+                f"(target >= {target}; base {statistics.median(one['base_tok_s']):.0f}, "
+                f"lora {statistics.median(one['lora_tok_s']):.0f}; batch {batch}, "
+                f"{one['adapters']} adapters; graphs {one['cuda_graphs']}, "
+                f"overlap {one['overlap']})",
+                flush=True,
+            )
+    if a.json:
+        Path(a.json).write_text(json.dumps(result, indent=2))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()
