@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: LoRA adapters' GPU must-shows (issue 34), in process
 # (scripts/gpu/lora_bench.py), each stage a PASS/FAIL line:
+# - correctness: tests/gpu/test_lora_gpu.py (PEFT's greedy tokens, 3 adapters + base mixed,
+#   the kernels inside CUDA graphs, float32).
 # - batch: Llama-3-8B shape (random bf16), 8 distinct rank-16 adapters (all seven projections)
 #   spread over a batch of 64, against 64 base rows on the same server, steady decode tok/s,
 #   median of ROUNDS alternating rounds: target >= 0.85x; CUDA graphs and overlap on.
@@ -21,6 +23,13 @@ COMMON="--model $MODEL --device $DEVICE --adapters ${ADAPTERS:-8} --rank ${RANK:
 COMMON="$COMMON --tokens ${TOKENS:-128} --rounds ${ROUNDS:-2} --prompt-len ${PROMPT_LEN:-128}"
 BENCH="python3 scripts/gpu/lora_bench.py"
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+
+echo "=== correctness $(date +%T)"
+if [ "$DEVICE" = cuda ]; then
+  timeout "$(limit 90)" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_lora_gpu.py 2>&1 | tail -3
+  rc=${PIPESTATUS[0]}
+  echo "correctness $([ "$rc" = 0 ] && echo PASS || echo FAIL): PEFT's greedy tokens, adapters mixed in CUDA graphs"
+fi
 
 echo "=== kernels $(date +%T)"
 timeout "$(limit 60)" $BENCH kernels $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-kernels.json" \
