@@ -117,6 +117,9 @@ class BasePrefixCache(ABC):
         device; the tokens restored per tier. Only a tiered cache has lower tiers."""
         return {}
 
+    def close(self) -> None:  # noqa: B027 - most caches have nothing to finish
+        """At shutdown: finish what must outlive the process (the disk tier's writes)."""
+
     def tier_report(self) -> dict[str, Any] | None:
         """The lower tiers' usage and traffic since the last call (None: no lower tiers)."""
         return None

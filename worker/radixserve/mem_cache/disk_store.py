@@ -22,6 +22,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -243,7 +244,11 @@ class DiskKVStore:
         """Wait until every queued block is on disk (tests, shutdown)."""
         self._queue.join()
 
-    def close(self) -> None:
-        self.flush()
+    def close(self, timeout: float = 30.0) -> None:
+        """Write what is queued (for at most `timeout` seconds: a shutdown must not hang on a
+        slow disk; what is left is lost, and the next start deletes its temporary files)."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._queue.put(None)
-        self._writer.join(timeout=5)
+        self._writer.join(timeout=max(deadline - time.monotonic(), 0.1))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixserve.host_memory import available_memory_bytes
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.base_prefix_cache import (
     CacheableReq,
@@ -504,6 +505,11 @@ class TieredRadixCache(RadixCache):
             stack.extend(node.children.values())
         return torch.cat(values)
 
+    def close(self) -> None:
+        """At shutdown: the disk tier writes what it has queued, so a restart finds it."""
+        if self.disk is not None:
+            self.disk.close()
+
     def tier_report(self) -> dict:
         """Usage and bytes moved per tier since the last report, and restore latencies."""
         counters, self.counters = self.counters, TierCounters()
@@ -532,6 +538,12 @@ def build_tiered_cache(
 ) -> TieredRadixCache:
     """The cache `--kv-host-memory` (and `--kv-disk-path`) ask for, over the device `kv_pool`."""
     assert server_args.kv_host_memory is not None
+    available = available_memory_bytes()
+    if server_args.kv_host_memory * GB > available:
+        raise ValueError(
+            f"--kv-host-memory {server_args.kv_host_memory:g} GB is more than the "
+            f"{available / GB:.1f} GB of host memory this process can still take"
+        )
     host = HostKVPool(kv_pool, HostKVPool.slots_for_bytes(kv_pool, server_args.kv_host_memory * GB))
     logger.info(
         "host KV tier: %d tokens (%.1f GB, %s)",

@@ -285,6 +285,7 @@ def run_scheduler_process(
         watchdog.stop()
     if scheduler.kv_events is not None:
         scheduler.kv_events.close()
+    scheduler.tree_cache.close()
     front_end_gone = os.getppid() != parent
     if peers and not front_end_gone:
         _stop_peer_ranks(peers, to_ranks)
