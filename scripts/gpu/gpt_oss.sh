@@ -69,7 +69,10 @@ PY
         --output-json "$OUT/latency-gpt-oss-20b-mxfp4.json" 2>&1 \
         | tee "$OUT/latency-gpt-oss-20b-mxfp4.log" | tail -4
       python3 - "$OUT/latency-gpt-oss-20b.json" "$OUT/latency-gpt-oss-20b-mxfp4.json" <<'PY'
-import json, sys
+import json, os, sys
+missing = [path for path in sys.argv[1:] if not os.path.exists(path)]
+if missing:
+    sys.exit(f"no comparison: {', '.join(missing)} missing (the latency stage runs first)")
 bf16, mxfp4 = ({r["bs"]: r for r in json.load(open(path))["rows"]} for path in sys.argv[1:])
 for bs in sorted(set(bf16) & set(mxfp4)):
     a, b = bf16[bs]["decode_step_s"], mxfp4[bs]["decode_step_s"]
