@@ -68,3 +68,26 @@ def test_classifier_and_bare_architectures_are_served_as_their_causal_lm():
     assert check_architecture("mistral", ["MistralModel"]) == "MistralForCausalLM"
     with pytest.raises(UnsupportedModelError):
         check_architecture("bert", ["BertModel"])
+
+
+def test_what_the_pooler_would_get_wrong_is_refused(tmp_path):
+    directory = sentence_transformers_dir(tmp_path / "dense", "mean_tokens")
+    modules = json.loads((directory / "modules.json").read_text())
+    modules.append({"type": "sentence_transformers.models.Dense", "path": "2_Dense"})
+    (directory / "modules.json").write_text(json.dumps(modules))
+    with pytest.raises(TaskError, match="Dense"):
+        resolve_task("auto", CAUSAL, directory)
+    bidirectional = {"architectures": ["Gemma3TextModel"], "use_bidirectional_attention": True}
+    with pytest.raises(TaskError, match="bidirectional"):
+        resolve_task("auto", bidirectional, None)
+
+
+def test_a_task_the_checkpoint_cannot_do_fails_the_start_before_anything_loads(tmp_path):
+    from radixserve.frontend.engine import EngineStartupError, check_model
+    from radixserve.server_args import ServerArgs
+
+    classifier = {**CAUSAL, "architectures": ["Qwen3ForSequenceClassification"]}
+    (tmp_path / "config.json").write_text(json.dumps(classifier))
+    with pytest.raises(EngineStartupError, match="serves --task rerank only"):
+        check_model(ServerArgs(model=str(tmp_path), task="embed"))
+    check_model(ServerArgs(model=str(tmp_path), task="rerank"))

@@ -45,11 +45,10 @@ def check_architecture(model_type: str | None, architectures: list[str] | None =
     does) fails the same one-line way."""
     named = (architectures or [None])[0]
     served = SUPPORTED_ARCHITECTURES.get(model_type or "")
-    if named is not None and named.endswith(("ForSequenceClassification", "Model")):
-        # a reranker's classifier, or an embedder saved without its LM head
-        # (catalog/model_tasks.py): served as the causal LM's body with a pooling head
-        named = re.sub("(ForSequenceClassification|Model)$", "ForCausalLM", named)
-    if served is None or (named is not None and named != served):
+    # a reranker's classifier, or an embedder saved without its LM head
+    # (catalog/model_tasks.py): served as the causal LM's body with a pooling head
+    body = re.sub("(ForSequenceClassification|Model)$", "ForCausalLM", named or "")
+    if served is None or (named is not None and body != served):
         what = named or f"model_type {model_type!r}"
         if named is not None:
             what = f"{named!r} (model_type {model_type!r})"

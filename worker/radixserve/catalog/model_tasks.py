@@ -36,6 +36,9 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 # sentence-transformers' module types that matter here
 _POOLING_MODULE = "sentence_transformers.models.Pooling"
 _NORMALIZE_MODULE = "sentence_transformers.models.Normalize"
+# what a served embedder's modules.json may hold: any other module (Dense projections, say)
+# changes the vector in a way the pooler does not reproduce
+_SERVED_MODULES = {"sentence_transformers.models.Transformer", _POOLING_MODULE, _NORMALIZE_MODULE}
 
 
 class TaskError(ValueError):
@@ -70,6 +73,11 @@ def resolve_task(
     checkpoint directory (None for GGUF files and random weights) and the name it was given
     (`--model`). Raises TaskError."""
     architecture = (config.get("architectures") or [""])[0] or ""
+    if config.get("use_bidirectional_attention"):
+        raise TaskError(
+            f"{architecture or 'this model'} attends bidirectionally (use_bidirectional_attention,"
+            " e.g. EmbeddingGemma); the worker's attention is causal"
+        )
     classifier = architecture.endswith(CLASSIFIER_SUFFIX)
     st_pooling = _sentence_transformers_pooling(directory)
     name = name.rstrip("/").rsplit("/", 1)[-1].lower()
@@ -117,6 +125,12 @@ def _sentence_transformers_pooling(directory: Path | None) -> tuple[str, bool] |
         pooling_config = json.loads((pooling_dir / "config.json").read_text())
     except (OSError, ValueError, StopIteration, AttributeError, TypeError):
         return None
+    others = sorted({str(m.get("type")) for m in modules} - _SERVED_MODULES)
+    if others:
+        raise TaskError(
+            f"{directory / 'modules.json'} has {', '.join(others)}; an embedder is served as "
+            "Transformer, Pooling and Normalize only"
+        )
     normalize = any(m.get("type") == _NORMALIZE_MODULE for m in modules)
     if pooling_config.get("pooling_mode_lasttoken"):
         return "last", normalize

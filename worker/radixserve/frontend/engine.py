@@ -27,6 +27,7 @@ from radixserve.catalog.checkpoint_files import (
     local_path,
     start_prefetch,
 )
+from radixserve.catalog.model_tasks import task_for_model
 from radixserve.catalog.servable import check_servable
 from radixserve.contract import check_server_args
 from radixserve.frontend import native
@@ -92,6 +93,7 @@ def check_model(server_args: ServerArgs) -> None:
         return
     try:
         check_servable(config, server_args.quantization)
+        task_for_model(server_args.task, model, config)  # a --task the checkpoint cannot do
     except ValueError as exc:
         raise EngineStartupError(str(exc)) from None
 
