@@ -11,11 +11,17 @@
 #   POOL, SESSIONS, TURNS, INPUT_LEN, TURN_LEN, OUTPUT_LEN, HOST_GB, POLICIES, SERVE_ARGS
 # CPU dry run: PRESET=tiny-llama VOCAB_RANGE=1000 POOL=512 SESSIONS=4 TURNS=3 INPUT_LEN=128 TURN_LEN=16 \
 #   OUTPUT_LEN=4 HOST_GB=0.05 bash scripts/gpu/kv_tiers.sh
+# First the tiers' GPU tests (exact bytes across streams; greedy outputs with graphs and overlap).
 # Result: $OUT/kv-tiers.json (+ server logs), PASS/FAIL lines.
 set -u
 . "$(dirname "$0")/device_env.sh"
-BUDGET_S=${BUDGET_S:-420}
+BUDGET_S=${BUDGET_S:-460}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null \
   | tee "$OUT/gpu.txt"
+echo "=== tests/gpu/test_kv_tiers_gpu.py $(date +%T)"
+timeout "$(limit 90)" python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_kv_tiers_gpu.py \
+  2>&1 | tail -4
 timeout "$(limit 420)" python3 scripts/gpu/kv_tiers.py "$OUT"
-echo "=== done $(date +%T) rc=$?"
+rc=$?
+echo "=== done $(date +%T) rc=$rc"
+exit $rc
