@@ -79,6 +79,8 @@ def _mla_decode_split_kernel(
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
     slot_row = Req_to_token + tl.load(Req_pool_indices + batch).to(tl.int64) * stride_r2t
     start, end = _mla_split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
+    offs_n = start + tl.arange(0, BLOCK_N)
+    slots = tl.load(slot_row + offs_n, mask=offs_n < end, other=0)
     if end > start:
         q_c = tl.load(
             Q_latent + batch * stride_qcb + heads[:, None] * stride_qch + offs_c[None, :],
@@ -96,8 +98,10 @@ def _mla_decode_split_kernel(
         for start_n in range(start, end, BLOCK_N):
             offs_n = start_n + tl.arange(0, BLOCK_N)
             mask_n = offs_n < end
-            slots = tl.load(slot_row + offs_n, mask=mask_n, other=0).to(tl.int64)
-            rows = KV + slots[:, None] * stride_kv
+            rows = KV + slots.to(tl.int64)[:, None] * stride_kv
+            # the next tile's slots, asked for before this tile's latents are used: the two
+            # dependent loads of a tile (slot, then row) overlap with the tile before
+            slots = tl.load(slot_row + offs_n + BLOCK_N, mask=offs_n + BLOCK_N < end, other=0)
             # the latent tile: the keys' first LATENT columns and the values, read once
             c = tl.load(rows + offs_c[None, :], mask=mask_n[:, None] & mask_c[None, :], other=0.0)
             r = tl.load(
@@ -147,9 +151,12 @@ def _mla_merge_kernel(
     LATENT: tl.constexpr,
     BLOCK_C: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
 ):
-    """One (request, head): its filled splits (those with keys) merged by their weights."""
+    """One (request, head): its filled splits (those with keys) merged by their weights,
+    SPLIT_CHUNK splits a tile: a loop split by split would be a chain of one memory latency
+    each (64 of them at batch 1), and all 128 splits of LATENT floats do not fit in registers."""
     batch = tl.program_id(0)
     head = tl.program_id(1)
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
@@ -163,12 +170,18 @@ def _mla_merge_kernel(
     top = tl.max(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")), 0)
     out_row = Mid_O + batch * stride_mob + head * stride_moh
     acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    total = tl.sum(tl.zeros([BLOCK_S], dtype=tl.float32), 0)
-    # split by split: a [splits, LATENT] tile of float32 would not fit in registers
-    for split in range(0, filled):
-        weight = tl.exp2(tl.load(lse_row + split) - top)
-        acc += weight * tl.load(out_row + split * stride_mos + offs_c, mask=mask_c, other=0.0)
-        total += weight
+    total = tl.sum(tl.zeros([SPLIT_CHUNK], dtype=tl.float32), 0)
+    for first in range(0, filled, SPLIT_CHUNK):
+        chunk = first + tl.arange(0, SPLIT_CHUNK)
+        in_chunk = chunk < filled
+        weights = tl.exp2(tl.load(lse_row + chunk, mask=in_chunk, other=float("-inf")) - top)
+        parts = tl.load(
+            out_row + chunk[:, None] * stride_mos + offs_c[None, :],
+            mask=in_chunk[:, None] & mask_c[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(parts * weights[:, None], 0)
+        total += tl.sum(weights, 0)
     out = acc / total
     tl.store(
         Out + batch * stride_ob + head * stride_oh + offs_c,
@@ -264,7 +277,8 @@ def mla_decode_fwd(
         LATENT=kv_lora_rank,
         BLOCK_C=block_c,
         BLOCK_S=triton.next_power_of_2(splits),
+        SPLIT_CHUNK=min(16, triton.next_power_of_2(splits)),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
-        num_warps=4,
+        num_warps=8 if block_c >= 512 else 4,
     )
     return out
