@@ -168,6 +168,24 @@ def test_quantization_mxfp4_keeps_the_checkpoints_experts(checkpoint):
     assert scheduler.get_server_info()["quantization"].startswith("mxfp4")
 
 
+def test_quantization_mxfp4_quantizes_float_experts_at_load():
+    """--quantization mxfp4 on float weights (random ones, as the GPU benchmark loads):
+    the experts quantized at load, 32 values a scale; transformers on the decoded values."""
+    model = "random:tiny-gpt-oss"
+    source = load_model_source(model, device="cpu")
+    hf = build_hf_reference(source)
+    hf.config._attn_implementation = "eager"
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                stored = param.transpose(1, 2)  # [E, N, K], as the layer quantizes it
+                decoded = dequantize_mxfp4(*quantize_mxfp4(stored), torch.float32)
+                param.copy_(decoded.transpose(1, 2))
+    prompts = random_prompts(3, source.config.vocab_size, 3, 40, seed=63)
+    scheduler = make_scheduler(model, source, chunked_prefill_size=16, quantization="mxfp4")
+    check_against_hf(hf, prompts, run_to_completion(scheduler, prompts, greedy(NEW)), NEW)
+
+
 def test_quantization_mxfp4_is_refused_for_other_architectures():
     from radixserve.catalog.quantization_methods import UnsupportedQuantizationError
     from radixserve.catalog.servable import check_servable
