@@ -168,8 +168,10 @@ class DeepseekMLA(nn.Module):
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
             out_latent = mla_decode(q_latent, q_rope, kv_buffer, forward_batch, self.scaling)
-            # W_UV after: [H, bs, latent] x [H, latent, v_head_dim]
-            out = torch.bmm(out_latent.transpose(0, 1), self.w_uv).transpose(0, 1)
+            # W_UV after: [H, bs, latent] x [H, latent, v_head_dim], written token-major
+            # (o_proj's input layout) by the product itself, not by a copy after it
+            out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
+            torch.bmm(out_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
         else:
             q_full = torch.cat([q_nope, q_rope], dim=-1)
             out = mla_extend(
