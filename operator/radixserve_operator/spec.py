@@ -25,6 +25,9 @@ _WORKER_CHOICES = all_choices()
 ATTENTION_BACKENDS = _WORKER_CHOICES["attention_backend"]
 DTYPES = _WORKER_CHOICES["dtype"]
 SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
+# --speculative-method (speculative decoding), and the most tokens it proposes per step
+SPECULATIVE_METHODS = _WORKER_CHOICES["speculative_method"]
+MAX_SPECULATIVE_TOKENS = 16
 # what the model serves (--task): auto (read from the checkpoint), generate, embed, rerank
 MODEL_TASKS = _WORKER_CHOICES["task"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -70,6 +73,14 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class Speculative:
+    """spec.engine.speculative: the worker's speculative decoding."""
+
+    method: str
+    num_tokens: int | None = None  # --speculative-num-tokens; the worker's default when unset
+
+
+@dataclass(frozen=True)
 class Engine:
     """Worker flags; ``None`` means: leave the worker's own default."""
 
@@ -86,6 +97,7 @@ class Engine:
     overlap_schedule: bool = True
     schedule_policy: str = "lpm"
     kv_host_memory: float | None = None  # GB of host memory for the host KV tier
+    speculative: Speculative | None = None
     extra_args: tuple[str, ...] = ()
 
 
@@ -269,6 +281,21 @@ def _parse_model_uri(uri: str, served_name: str) -> ModelSource:
     )
 
 
+def _parse_speculative(engine: Mapping[str, Any]) -> Speculative | None:
+    raw = engine.get("speculative")
+    if raw is None:
+        return None
+    if not isinstance(raw, Mapping) or "method" not in raw:
+        raise InvalidSpecError("spec.engine.speculative needs a method")
+    method = _choice(raw, "method", SPECULATIVE_METHODS)
+    num_tokens = _optional_int(raw, "numTokens", minimum=1)
+    if num_tokens is not None and num_tokens > MAX_SPECULATIVE_TOKENS:
+        raise InvalidSpecError(
+            f"spec.engine.speculative.numTokens must be at most {MAX_SPECULATIVE_TOKENS}"
+        )
+    return Speculative(method, num_tokens)
+
+
 def _parse_engine(raw: Mapping[str, Any]) -> Engine:
     extra = raw.get("extraArgs") or ()
     if not all(isinstance(arg, str) for arg in extra):
@@ -295,6 +322,7 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         overlap_schedule=bool(raw.get("overlapSchedule", True)),
         schedule_policy=_choice(raw, "schedulePolicy", SCHEDULE_POLICIES),
         kv_host_memory=None if host_memory is None else float(host_memory),
+        speculative=_parse_speculative(raw),
         extra_args=tuple(extra),
     )
 

@@ -24,7 +24,13 @@ from collections.abc import Collection
 
 from radixserve.catalog.attention_backends import BACKEND_CHOICES
 from radixserve.catalog.quantization_methods import QUANTIZATION_CHOICES
-from radixserve.server_args import API_KEY_ENV, ServerArgs, flag_of, static_choices
+from radixserve.server_args import (
+    API_KEY_ENV,
+    SPECULATIVE_METHODS,
+    ServerArgs,
+    flag_of,
+    static_choices,
+)
 
 SCHEDULE_POLICIES: tuple[str, ...] = ("lpm", "fcfs")
 TOOL_PARSERS: tuple[str, ...] = ("hermes", "llama3_json", "mistral", "pythonic", "harmony")
@@ -77,6 +83,7 @@ def registered_choices() -> dict[str, tuple[str, ...]]:
         "tool_call_parser": TOOL_PARSERS,
         "reasoning_parser": REASONING_PARSERS,
         "quantization": QUANTIZATION_CHOICES,
+        "speculative_method": SPECULATIVE_METHODS,
     }
 
 

@@ -95,6 +95,8 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--mem-fraction-static", engine.mem_fraction_static),
         ("--schedule-policy", engine.schedule_policy),
         ("--kv-host-memory", engine.kv_host_memory),
+        ("--speculative-method", engine.speculative and engine.speculative.method),
+        ("--speculative-num-tokens", engine.speculative and engine.speculative.num_tokens),
     ]
     switches = {
         "--disable-cuda-graph": not engine.cuda_graph,

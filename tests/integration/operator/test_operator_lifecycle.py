@@ -232,6 +232,38 @@ def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
     assert operator.alive
 
 
+def test_speculative_decoding_reaches_the_worker(
+    operator, api_server, custom_api, apps_api
+) -> None:
+    """spec.engine.speculative becomes the worker's --speculative-* flags; an unknown method is
+    an invalid spec (Degraded, no Deployment) until it is fixed."""
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = "speculative"
+    body["spec"].setdefault("engine", {})["speculative"] = {"method": "medusa", "numTokens": 5}
+    create_service(custom_api, body)
+    degraded = wait_for(
+        lambda: (
+            condition(get_service(custom_api, "speculative"), "Degraded").get("reason")
+            == "InvalidSpec"
+            and condition(get_service(custom_api, "speculative"), "Degraded")
+        ),
+        "Degraded InvalidSpec",
+    )
+    assert "method" in degraded["message"]
+    custom_api.patch_namespaced_custom_object(
+        GROUP,
+        VERSION,
+        NS,
+        PLURAL,
+        "speculative",
+        {"spec": {"engine": {"speculative": {"method": "ngram", "numTokens": 5}}}},
+    )
+    deployment = wait_for(lambda: read_deployment(apps_api, "speculative"), "the Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--speculative-method=ngram" in args and "--speculative-num-tokens=5" in args
+    assert operator.alive
+
+
 def test_deployment_deleted_by_hand_comes_back(operator, api_server, custom_api, apps_api) -> None:
     body = copy.deepcopy(load_example("service.yaml"))
     body["metadata"]["name"] = "self-healing"

@@ -115,6 +115,12 @@ def test_replicas_may_join_autoscaling_after_create() -> None:
         {"model": {"uri": "builtin:smollm2-135m"}, "replicas": -1},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"memFractionStatic": 1.0}},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvHostMemory": 0}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"speculative": {"numTokens": 4}}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"speculative": {"method": "eagle"}}},
+        {
+            "model": {"uri": "builtin:smollm2-135m"},
+            "engine": {"speculative": {"method": "ngram", "numTokens": 17}},
+        },
         {},
         {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "keys"}},
         {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "Keys", "key": "k"}},

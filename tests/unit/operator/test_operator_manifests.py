@@ -272,6 +272,19 @@ def test_the_host_kv_tier_is_a_worker_flag() -> None:
     assert not any(arg.startswith("--kv-host-memory") for arg in plain)
 
 
+def test_speculative_decoding_is_worker_flags() -> None:
+    model = {"uri": "builtin:smollm2-135m"}
+    spec = {"model": model, "engine": {"speculative": {"method": "ngram", "numTokens": 6}}}
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert arg_value(args, "--speculative-method") == "ngram"
+    assert arg_value(args, "--speculative-num-tokens") == "6"
+    spec["engine"]["speculative"] = {"method": "ngram"}
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert not any(arg.startswith("--speculative-num-tokens") for arg in args)
+    plain = worker_args(parse_spec({"model": model}, name="svc", default_image="img"))
+    assert not any(arg.startswith("--speculative") for arg in plain)
+
+
 def test_query_does_not_match_a_prefixed_neighbour() -> None:
     query = prometheus_query(Owner("svc-a", "ns", "u"), "running")
     assert (
@@ -313,6 +326,9 @@ valid_specs = st.fixed_dictionaries(
                 "memFractionStatic": st.floats(0.05, 0.95),
                 "cudaGraph": st.booleans(),
                 "kvHostMemory": st.floats(0.5, 512),
+                "speculative": st.fixed_dictionaries(
+                    {"method": st.just("ngram")}, optional={"numTokens": st.integers(1, 16)}
+                ),
             },
         ),
         "modelCache": st.just({"claimName": "cache"}),
