@@ -121,6 +121,31 @@ def test_prefix_cache_is_per_adapter(setup):
     assert hits == {"": 0, "alpha": 0, "beta": 0}
     assert run(scheduler, [("alpha", prompt)]) == [expected["alpha"][3]]
     assert hits["alpha"] == len(prompt) - 1 and hits["beta"] == 0 and hits[""] == 0
+    # the metrics report carries the same, per adapter, as deltas
+    report = scheduler.pop_stats().lora
+    assert report["prefix_hit_tokens"] == {"": 0, "alpha": len(prompt) - 1, "beta": 0}
+    assert report["requests"] == {"alpha": 2, "beta": 1}
+    assert report["generated_tokens"] == {"alpha": 2 * NEW, "beta": NEW}
+    assert scheduler.pop_stats().lora["requests"] == {}
+
+
+def test_the_metrics_report_lists_running_and_waiting_adapters(setup):
+    """What radixserve_lora_requests_info shows: with one slot, gamma runs while alpha and beta
+    wait for it."""
+    source, _, dirs, prompts, _ = setup
+    scheduler = lora_scheduler(source, dirs, max_loras=1)
+    for i, name in enumerate(["gamma", "alpha", "beta", None]):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid=f"m{i}", input_ids=prompts[0], sampling_params=greedy(NEW), lora_name=name
+            )
+        )
+    scheduler.step()
+    report = scheduler.pop_stats().lora
+    assert report["running"] == ["gamma"] and report["waiting"] == ["alpha", "beta"]
+    assert report["max_lora"] == 1
+    while scheduler.has_work():
+        scheduler.step()
 
 
 @pytest.mark.parametrize(

@@ -109,6 +109,17 @@ def test_model_selects_the_adapter_in_every_endpoint(served):
     assert native["text"] == completion.choices[0].text
 
 
+def test_metrics_show_adapters(served):
+    """After the requests above: the Gateway API Inference Extension's gauge and the
+    per-adapter counters on /metrics."""
+    server, client, _ = served
+    chat(client, "sql")
+    text = requests.get(server.base_url + "/metrics", timeout=30).text
+    assert "radixserve_lora_requests_info{" in text and 'max_lora="2"' in text
+    assert 'radixserve_lora_requests_total{lora_name="sql"' in text
+    assert "radixserve_lora_generation_tokens_total" in text
+
+
 def test_unknown_model_is_a_404_listing_what_is_served(served):
     _, client, _ = served
     with pytest.raises(openai.NotFoundError) as caught:

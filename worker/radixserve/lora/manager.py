@@ -11,6 +11,7 @@ holds is never given to another adapter.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,6 +41,10 @@ class LoRACounters:
     prefix_lookups: dict[str, int] = field(default_factory=dict)
     prefix_hit_tokens: dict[str, int] = field(default_factory=dict)
 
+    def add(self, kind: str, adapter: str, n: int) -> None:
+        counts = getattr(self, kind)
+        counts[adapter] = counts.get(adapter, 0) + n
+
 
 class LoRAManager:
     def __init__(
@@ -67,7 +72,9 @@ class LoRAManager:
         self.slot_of: dict[str, int] = {}
         self._slot_used_at = [0.0] * pool.slots
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="lora-read")
-        self.counters = LoRACounters()
+        self._read_lock = threading.Lock()
+        self.counters = LoRACounters()  # since the start (server info)
+        self._delta = LoRACounters()  # since the last metrics report
 
     # -- what is served ------------------------------------------------------------------
     def read(self, path: str) -> LoRAWeights:
@@ -78,8 +85,11 @@ class LoRAManager:
             weights.tensors = {
                 k: (a.pin_memory(), b.pin_memory()) for k, (a, b) in weights.tensors.items()
             }
-        self.counters.loads += 1
-        self.counters.load_seconds += time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        with self._read_lock:  # the reading thread and the scheduler's count here
+            for counters in (self.counters, self._delta):
+                counters.loads += 1
+                counters.load_seconds += seconds
         return weights
 
     def read_async(self, path: str) -> Future[LoRAWeights]:
@@ -156,6 +166,7 @@ class LoRAManager:
         self.slot_of.pop(self.slot_names[slot], None)
         self.slot_names[slot] = None
         self.counters.evictions += 1
+        self._delta.evictions += 1
         return slot
 
     def _host_copy(self, name: str) -> LoRAWeights | None:
@@ -185,19 +196,40 @@ class LoRAManager:
 
     # -- counters ------------------------------------------------------------------------
     def count_request(self, name: str, prompt_tokens: int) -> None:
-        c = self.counters
-        c.requests[name] = c.requests.get(name, 0) + 1
-        c.prompt_tokens[name] = c.prompt_tokens.get(name, 0) + prompt_tokens
+        self._count("requests", name, 1)
+        self._count("prompt_tokens", name, prompt_tokens)
 
     def count_tokens(self, name: str, generated: int) -> None:
         if generated > 0:
-            c = self.counters
-            c.generated_tokens[name] = c.generated_tokens.get(name, 0) + generated
+            self._count("generated_tokens", name, generated)
 
     def count_prefix(self, name: str | None, cached_tokens: int) -> None:
-        key, c = name or "", self.counters
-        c.prefix_lookups[key] = c.prefix_lookups.get(key, 0) + 1
-        c.prefix_hit_tokens[key] = c.prefix_hit_tokens.get(key, 0) + cached_tokens
+        self._count("prefix_lookups", name or "", 1)
+        self._count("prefix_hit_tokens", name or "", cached_tokens)
+
+    def _count(self, kind: str, adapter: str, n: int) -> None:
+        self.counters.add(kind, adapter, n)
+        self._delta.add(kind, adapter, n)
+
+    def report(self, waiting: list[str]) -> dict:
+        """The metrics report (metrics/lora.py): the adapters requests hold a slot of
+        (running), those `waiting` for one, the slots, and the counters since the last report."""
+        running = [n for s, n in enumerate(self.slot_names) if n and self.slot_users[s] > 0]
+        with self._read_lock:
+            delta, self._delta = self._delta, LoRACounters()
+        return {
+            "running": running,
+            "waiting": waiting,
+            "max_lora": self.pool.slots,
+            "requests": delta.requests,
+            "prompt_tokens": delta.prompt_tokens,
+            "generated_tokens": delta.generated_tokens,
+            "prefix_lookups": delta.prefix_lookups,
+            "prefix_hit_tokens": delta.prefix_hit_tokens,
+            "loads": delta.loads,
+            "load_seconds": delta.load_seconds,
+            "evictions": delta.evictions,
+        }
 
     def info(self) -> dict:
         """Server info: what is served and resident, and the counters."""

@@ -21,6 +21,7 @@ from prometheus_client import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from radixserve.metrics.lora import LoRAMetrics
 from radixserve.metrics.stats import SchedulerStats
 
 # `_created` series double the exposition size and no dashboard reads them.
@@ -51,6 +52,7 @@ class ServerMetrics:
     def __init__(self, model_name: str) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self._model_name = model_name
+        self._lora: LoRAMetrics | None = None
         labels = ["model_name"]
         reg = self.registry
 
@@ -218,6 +220,10 @@ class ServerMetrics:
         self._prefix_cache_hits_tokens.labels(self._model_name, "gpu").inc(gpu_hits)
         if stats.kv_tiers is not None:
             self._apply_kv_tiers(stats.kv_tiers)
+        if stats.lora is not None:
+            if self._lora is None:  # made at the first report: a server without adapters has none
+                self._lora = LoRAMetrics(self.registry, self._model_name)
+            self._lora.apply(stats.lora)
         self.retractions.inc(stats.retractions)
         self.kv_events_published.inc(stats.kv_events_published)
         self.kv_events_dropped.inc(stats.kv_events_dropped)

@@ -33,5 +33,7 @@ class SchedulerStats:
     spec_proposed_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_acceptance_lengths: list[int] = field(default_factory=list)
+    # LoRA adapters served: LoRAManager.report() (metrics/lora.py applies it); None without
+    lora: dict[str, Any] | None = None
     # (mode label, batch size, batch tokens, seconds) for each forward step since last report
     steps: list[tuple[str, int, int, float]] = field(default_factory=list)

@@ -902,8 +902,6 @@ class Scheduler:
             assert self.lora is not None
             self.lora.release(req.lora_slot)
             req.lora_slot = NO_LORA_SLOT
-        if req.lora_name is not None and self.lora is not None:
-            self.lora.count_tokens(req.lora_name, len(req.output_ids) - req.sent_len)
         if not req.stream and not req.finished():
             return
         new = req.output_ids[req.sent_len :]
@@ -930,6 +928,8 @@ class Scheduler:
                 ),
             )
         )
+        if req.lora_name is not None and self.lora is not None:
+            self.lora.count_tokens(req.lora_name, len(new))
         req.sent_len = len(req.output_ids)
         req.pending_logprobs = []
 
@@ -950,6 +950,11 @@ class Scheduler:
         if self.kv_events is not None:
             stats.kv_events_published, stats.kv_events_dropped = self.kv_events.pop_counts()
         stats.kv_tiers = self.tree_cache.tier_report()
+        if self.lora is not None:
+            # running: the adapters requests hold slots of; waiting: those still without one
+            stats.lora = self.lora.report(
+                _adapters_of([r for r in self.waiting_queue if r.lora_slot == NO_LORA_SLOT])
+            )
         return stats
 
     def _new_batch(self, reqs: list[Req]) -> ScheduleBatch:
@@ -985,3 +990,8 @@ class Scheduler:
         else:
             logger.warning("ignoring unknown message %r", type(msg).__name__)
         return None
+
+
+def _adapters_of(reqs: list[Req]) -> list[str]:
+    """The distinct LoRA adapters of `reqs`, in first-seen order."""
+    return list(dict.fromkeys(r.lora_name for r in reqs if r.lora_name is not None))
