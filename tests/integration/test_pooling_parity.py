@@ -98,6 +98,23 @@ def test_qwen3_embedding_matches_transformers_alone_and_batched(checkpoints):
         assert cut[i].shape == (16,) and cosine(cut[i], want) >= 0.9999
 
 
+def test_overlap_bookkeeping_two_full_batches_of_rows(checkpoints):
+    """Under overlap (as on CUDA; the CPU runs each launch at once, so the bookkeeping alone is
+    emulated) the next batch forms while the last still holds its request rows: no row runs
+    out (an OutOfSlots crash before rows were sized for two batches), every row and KV slot
+    given back, the same vectors."""
+    hf = transformers.Qwen3Model.from_pretrained(checkpoints["embed"]).eval()
+    scheduler = make_scheduler(str(checkpoints["embed"]), max_running_requests=4)
+    scheduler.overlap = True
+    prompts = random_prompts(18, VOCAB, 1, 8, seed=9)  # short: a batch is 4 requests
+    got = pool_all(scheduler, prompts)
+    for i, ids in enumerate(prompts):
+        assert cosine(got[i], hf_last_token_embedding(hf, ids)) >= 0.9999
+    pool = scheduler.worker.req_to_token_pool
+    assert pool.available_size() == pool.size
+    assert scheduler.tree_cache.protected_size() == 0
+
+
 def test_mean_pooling_sums_chunks_without_the_prefix_cache(checkpoints):
     hf = transformers.Qwen3Model.from_pretrained(checkpoints["embed_mean"]).eval()
     prompts = prompts_with_shared_prefixes()

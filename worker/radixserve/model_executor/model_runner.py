@@ -173,8 +173,12 @@ class ModelRunner:
                 256 if self.device.type == "cuda" else 64
             )
             cfg = self.model_config
+            # a pooling model's requests end with their prefill and hold their rows until it is
+            # resolved: under overlap the next batch forms (and takes its rows) while the last
+            # one runs, so two batches' rows
+            batches = 2 if self.pooler is not None else 1
             self.req_to_token_pool = ReqToTokenPool(
-                self.max_running_requests + 2, cfg.context_len + 8, self.device
+                batches * self.max_running_requests + 2, cfg.context_len + 8, self.device
             )
             self.token_to_kv_pool = self._build_kv_pool()
             if self.token_to_kv_pool.is_fp8:
