@@ -38,6 +38,10 @@ SCALE_TO_ZERO_NEEDS_ROUTER = (
     " take requests, hold them, and count them (radixserve_router_pending_requests) so that"
     " KEDA starts a worker"
 )
+KV_EVENTS_NEED_RADIX_CACHE = (
+    "engine.kvEvents needs engine.radixCache: the events tell what the radix cache holds"
+)
+KV_EVENTS_PORTS_DIFFER = "engine.kvEvents ports must differ from each other and from 8000"
 KV_HOST_MEMORY_NEEDS_RADIX_CACHE = (
     "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache"
     " evicts"
@@ -73,6 +77,16 @@ class Autoscaling:
 
 
 @dataclass(frozen=True)
+class KVEvents:
+    """``engine.kvEvents`` when enabled: the worker publishes its KV events on ``port``
+    (``--kv-events-endpoint tcp://*:PORT``), the Services expose it, the router reads it."""
+
+    port: int = 5557
+    replay_port: int | None = None
+    block_size: int = 16
+
+
+@dataclass(frozen=True)
 class Speculative:
     """spec.engine.speculative: the worker's speculative decoding."""
 
@@ -98,6 +112,7 @@ class Engine:
     schedule_policy: str = "lpm"
     kv_host_memory: float | None = None  # GB of host memory for the host KV tier
     speculative: Speculative | None = None
+    kv_events: KVEvents | None = None  # None: no KV events
     extra_args: tuple[str, ...] = ()
 
 
@@ -323,8 +338,26 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         schedule_policy=_choice(raw, "schedulePolicy", SCHEDULE_POLICIES),
         kv_host_memory=None if host_memory is None else float(host_memory),
         speculative=_parse_speculative(raw),
+        kv_events=_parse_kv_events(raw),
         extra_args=tuple(extra),
     )
+
+
+def _parse_kv_events(engine: Mapping[str, Any]) -> KVEvents | None:
+    raw = engine.get("kvEvents") or {}
+    if not raw.get("enabled", False):
+        return None
+    if not engine.get("radixCache", True):
+        raise InvalidSpecError(KV_EVENTS_NEED_RADIX_CACHE)
+    events = KVEvents(
+        port=_int(raw, "port", 5557, minimum=1),
+        replay_port=_optional_int(raw, "replayPort", minimum=1),
+        block_size=_int(raw, "blockSize", 16, minimum=1),
+    )
+    ports = [DEFAULT_PORT, events.port, *([events.replay_port] if events.replay_port else [])]
+    if len(set(ports)) != len(ports) or max(ports) > 65535:
+        raise InvalidSpecError(KV_EVENTS_PORTS_DIFFER)
+    return events
 
 
 def _parse_resources(raw: Mapping[str, Any], engine: Engine) -> Resources:

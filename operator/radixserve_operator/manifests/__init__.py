@@ -32,7 +32,10 @@ def build_children(
 ) -> list[dict[str, Any]]:
     """Every child the spec asks for, in apply order (the Deployment last, once it can be reached)."""
     router = spec.router.enabled
-    children = [build_service(owner, router=router), build_disruption_budget(owner)]
+    children = [
+        build_service(owner, router=router, kv_events=spec.engine.kv_events),
+        build_disruption_budget(owner),
+    ]
     if router:
         children += build_router_children(owner, spec)
     if spec.router.inference_pool:

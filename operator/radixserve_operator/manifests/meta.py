@@ -6,10 +6,31 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixserve_operator import API_VERSION, FIELD_MANAGER, KIND
+from radixserve_operator.spec import DEFAULT_PORT, KVEvents
 
 SERVICE_LABEL = "radixserve.io/inferenceservice"
 APP_NAME = "radixserve"
 HTTP_PORT_NAME = "http"
+KV_EVENTS_PORT_NAME = "kv-events"
+KV_EVENTS_REPLAY_PORT_NAME = "kv-events-replay"
+
+
+def worker_ports(kv_events: KVEvents | None) -> list[tuple[str, int]]:
+    """(name, port) of what a worker pod serves: HTTP, and its KV events when enabled."""
+    ports = [(HTTP_PORT_NAME, DEFAULT_PORT)]
+    if kv_events is not None:
+        ports.append((KV_EVENTS_PORT_NAME, kv_events.port))
+        if kv_events.replay_port is not None:
+            ports.append((KV_EVENTS_REPLAY_PORT_NAME, kv_events.replay_port))
+    return ports
+
+
+def service_ports(kv_events: KVEvents | None) -> list[dict[str, Any]]:
+    """A Service's ports in front of worker pods (each targets the container port's name)."""
+    return [
+        {"name": name, "port": port, "targetPort": name, "protocol": "TCP"}
+        for name, port in worker_ports(kv_events)
+    ]
 
 
 @dataclass(frozen=True)

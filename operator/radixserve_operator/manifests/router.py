@@ -24,9 +24,10 @@ from radixserve_operator.manifests.meta import (
     cli_flags,
     object_meta,
     selector_labels,
+    service_ports,
 )
 from radixserve_operator.manifests.workload import GRACE_MARGIN_SECONDS, WORKER_UID, http_probe
-from radixserve_operator.spec import DEFAULT_PORT, ServiceSpec
+from radixserve_operator.spec import DEFAULT_PORT, KVEvents, ServiceSpec
 
 ROUTER_APP_NAME = "radixserve-router"
 ROUTER_COMPONENT = "router"
@@ -76,6 +77,15 @@ def router_args(owner: Owner, spec: ServiceSpec) -> list[str]:
         ("--pending-timeout", spec.router.pending_timeout_seconds),
         ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
+    events = spec.engine.kv_events
+    if events is not None and spec.router.policy == "cache_aware":
+        # route on what the workers' KV events say they hold
+        valued += [
+            ("--prefix-source", "events"),
+            ("--kv-events-port", events.port),
+            ("--kv-events-replay-port", events.replay_port),
+            ("--kv-events-block-size", events.block_size),
+        ]
     return ["router", *cli_flags(valued)]
 
 
@@ -85,7 +95,7 @@ def build_router_children(owner: Owner, spec: ServiceSpec) -> list[dict[str, Any
         _service_account(owner),
         _role(owner),
         _role_binding(owner),
-        build_workers_service(owner),
+        build_workers_service(owner, spec.engine.kv_events),
         _disruption_budget(owner),
         build_router_deployment(owner, spec),
     ]
@@ -141,8 +151,9 @@ def _role_binding(owner: Owner) -> dict[str, Any]:
     }
 
 
-def build_workers_service(owner: Owner) -> dict[str, Any]:
-    """Headless: its EndpointSlices list each worker pod, which is what the router reads."""
+def build_workers_service(owner: Owner, kv_events: KVEvents | None = None) -> dict[str, Any]:
+    """Headless: its EndpointSlices list each worker pod, which is what the router reads (and
+    each pod's KV events port, when enabled)."""
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -150,14 +161,7 @@ def build_workers_service(owner: Owner) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "selector": selector_labels(owner),
-            "ports": [
-                {
-                    "name": HTTP_PORT_NAME,
-                    "port": DEFAULT_PORT,
-                    "targetPort": HTTP_PORT_NAME,
-                    "protocol": "TCP",
-                }
-            ],
+            "ports": service_ports(kv_events),
         },
     }
 

@@ -21,6 +21,7 @@ from radixserve_operator.manifests.meta import (
     common_labels,
     object_meta,
     selector_labels,
+    worker_ports,
 )
 from radixserve_operator.spec import API_KEY_ENV, DEFAULT_PORT, Engine, ModelSource, ServiceSpec
 
@@ -98,6 +99,13 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--speculative-method", engine.speculative and engine.speculative.method),
         ("--speculative-num-tokens", engine.speculative and engine.speculative.num_tokens),
     ]
+    if engine.kv_events is not None:
+        replay = engine.kv_events.replay_port
+        valued += [
+            ("--kv-events-endpoint", f"tcp://*:{engine.kv_events.port}"),
+            ("--kv-events-replay-endpoint", f"tcp://*:{replay}" if replay else None),
+            ("--kv-events-block-size", engine.kv_events.block_size),
+        ]
     switches = {
         "--disable-cuda-graph": not engine.cuda_graph,
         "--disable-radix-cache": not engine.radix_cache,
@@ -163,7 +171,10 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
         "image": spec.image,
         "command": ["radixserve"],
         "args": worker_args(spec),
-        "ports": [{"name": HTTP_PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
+        "ports": [
+            {"name": name, "containerPort": port, "protocol": "TCP"}
+            for name, port in worker_ports(spec.engine.kv_events)
+        ],
         "startupProbe": http_probe(
             "/health",
             period=STARTUP_PROBE_PERIOD_SECONDS,

@@ -232,6 +232,26 @@ def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
     assert operator.alive
 
 
+def test_kv_events_reach_the_worker_and_its_service(
+    operator, api_server, custom_api, apps_api
+) -> None:
+    """spec.engine.kvEvents: the worker publishes on its port, the Service exposes it."""
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = "kv-events"
+    body["spec"].setdefault("engine", {})["kvEvents"] = {"enabled": True, "port": 5557}
+    create_service(custom_api, body)
+    deployment = wait_for(lambda: read_deployment(apps_api, "kv-events"), "the Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert "--kv-events-endpoint=tcp://*:5557" in container["args"]
+    assert {"name": "kv-events", "containerPort": 5557, "protocol": "TCP"} in container["ports"]
+    service = wait_for(
+        lambda: kubernetes.client.CoreV1Api().read_namespaced_service("kv-events", NS),
+        "the Service",
+    )
+    assert {(p.name, p.port) for p in service.spec.ports} == {("http", 8000), ("kv-events", 5557)}
+    assert operator.alive
+
+
 def test_speculative_decoding_reaches_the_worker(
     operator, api_server, custom_api, apps_api
 ) -> None:

@@ -75,6 +75,14 @@ INVALID_SPECS = {
         {"autoscaling": {"maxReplicas": 2, "metric": "kvCacheUsage", "target": 1.5}},
         "a kvCacheUsage target is a ratio between 0 and 1",
     ),
+    "KV events without the radix cache": (
+        {"engine": {"kvEvents": {"enabled": True}, "radixCache": False}},
+        "engine.kvEvents needs engine.radixCache: the events tell what the radix cache holds",
+    ),
+    "KV events on the HTTP port": (
+        {"engine": {"kvEvents": {"enabled": True, "port": 8000}}},
+        "engine.kvEvents ports must differ from each other and from 8000",
+    ),
     "host KV tier without the radix cache": (
         {"engine": {"kvHostMemory": 64, "radixCache": False}},
         "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache evicts",
@@ -120,6 +128,10 @@ def test_replicas_may_join_autoscaling_after_create() -> None:
         {
             "model": {"uri": "builtin:smollm2-135m"},
             "engine": {"speculative": {"method": "ngram", "numTokens": 17}},
+        },
+        {
+            "model": {"uri": "builtin:smollm2-135m"},
+            "engine": {"kvEvents": {"enabled": True, "port": 70000}},
         },
         {},
         {"model": {"uri": "builtin:smollm2-135m"}, "apiKeySecretRef": {"name": "keys"}},

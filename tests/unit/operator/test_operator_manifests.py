@@ -285,6 +285,50 @@ def test_speculative_decoding_is_worker_flags() -> None:
     assert not any(arg.startswith("--speculative") for arg in plain)
 
 
+def test_kv_events_reach_the_worker_its_services_and_the_router() -> None:
+    events = {"enabled": True, "port": 6001, "replayPort": 6002, "blockSize": 32}
+    spec = {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvEvents": events}}
+    made = {(c["kind"], c["metadata"]["name"]): c for c in children(spec)}
+    worker = made[("Deployment", OWNER.name)]["spec"]["template"]["spec"]["containers"][0]
+    assert arg_value(worker["args"], "--kv-events-endpoint") == "tcp://*:6001"
+    assert arg_value(worker["args"], "--kv-events-replay-endpoint") == "tcp://*:6002"
+    assert arg_value(worker["args"], "--kv-events-block-size") == "32"
+    assert [(p["name"], p["containerPort"]) for p in worker["ports"]] == [
+        ("http", 8000),
+        ("kv-events", 6001),
+        ("kv-events-replay", 6002),
+    ]
+    ports = made[("Service", OWNER.name)]["spec"]["ports"]
+    assert [(p["name"], p["port"], p["targetPort"]) for p in ports] == [
+        ("http", 8000, "http"),
+        ("kv-events", 6001, "kv-events"),
+        ("kv-events-replay", 6002, "kv-events-replay"),
+    ]
+    # behind the router: the workers' headless Service carries the ports, the router reads them
+    made = {
+        (c["kind"], c["metadata"]["name"]): c
+        for c in children({**spec, "router": {"enabled": True}})
+    }
+    assert [p["name"] for p in made[("Service", OWNER.name)]["spec"]["ports"]] == ["http"]
+    headless = made[("Service", f"{OWNER.name}-workers")]["spec"]["ports"]
+    assert [p["name"] for p in headless] == ["http", "kv-events", "kv-events-replay"]
+    router = made[("Deployment", f"{OWNER.name}-router")]["spec"]["template"]["spec"]
+    args = router["containers"][0]["args"]
+    assert arg_value(args, "--prefix-source") == "events"
+    assert arg_value(args, "--kv-events-port") == "6001"
+    assert arg_value(args, "--kv-events-replay-port") == "6002"
+    assert arg_value(args, "--kv-events-block-size") == "32"
+    for manifest in made.values():
+        assert_valid(manifest)
+
+
+def test_kv_events_off_cost_nothing() -> None:
+    spec = {"model": {"uri": "builtin:smollm2-135m"}, "router": {"enabled": True}}
+    for manifest in children({**spec, "engine": {"kvEvents": {"enabled": False}}}):
+        text = repr(manifest)
+        assert "kv-events" not in text and "prefix-source" not in text
+
+
 def test_query_does_not_match_a_prefixed_neighbour() -> None:
     query = prometheus_query(Owner("svc-a", "ns", "u"), "running")
     assert (
@@ -326,6 +370,10 @@ valid_specs = st.fixed_dictionaries(
                 "memFractionStatic": st.floats(0.05, 0.95),
                 "cudaGraph": st.booleans(),
                 "kvHostMemory": st.floats(0.5, 512),
+                "kvEvents": st.fixed_dictionaries(
+                    {"enabled": st.booleans()},
+                    optional={"port": st.integers(5000, 5999), "blockSize": st.integers(1, 64)},
+                ),
                 "speculative": st.fixed_dictionaries(
                     {"method": st.just("ngram")}, optional={"numTokens": st.integers(1, 16)}
                 ),
