@@ -69,6 +69,7 @@ class ScriptedWorker:
     admin_key: str | None = None  # /flush_cache and /get_server_info want this bearer key
     drop_models: bool = False  # /v1/models drops the connection
     models_asked: int = 0
+    extra_metrics: str = ""  # more /metrics lines (a LoRA gauge, say)
     api_keys: list[str | None] = field(default_factory=list)  # each request's x-api-key
     stored: set[str] = field(default_factory=set)  # the ids of the responses it made
     port: int = field(default_factory=free_port)
@@ -122,7 +123,7 @@ class ScriptedWorker:
             "# TYPE radixserve_num_running_requests gauge\n"
             'radixserve_num_running_requests{model_name="m"} 0.0\n'
         )
-        return web.Response(text=text)
+        return web.Response(text=text + self.extra_metrics)
 
     async def _models(self, request: web.Request) -> web.Response:
         self.models_asked += 1

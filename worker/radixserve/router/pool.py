@@ -17,6 +17,7 @@ is `radixserve_router_pending_requests`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable
@@ -24,6 +25,7 @@ from collections.abc import Callable, Iterable
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
+from radixserve.router.lora_affinity import AdapterAffinity, adapters_in_metrics
 from radixserve.router.metrics import RouterMetrics
 
 logger = logging.getLogger(__name__)
@@ -51,6 +53,8 @@ class Upstream:
         self.reported = 0.0  # running + queued requests at the last scrape
         self.in_flight_when_reported = 0
         self.last_problem = ""
+        # the LoRA adapters its radixserve_lora_requests_info lists (running and waiting)
+        self.lora_adapters: frozenset[str] = frozenset()
 
     @property
     def load(self) -> float:
@@ -73,10 +77,12 @@ class UpstreamPool:
         *,
         max_pending: int,
         on_removed: Callable[[str], None] = lambda url: None,
+        lora: AdapterAffinity | None = None,
     ) -> None:
         self.metrics = metrics
         self.max_pending = max_pending
         self._on_removed = on_removed
+        self.lora = lora  # learns from the probes which worker has which LoRA adapter
         self._members: dict[str, Upstream] = {}
         self._any_ready = asyncio.Event()
         self._pending = 0
@@ -179,6 +185,26 @@ class UpstreamPool:
         if text:
             upstream.reported = queue_gauges(text)
             upstream.in_flight_when_reported = upstream.in_flight
+            if self.lora is not None:
+                await self._learn_adapters(session, upstream, text)
+
+    async def _learn_adapters(
+        self, session: aiohttp.ClientSession, upstream: Upstream, metrics: str
+    ) -> None:
+        """A worker that serves LoRA adapters: which it has (its gauge) and which names are
+        adapters (its /v1/models; a worker behind API keys answers 401 and the gauge alone
+        counts)."""
+        assert self.lora is not None
+        adapters = adapters_in_metrics(metrics)
+        if adapters is None:
+            return
+        upstream.lora_adapters = adapters
+        self.lora.active = True
+        timeout = aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)
+        with contextlib.suppress(TimeoutError, aiohttp.ClientError, ValueError):
+            async with session.get(upstream.url + "/v1/models", timeout=timeout) as reply:
+                if reply.status == 200:
+                    self.lora.learn_models(await reply.json())
 
     async def run_prober(self, session: aiohttp.ClientSession, interval: float) -> None:
         while True:

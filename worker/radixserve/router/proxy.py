@@ -58,6 +58,7 @@ from radixserve.router.affinity import (
     response_request,
 )
 from radixserve.router.apis import stream_shape
+from radixserve.router.lora_affinity import AdapterAffinity, requested_model
 from radixserve.router.metrics import RouterMetrics
 from radixserve.router.policies import Policy
 from radixserve.router.pool import (
@@ -168,6 +169,7 @@ class Proxy:
         quarantine: Quarantine | None = None,
         affinity: ResponseAffinity | None = None,
         tokenize: bool = False,
+        lora: AdapterAffinity | None = None,
     ) -> None:
         self.session = session
         self.tokenize = tokenize  # --prefix-source events: the policy matches token ids
@@ -178,6 +180,7 @@ class Proxy:
         self.pending_timeout = pending_timeout
         self.quarantine = quarantine if quarantine is not None else Quarantine(ttl=0)
         self.affinity = affinity if affinity is not None else ResponseAffinity()
+        self.lora = lora
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         started = time.monotonic()
@@ -324,8 +327,21 @@ class Proxy:
                 return None
             if self.tokenize and token_ids is None:
                 token_ids = await self._token_ids(request, body, candidates)
+            adapter = self._adapter_of(body)
+            if adapter is not None:
+                assert self.lora is not None
+                candidates, _ = self.lora.prefer(adapter, candidates)
             chosen, decision = self.policy.choose(key, candidates, token_ids)
+            if adapter is not None:
+                self.lora.placed(adapter, chosen.url)
             return cast(Upstream, chosen), decision
+
+    def _adapter_of(self, body: bytes) -> str | None:
+        """The LoRA adapter the request names, where some worker serves adapters."""
+        if self.lora is None or not self.lora.active:
+            return None
+        model = requested_model(body)
+        return model if self.lora.is_adapter(model) else None
 
     async def _token_ids(
         self, request: web.Request, body: bytes, candidates: list[Upstream]

@@ -49,6 +49,7 @@ from radixserve.router.apis import as_anthropic_error, is_anthropic_path
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import DiscoveryError, EndpointSliceDiscovery, default_namespace
 from radixserve.router.kv_index import KVEventIndex, worker_endpoint
+from radixserve.router.lora_affinity import AdapterAffinity
 from radixserve.router.metrics import METRICS_CONTENT_TYPE, RouterMetrics
 from radixserve.router.policies import create_policy
 from radixserve.router.pool import READY, UpstreamPool
@@ -79,8 +80,16 @@ class Router:
                 self._events_endpoints,
             )
         self.policy = create_policy(args.policy, args.policy_config(), self.events)
+        # LoRA adapters stay with the workers that have them while load allows (the policy's
+        # balance threshold), then the policy's prefix and load rules choose among those
+        self.lora = AdapterAffinity(args.policy_config().balance_abs_threshold)
+
+        def removed(url: str) -> None:
+            self.policy.forget(url)
+            self.lora.forget(url)
+
         self.pool = UpstreamPool(
-            self.metrics, max_pending=args.max_pending, on_removed=self.policy.forget
+            self.metrics, max_pending=args.max_pending, on_removed=removed, lora=self.lora
         )
         self.discovery = discovery
         self.session: aiohttp.ClientSession | None = None
@@ -106,6 +115,7 @@ class Router:
             quarantine=self.quarantine,
             affinity=self.affinity,
             tokenize=self.events is not None,
+            lora=self.lora,
         )
         if self.discovery is not None:
             # EndpointSlices list only pods whose readiness probe passed: ready from the start.
