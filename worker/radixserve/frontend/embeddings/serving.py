@@ -1,10 +1,11 @@
 """The pooling endpoints (`/v1/embeddings`, `/v1/rerank`, `/v1/score`) over the
 TokenizerManager's front door, independent of the HTTP server.
 
-Each input is one prefill-only request (`max_new_tokens` 0, `PoolingParams` set) built by the
-same `build_inputs` as every generation endpoint (tokenization off the event loop, token-id
-and length checks, request ids), run by `generate_many` (admission, the queue bound, aborts),
-and answered by the scheduler with its pooled vector or score (`GenerateChunk.pooled`).
+Texts are tokenized first, all of a request's in one batch call on the tokenizer's threads
+(`_encode`). Each input is then one prefill-only request (`max_new_tokens` 0, `PoolingParams`
+set) built by the same `build_inputs` as every generation endpoint (token-id and length checks,
+request ids), run by `generate_many` (admission, the queue bound, aborts), and answered by the
+scheduler with its pooled vector or score (`GenerateChunk.pooled`).
 
 A rerank's documents share its query: the first document runs alone, so that the query's KV
 is in the radix cache when the others are admitted and each of them computes only its own
@@ -19,6 +20,7 @@ import base64
 import contextlib
 import functools
 import json
+import time
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -149,6 +151,7 @@ class PoolingServing:
         return {
             "id": f"score-{request_id}",
             "object": "list",
+            "created": int(time.time()),
             "model": self.model_name,
             "data": [{"index": i, "object": "score", "score": s} for i, s in enumerate(scores)],
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
