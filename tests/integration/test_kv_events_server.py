@@ -27,7 +27,7 @@ POOL = 256  # tokens: four 60-token prompts overflow it
 def worker(tmp_path_factory):
     pub, replay = free_port(), free_port()
     args = ["--model", "random:tiny-llama", "--max-total-tokens", str(POOL)]
-    args += ["--kv-events-endpoint", f"tcp://127.0.0.1:{pub}"]
+    args += ["--kv-events-endpoint", f"tcp://*:{pub}"]
     args += ["--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}"]
     log = tmp_path_factory.mktemp("kv_events") / "server.log"
     ctx = zmq.Context()

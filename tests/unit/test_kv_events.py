@@ -292,3 +292,24 @@ TestCacheEvents.settings = settings(max_examples=60, stateful_step_count=30, dea
 def test_block_hashes_match_the_reference() -> None:
     tokens = torch.randint(0, 50000, (70,)).tolist()
     assert block_hashes(tokens, 16) == reference_hashes(tokens, 16)
+
+
+def test_a_consumers_endpoint_is_dialled_with_the_topic_it_filters_on(tmp_path) -> None:
+    """llm-d's EPP binds its SUB and the workers connect, naming themselves in the topic."""
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    port = sub.bind_to_random_port("tcp://127.0.0.1")
+    publisher = KVEventPublisher(f"tcp://127.0.0.1:{port}", block_size=BS, topic="kv@10.0.0.7@m")
+    try:
+        for _ in range(100):
+            publisher.stored(list(range(8)), 0, "GPU")
+            if sub.poll(50):
+                break
+        topic, _, payload = sub.recv_multipart()
+        assert topic == b"kv@10.0.0.7@m"
+        assert isinstance(DECODER.decode(payload).events[0], BlockStored)
+    finally:
+        publisher.close()
+        sub.close(linger=0)
+        ctx.term()

@@ -75,7 +75,7 @@ def test_the_index_follows_a_worker_and_replays_what_it_missed(tmp_path) -> None
 
     port, replay = free_port(), free_port()
     publisher = KVEventPublisher(
-        f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{replay}", block_size=BS
+        f"tcp://*:{port}", f"tcp://127.0.0.1:{replay}", block_size=BS
     )
 
     async def scenario() -> None:

@@ -104,7 +104,8 @@ class ServerArgs:
         None,
         "publish what the prefix cache stores and drops as vLLM's KV events (ZMQ PUB, msgpack) "
         "on this endpoint, e.g. tcp://*:5557, for llm-d's KV-cache indexer, Dynamo or "
-        "'radixserve router --prefix-source events' (default: off)",
+        "'radixserve router --prefix-source events'; bound when its host is a wildcard (or "
+        "ipc://), else connected to, e.g. tcp://epp:5557 (vLLM's rule) (default: off)",
     )
     kv_events_replay_endpoint: str | None = option(
         None,
@@ -113,6 +114,11 @@ class ServerArgs:
     )
     kv_events_block_size: int = option(
         16, "tokens per block in KV events (and in the cache_config_info metric)"
+    )
+    kv_events_topic: str = option(
+        "",
+        "the topic frame of every KV event message; llm-d's indexer reads the pod from it "
+        "(kv@POD_IP@MODEL) when the workers connect to its endpoint",
     )
     kv_host_memory: float | None = option(
         None,

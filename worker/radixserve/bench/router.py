@@ -345,7 +345,7 @@ def started_workers(
         ServerProcess(
             [
                 *serve_args,
-                *(["--kv-events-endpoint", f"tcp://127.0.0.1:{free_port()}"] * kv_events),
+                *(["--kv-events-endpoint", f"tcp://*:{free_port()}"] * kv_events),
             ],
             log_dir / f"worker-{i}.log" if log_dir else None,
         )

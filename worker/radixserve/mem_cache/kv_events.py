@@ -55,6 +55,11 @@ _POLL_S = 0.02
 _Update = tuple[str, tuple[int, ...], int, str]
 
 
+def binds(endpoint: str) -> bool:
+    """vLLM's rule: bind a wildcard address or a local transport, connect to anything else."""
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
 def block_event(
     kind: str, tokens: tuple[int, ...], start: int, medium: str, block_size: int
 ) -> BlockStored | BlockRemoved | None:
@@ -100,7 +105,10 @@ class KVEventPublisher:
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
         self._pub.set_hwm(SEND_HWM)
-        self._pub.bind(endpoint)
+        if binds(endpoint):
+            self._pub.bind(endpoint)
+        else:  # a consumer's bound endpoint (llm-d's EPP): the publisher dials it
+            self._pub.connect(endpoint)
         self._replay: zmq.Socket | None = None
         if replay_endpoint:
             self._replay = self._ctx.socket(zmq.ROUTER)

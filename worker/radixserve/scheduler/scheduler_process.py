@@ -225,6 +225,7 @@ def run_scheduler_process(
                     server_args.kv_events_endpoint,
                     server_args.kv_events_replay_endpoint,
                     server_args.kv_events_block_size,
+                    server_args.kv_events_topic,
                 )
             )
         if scheduler.worker.device.type == "cuda":  # the CPU's torch code compiles nothing
