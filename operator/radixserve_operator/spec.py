@@ -28,6 +28,7 @@ SCHEDULE_POLICIES = _WORKER_CHOICES["schedule_policy"]
 # --speculative-method (speculative decoding), and the most tokens it proposes per step
 SPECULATIVE_METHODS = _WORKER_CHOICES["speculative_method"]
 MAX_SPECULATIVE_TOKENS = 16
+DRAFT_MODEL_WITH_DRAFT = "speculative.draftModel goes with method draft, and only with it"
 # what the model serves (--task): auto (read from the checkpoint), generate, embed, rerank
 MODEL_TASKS = _WORKER_CHOICES["task"]
 _SECRET_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
@@ -92,6 +93,8 @@ class Speculative:
 
     method: str
     num_tokens: int | None = None  # --speculative-num-tokens; the worker's default when unset
+    # method draft: the proposing model, fetched like spec.model (hf://, file://, builtin:)
+    draft_model: ModelSource | None = None
 
 
 @dataclass(frozen=True)
@@ -308,7 +311,15 @@ def _parse_speculative(engine: Mapping[str, Any]) -> Speculative | None:
         raise InvalidSpecError(
             f"spec.engine.speculative.numTokens must be at most {MAX_SPECULATIVE_TOKENS}"
         )
-    return Speculative(method, num_tokens)
+    uri = raw.get("draftModel")
+    if (method == "draft") != (uri is not None):
+        raise InvalidSpecError(DRAFT_MODEL_WITH_DRAFT)
+    draft = None if uri is None else _parse_model_uri(str(uri), "")
+    if draft is not None and draft.scheme == "pvc":
+        raise InvalidSpecError(
+            "spec.engine.speculative.draftModel: pvc:// is not supported (hf://, file:///, builtin:)"
+        )
+    return Speculative(method, num_tokens, draft)
 
 
 def _parse_engine(raw: Mapping[str, Any]) -> Engine:

@@ -12,7 +12,10 @@
 #   exceeds the ratio).
 # - batch: 64 requests at once (half copy-heavy), speculation on (the adaptive switch turns it
 #   off at this size) against off: never slower (>= 0.98x, run-to-run noise).
-# - draft: not built yet (SKIP).
+# - draft: the same request with --speculative-method draft, DRAFT_MODEL proposing (default the
+#   target itself: no same-tokenizer pair of real weights is on the device; a draft that is the
+#   target accepts everything, so the line shows the draft step's cost against the speed-up):
+#   acceptance length and net speed-up, measured (PASS: faster than no speculation).
 # - speculation off within 2% of main: the off path is main's decode path; compare trees with
 #   scripts/gpu/latency_ab.sh (e.g. `git archive d9ca645~1 worker | tar -x -C ab-base`).
 # Usage (device tool, carry [".whl"], plus a GGUF part per call as GPU_NOTES says):
@@ -45,5 +48,11 @@ echo "=== batch $(date +%T)"
 timeout "$(limit 150)" $BENCH batch "$MODEL_8B" --device "$DEVICE" --tokens "${BATCH_TOKENS:-128}" \
   --json "$OUT/spec-batch.json" 2>&1 | grep -E "batch|Error|error" | tail -3
 
-echo "draft SKIP: --speculative-method draft is not built"
+echo "=== draft $(date +%T)"
+if [ -n "${SMOLLM2_GGUF:-}" ] && [ ! -f "$SMOLLM2_GGUF" ]; then
+  echo "draft SKIP: $SMOLLM2_GGUF is not there"
+else
+  timeout "$(limit 150)" $BENCH draft "$SMOLLM2" --draft "${DRAFT_MODEL:-$SMOLLM2}" --device "$DEVICE" \
+    --tokens "$TOKENS" --json "$OUT/spec-draft.json" 2>&1 | grep -E "draft|Error|error" | tail -3
+fi
 echo "=== done $(date +%T)"

@@ -6,6 +6,7 @@ rejected proposals are all given back."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import jsonschema
@@ -212,3 +213,36 @@ def test_bundled_model_json_schema_and_stop_strings_in_one_batch(smollm2):
     hf = build_hf_reference(source)
     assert plain["r0"]["ids"] == hf_greedy(hf, prompts[0], 24, eos=True)[: len(plain["r0"]["ids"])]
     assert scheduler.get_server_info()["spec_accepted_tokens"] >= 8
+
+
+@pytest.mark.parametrize(
+    ("draft", "all_accepted"),
+    [("random:tiny-llama", True), ("random:tiny-qwen2", False)],
+    ids=["itself", "another-model"],
+)
+def test_draft_model_proposals(tiny_llama, draft, all_accepted):
+    """--speculative-method draft: the target drafting for itself has every proposal accepted;
+    a draft that agrees with nothing changes no token either. Both KV pools are all back."""
+    source, hf = tiny_llama
+    prompts = random_prompts(6, source.config.vocab_size, 10, 40, seed=3)
+    prompts += [prompts[0] + prompts[1][:5]]
+    scheduler = make_scheduler(
+        "random:tiny-llama",
+        source,
+        chunked_prefill_size=16,
+        speculative_method="draft",
+        speculative_draft_model=draft,
+        speculative_draft_max_tokens=2048,
+    )
+    results = run(scheduler, prompts, [greedy(20)] * len(prompts))
+    check_against_hf(hf, prompts, results, 20)
+    info = scheduler.get_server_info()
+    assert info["spec_proposed_tokens"] > 0
+    assert (info["spec_accepted_tokens"] == info["spec_proposed_tokens"]) == all_accepted
+    assert_memory_back(scheduler)
+    proposer = scheduler.speculator.proposer
+    del results
+    gc.collect()  # finished requests are released by their finalizers, applied at a step
+    proposer.propose([], [], [])
+    assert proposer.runner.allocator.available_size() == proposer.runner.max_total_tokens
+    assert not proposer.rows

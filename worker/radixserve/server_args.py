@@ -148,8 +148,9 @@ class ServerArgs:
     tp_size: int = option(1, "tensor-parallel ranks (one GPU each)")
     speculative_method: str | None = option(
         None,
-        "speculative decoding: ngram (prompt lookup over the request's own prompt and output); "
-        "the target checks the proposed tokens in one pass, so the output is what it would be "
+        "speculative decoding: ngram (prompt lookup over the request's own prompt and output) "
+        "or draft (a small model with the same tokenizer, --speculative-draft-model); the "
+        "target checks the proposed tokens in one pass, so the output is what it would be "
         "without (default: off)",
     )
     speculative_num_tokens: int = option(
@@ -160,6 +161,12 @@ class ServerArgs:
     )
     speculative_ngram_max: int = option(
         5, "ngram: the longest suffix looked up (the longest match is tried first)"
+    )
+    speculative_draft_model: str | None = option(
+        None, "draft: the proposing model, any value --model takes (the same tokenizer)"
+    )
+    speculative_draft_max_tokens: int = option(
+        65536, "draft: the draft model's KV pool, in tokens (its own, beside the target's)"
     )
     speculative_max_batch_size: int = option(
         16,
@@ -365,6 +372,12 @@ class ServerArgs:
         method = self.speculative_method
         if method is not None and method not in SPECULATIVE_METHODS:
             raise ValueError(f"--speculative-method must be one of {SPECULATIVE_METHODS}")
+        if (method == "draft") != (self.speculative_draft_model is not None):
+            raise ValueError(
+                "--speculative-draft-model goes with --speculative-method draft, and only with it"
+            )
+        if self.speculative_draft_max_tokens < 1:
+            raise ValueError("--speculative-draft-max-tokens must be positive")
         if not 1 <= self.speculative_num_tokens <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"--speculative-num-tokens must be in [1, {MAX_SPECULATIVE_TOKENS}]")
         if not 1 <= self.speculative_ngram_min <= self.speculative_ngram_max:
@@ -401,7 +414,7 @@ class ServerArgs:
 
 SECRET_FIELDS = ("api_key", "admin_api_key")
 # --speculative-method's values, and the most tokens one step may propose per request
-SPECULATIVE_METHODS = ("ngram",)
+SPECULATIVE_METHODS = ("ngram", "draft")
 MAX_SPECULATIVE_TOKENS = 16
 
 

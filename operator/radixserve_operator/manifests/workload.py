@@ -98,6 +98,7 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--kv-host-memory", engine.kv_host_memory),
         ("--speculative-method", engine.speculative and engine.speculative.method),
         ("--speculative-num-tokens", engine.speculative and engine.speculative.num_tokens),
+        ("--speculative-draft-model", _draft_model_argument(engine)),
     ]
     if engine.kv_events is not None:
         replay = engine.kv_events.replay_port
@@ -112,6 +113,12 @@ def _engine_args(engine: Engine) -> list[str]:
         "--disable-overlap": not engine.overlap_schedule,
     }
     return cli_flags(valued) + [flag for flag, on in switches.items() if on]
+
+
+def _draft_model_argument(engine: Engine) -> str | None:
+    """--speculative-draft-model: the draft, named as --model names the base model."""
+    draft = engine.speculative.draft_model if engine.speculative else None
+    return None if draft is None else _model_argument(draft)
 
 
 def _model_argument(model: ModelSource) -> str:

@@ -59,6 +59,14 @@ def test_crd_defaults_are_the_operators_defaults(example: dict[str, Any]) -> Non
 
 
 INVALID_SPECS = {
+    "draft without its model": (
+        {"engine": {"speculative": {"method": "draft"}}},
+        "speculative.draftModel goes with method draft, and only with it",
+    ),
+    "a draft model without method draft": (
+        {"engine": {"speculative": {"method": "ngram", "draftModel": "builtin:smollm2-135m"}}},
+        "speculative.draftModel goes with method draft, and only with it",
+    ),
     "replicas with autoscaling": (
         {"replicas": 2, "autoscaling": {"maxReplicas": 3}},
         "set either replicas or autoscaling, not both",

@@ -283,6 +283,14 @@ def test_speculative_decoding_is_worker_flags() -> None:
     assert not any(arg.startswith("--speculative-num-tokens") for arg in args)
     plain = worker_args(parse_spec({"model": model}, name="svc", default_image="img"))
     assert not any(arg.startswith("--speculative") for arg in plain)
+    draft = {"method": "draft", "draftModel": "hf://org/small-draft", "numTokens": 3}
+    spec["engine"]["speculative"] = draft
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert arg_value(args, "--speculative-method") == "draft"
+    assert arg_value(args, "--speculative-draft-model") == "org/small-draft"
+    spec["engine"]["speculative"] = {"method": "draft", "draftModel": "pvc://claim/draft"}
+    with pytest.raises(InvalidSpecError):
+        parse_spec(spec, name="svc", default_image="img")
 
 
 def test_kv_events_reach_the_worker_its_services_and_the_router() -> None:

@@ -208,7 +208,11 @@ class Scheduler:
         self.counters = SchedulerCounters()
         # speculative decoding (off: None, and the decode path is untouched)
         self.speculator = (
-            Speculator(server_args, build_proposer(server_args), self.context_len)
+            Speculator(
+                server_args,
+                build_proposer(server_args, self.max_running_requests),
+                self.context_len,
+            )
             if server_args.speculative_method is not None
             else None
         )

@@ -57,3 +57,6 @@ class NgramProposer:
 
     def on_verified(self, rid: str, proposed: int, accepted: int) -> None:
         """Nothing to roll back: the history is the request's own tokens."""
+
+    def release(self, rid: str) -> None:
+        """Nothing kept per request."""

@@ -6,7 +6,7 @@ tokens it proposes. The verify step never sees the proposer: it scores whatever 
 back and accepts them by the target's own sampling, so a new method (EAGLE-3, MTP heads) is one
 more `Proposer` and touches neither verify.py nor the scheduler. A proposer with state of its
 own per request (a draft model's KV) learns how many of its tokens were kept through
-`on_verified`.
+`on_verified`, and forgets a request in `release`.
 """
 
 from __future__ import annotations
@@ -55,4 +55,8 @@ class Proposer(Protocol):
 
     def on_verified(self, rid: str, proposed: int, accepted: int) -> None:
         """The verify step kept `accepted` of the `proposed` tokens of request `rid`."""
+        ...
+
+    def release(self, rid: str) -> None:
+        """Request `rid` is gone (called from a finalizer: defer the work to `propose`)."""
         ...

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.sampling.penalties import PENALIZER_KINDS
+from radixserve.speculative.draft import DraftProposer
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.proposer import Proposer, TokenHistory
 
@@ -82,10 +83,12 @@ class SpecCounters:
         return out
 
 
-def build_proposer(server_args: ServerArgs) -> Proposer:
-    """The proposer `--speculative-method` names."""
+def build_proposer(server_args: ServerArgs, max_requests: int) -> Proposer:
+    """The proposer `--speculative-method` names (`max_requests`: the target's rows)."""
     if server_args.speculative_method == "ngram":
         return NgramProposer(server_args.speculative_ngram_min, server_args.speculative_ngram_max)
+    if server_args.speculative_method == "draft":
+        return DraftProposer(server_args, max_requests)
     raise ValueError(f"unknown speculative method {server_args.speculative_method!r}")
 
 
@@ -172,6 +175,7 @@ class Speculator:
         if state is None:
             state = RequestSpec(TokenHistory(req.origin_input_ids), self.num_tokens)
             self._state[req] = state
+            weakref.finalize(req, self.proposer.release, req.rid)
         seen = len(state.history) - len(req.origin_input_ids)
         if seen < len(req.output_ids):
             state.history.extend(req.output_ids[seen:])
@@ -191,6 +195,8 @@ class Speculator:
         afterwards: its tokens up to the last kept proposal (those after are given back)."""
         state = self._state.get(req)
         proposed = state.proposed if state is not None else 0
+        if state is not None:
+            self.proposer.on_verified(req.rid, proposed, accepted)
         if state is not None and proposed:
             self.counters.proposed_tokens += proposed
             self.counters.accepted_tokens += accepted
@@ -203,7 +209,6 @@ class Speculator:
             elif state.acceptance < LOW_ACCEPTANCE:
                 state.budget //= 2
             state.proposed = 0
-            self.proposer.on_verified(req.rid, proposed, accepted)
         # KV was written for the last token before the step and each proposal; the emitted
         # tokens past the accepted ones (the target's own) have none yet
         before = req.seqlen - emitted  # tokens before the step (its last one included)

@@ -1,0 +1,174 @@
+"""Draft-model proposer (`--speculative-method draft`): a small model with the target's
+tokenizer proposes k tokens per request, greedily, one decode step at a time.
+
+It runs on our own model runner (`ModelRunner`: its own request rows, KV pool and allocator,
+and CUDA graphs for its decode steps on the GPU), sized by `--speculative-draft-max-tokens`.
+Per request it keeps the draft KV of the tokens it has seen; a step first extends it over the
+request's tokens it has not seen (its prompt at the first step; then the target's bonus token
+and the last one), whose last logits give the first proposal, then decodes the rest. After the
+verify step the KV of its rejected proposals is given back (`on_verified`), and a finished
+request's row and KV go when the speculator lets go of it (`release`, applied at the next
+step: a release may come from the garbage collector at any moment).
+
+Greedy proposals are a point mass, which the verify step's acceptance rule needs
+(speculative/verify.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from radixserve.forward.mode import ForwardMode
+from radixserve.forward.worker_batch import ModelWorkerBatch
+from radixserve.kernels.argmax import argmax
+from radixserve.model_executor.model_runner import ModelRunner
+from radixserve.model_loader.loader import load_model_source_for
+from radixserve.server_args import ServerArgs
+from radixserve.speculative.proposer import TokenHistory
+
+
+@dataclass
+class DraftRow:
+    """One request's draft KV: its row of the draft's req_to_token, and how many tokens of its
+    history have KV there; `base`: its history's length at the last proposal."""
+
+    row: int
+    kv_len: int = 0
+    base: int = 0
+    # proposals made and not yet verified (a step that dropped them never verifies them: their
+    # KV goes at the next proposal)
+    unverified: bool = False
+
+
+class DraftProposer:
+    def __init__(self, server_args: ServerArgs, max_requests: int) -> None:
+        args = dataclasses.replace(
+            server_args,
+            model=server_args.speculative_draft_model,
+            speculative_method=None,
+            speculative_draft_model=None,
+            max_total_tokens=server_args.speculative_draft_max_tokens,
+            max_running_requests=max_requests,
+        )
+        self.runner = ModelRunner(args, load_model_source_for(args))
+        self.rows: dict[str, DraftRow] = {}
+        self._released: list[str] = []
+
+    def propose(
+        self, rids: Sequence[str], histories: Sequence[TokenHistory], budgets: Sequence[int]
+    ) -> list[list[int]]:
+        self._apply_releases()
+        chosen = [i for i, rid in enumerate(rids) if self._row(rid, len(histories[i])) is not None]
+        need = sum(len(histories[i]) - self.rows[rids[i]].kv_len + budgets[i] - 1 for i in chosen)
+        if not chosen or need > self.runner.allocator.available_size():
+            return [[] for _ in rids]
+        proposals: list[list[int]] = [[] for _ in rids]
+        firsts = self._extend([rids[i] for i in chosen], [histories[i] for i in chosen])
+        for i, token in zip(chosen, firsts, strict=True):
+            proposals[i].append(token)
+        for step in range(1, max(budgets[i] for i in chosen)):
+            going = [i for i in chosen if budgets[i] > step]
+            tokens = self._decode([rids[i] for i in going], [proposals[i][-1] for i in going])
+            for i, token in zip(going, tokens, strict=True):
+                proposals[i].append(token)
+        return proposals
+
+    def _row(self, rid: str, length: int) -> DraftRow | None:
+        """The request's draft row (a new one if free), its KV short of the last token."""
+        state = self.rows.get(rid)
+        if state is None:
+            rows = self.runner.req_to_token_pool.alloc(1)
+            if rows is None:
+                return None
+            state = self.rows[rid] = DraftRow(rows[0])
+        if state.unverified:
+            self._truncate(state, state.base)
+            state.unverified = False
+        if state.kv_len >= length:  # nothing new to extend over: recompute the last token
+            self._truncate(state, length - 1)
+        return state
+
+    def _extend(self, rids: list[str], histories: list[TokenHistory]) -> list[int]:
+        """One extend over each request's unseen tokens; the draft's next token for each."""
+        states = [self.rows[rid] for rid in rids]
+        new = [h.view()[s.kv_len :] for s, h in zip(states, histories, strict=True)]
+        lens = [len(t) for t in new]
+        slots = self.runner.allocator.alloc(sum(lens))
+        self.runner.req_to_token_pool.write_batch(
+            [s.row for s in states], [s.kv_len for s in states], list(slots.split(lens))
+        )
+        prefix = [s.kv_len for s in states]
+        for state, n, h in zip(states, lens, histories, strict=True):
+            state.kv_len += n
+            state.base = len(h)
+            state.unverified = True
+        batch = ModelWorkerBatch(
+            forward_mode=ForwardMode.EXTEND,
+            input_ids=torch.from_numpy(np.concatenate(new).astype(np.int64)),
+            req_pool_indices=torch.tensor([s.row for s in states], dtype=torch.int64),
+            seq_lens=torch.tensor([s.kv_len for s in states], dtype=torch.int64),
+            seq_lens_sum=sum(s.kv_len for s in states),
+            out_cache_loc=slots,
+            sampling_info=None,
+            extend_seq_lens=lens,
+            extend_prefix_lens=prefix,
+        )
+        return self._greedy(batch)
+
+    def _decode(self, rids: list[str], tokens: list[int]) -> list[int]:
+        """One decode step of the given requests, fed their last proposals."""
+        states = [self.rows[rid] for rid in rids]
+        slots = self.runner.allocator.alloc(len(states))
+        self.runner.req_to_token_pool.write_columns(
+            [s.row for s in states], [s.kv_len for s in states], slots, stored_by_pass=True
+        )
+        for state in states:
+            state.kv_len += 1
+        batch = ModelWorkerBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=torch.tensor(tokens, dtype=torch.int64),
+            req_pool_indices=torch.tensor([s.row for s in states], dtype=torch.int64),
+            seq_lens=torch.tensor([s.kv_len for s in states], dtype=torch.int64),
+            seq_lens_sum=sum(s.kv_len for s in states),
+            out_cache_loc=slots,
+            sampling_info=None,
+        )
+        return self._greedy(batch)
+
+    @torch.inference_mode()
+    def _greedy(self, batch: ModelWorkerBatch) -> list[int]:
+        runner = self.runner
+        out = runner.forward(batch, runner.future_tokens.reserve(len(batch.seq_lens)))
+        ids = out.greedy_ids if out.greedy_ids is not None else argmax(out.logits)
+        return ids.tolist()  # the proposals are the host's: one sync per draft step
+
+    def on_verified(self, rid: str, proposed: int, accepted: int) -> None:
+        """Keep the KV of the request's last token and its accepted proposals (the last
+        proposal was never fed to the draft); give the rest back."""
+        state = self.rows.get(rid)
+        if state is not None and state.unverified:
+            self._truncate(state, state.base + min(accepted, max(proposed - 1, 0)))
+            state.unverified = False
+
+    def release(self, rid: str) -> None:
+        """The request is gone: its row and KV are freed at the next step."""
+        self._released.append(rid)
+
+    def _apply_releases(self) -> None:
+        released, self._released = self._released, []
+        for rid in released:
+            state = self.rows.pop(rid, None)
+            if state is not None:
+                self._truncate(state, 0)
+                self.runner.req_to_token_pool.free(state.row)
+
+    def _truncate(self, state: DraftRow, kv_len: int) -> None:
+        if kv_len < state.kv_len:
+            row = self.runner.req_to_token_pool.read(state.row, state.kv_len)
+            self.runner.allocator.free(row[kv_len:])
+            state.kv_len = kv_len
