@@ -87,14 +87,20 @@ def test_more_adapters_than_slots_wait_and_stay_correct(setup):
 def test_dynamic_load_unload_reload(setup):
     source, _, dirs, prompts, expected = setup
     scheduler = lora_scheduler(source, {}, max_loras=2)
-    reply = scheduler.dispatch(LoRAAdapterReq("beta", str(dirs["beta"])))
-    assert reply.success and reply.adapters == {"beta": str(dirs["beta"])}
+    # the admin endpoint's path: read off the step loop, answered by pop_replies
+    assert scheduler.dispatch(LoRAAdapterReq("beta", str(dirs["beta"]), req_id="x")) is None
+    replies = []
+    while not replies:
+        scheduler.step()
+        replies = scheduler.pop_replies()
+    (reply,) = replies
+    assert reply.success and reply.adapters == {"beta": str(dirs["beta"])} and reply.req_id == "x"
     assert run(scheduler, [("beta", prompts[1]), (None, prompts[1])]) == [
         expected["beta"][1],
         expected[None][1],
     ]
-    assert scheduler.dispatch(LoRAAdapterReq("beta")).success
-    assert not scheduler.dispatch(LoRAAdapterReq("beta")).success  # not loaded any more
+    assert scheduler.change_lora_adapters(LoRAAdapterReq("beta")).success
+    assert not scheduler.change_lora_adapters(LoRAAdapterReq("beta")).success  # not loaded any more
     scheduler.handle_generate_request(
         TokenizedGenerateReqInput(
             rid="gone", input_ids=prompts[1], sampling_params=greedy(2), lora_name="beta"
@@ -103,9 +109,9 @@ def test_dynamic_load_unload_reload(setup):
     (out,) = scheduler.pop_outputs()
     assert out.finished_reason["type"] == "error" and "beta" in out.finished_reason["message"]
     # the same name, now another adapter's weights: the old prefix KV is not reused
-    assert scheduler.dispatch(LoRAAdapterReq("beta", str(dirs["gamma"]))).success
+    assert scheduler.change_lora_adapters(LoRAAdapterReq("beta", str(dirs["gamma"]))).success
     assert run(scheduler, [("beta", prompts[1])]) == [expected["gamma"][1]]
-    assert scheduler.dispatch(LoRAAdapterReq("beta", str(dirs["beta"]))).success
+    assert scheduler.change_lora_adapters(LoRAAdapterReq("beta", str(dirs["beta"]))).success
     assert run(scheduler, [("beta", prompts[2])]) == [expected["beta"][2]]
 
 
@@ -183,7 +189,7 @@ def test_bad_adapters_are_refused_and_disturb_nothing(setup, tmp_path, breakage,
         weights.unlink()
     elif breakage == "corrupt":
         weights.write_bytes(weights.read_bytes()[:40])
-    reply = scheduler.dispatch(LoRAAdapterReq("bad", str(bad)))
+    reply = scheduler.change_lora_adapters(LoRAAdapterReq("bad", str(bad)))
     assert not reply.success and message in reply.message, reply.message
     assert reply.adapters == {"alpha": str(dirs["alpha"])}
     assert run(scheduler, [("alpha", prompts[0])]) == [expected["alpha"][0]]

@@ -70,10 +70,12 @@ class FlushCacheReq:
 
 @dataclass
 class LoRAAdapterReq:
-    """Load (`path` given) or unload (`path` None) the LoRA adapter `name`."""
+    """Load (`path` given) or unload (`path` None) the LoRA adapter `name`; the reply carries
+    `req_id` back (a load's reply comes when its read ends, maybe after later replies)."""
 
     name: str
     path: str | None = None
+    req_id: str = ""
 
 
 @dataclass
@@ -83,6 +85,7 @@ class LoRAAdapterReqOutput:
     success: bool
     message: str = ""
     adapters: dict[str, str] = field(default_factory=dict)
+    req_id: str = ""
 
 
 @dataclass

@@ -239,7 +239,7 @@ class TokenizerManager:
         self._states: dict[str, _RequestState] = {}
         self._flush_replies: deque[asyncio.Future] = deque()
         self._info_replies: deque[asyncio.Future] = deque()
-        self._lora_replies: deque[asyncio.Future] = deque()
+        self._lora_replies: dict[str, asyncio.Future] = {}  # by LoRAAdapterReq.req_id
         # the LoRA adapters served (name -> path): the scheduler's word after each change
         self.lora_adapters: dict[str, str] = {}
         self._scheduler_error: str | None = None
@@ -312,7 +312,7 @@ class TokenizerManager:
             self._scheduler_error = message
         for state in self._states.values():
             state.outputs.put_nowait(SchedulerUnavailableError(message))
-        for future in (*self._flush_replies, *self._info_replies, *self._lora_replies):
+        for future in (*self._flush_replies, *self._info_replies, *self._lora_replies.values()):
             if not future.done():
                 future.set_exception(SchedulerUnavailableError(message))
 
@@ -349,7 +349,9 @@ class TokenizerManager:
         elif isinstance(message, GetServerInfoReqOutput):
             _resolve_next(self._info_replies, message)
         elif isinstance(message, LoRAAdapterReqOutput):
-            _resolve_next(self._lora_replies, message)
+            future = self._lora_replies.pop(message.req_id, None)
+            if future is not None and not future.done():
+                future.set_result(message)
         else:
             logger.warning("ignoring unexpected message from the scheduler: %r", type(message))
 
@@ -749,12 +751,13 @@ class TokenizerManager:
     async def change_lora_adapter(self, name: str, path: str | None) -> LoRAAdapterReqOutput:
         """Load (`path`) or unload (None) a LoRA adapter in the scheduler; on success the
         adapters served are the scheduler's list."""
+        req_id = uuid.uuid4().hex
         future = asyncio.get_running_loop().create_future()
-        self._lora_replies.append(future)
+        self._lora_replies[req_id] = future
         try:
-            self._send(LoRAAdapterReq(name, path))
+            self._send(LoRAAdapterReq(name, path, req_id))
         except SchedulerUnavailableError:
-            self._lora_replies.remove(future)
+            self._lora_replies.pop(req_id, None)
             raise
         reply: LoRAAdapterReqOutput = await future
         if reply.success:

@@ -218,6 +218,8 @@ class Scheduler:
         )
         self.kv_events: KVEventPublisher | None = None
         self.lora: LoRAManager | None = getattr(worker, "lora", None)
+        # admin loads being read on the LoRA manager's thread (pop_replies answers them)
+        self._lora_loads: list[tuple[LoRAAdapterReq, concurrent.futures.Future]] = []
         for name, path in server_args.lora_module_paths().items():
             assert self.lora is not None
             self.lora.add(name, self.lora.read(path))  # a bad adapter fails the start
@@ -444,22 +446,44 @@ class Scheduler:
             **(self.lora.info() if self.lora is not None else {}),
         }
 
-    def change_lora_adapters(self, msg: LoRAAdapterReq) -> LoRAAdapterReqOutput:
-        """Load or unload an adapter (the admin endpoints). A load reads and checks the files
-        here, on the scheduler's thread, and fails alone: nothing served changes."""
+    def change_lora_adapters(
+        self, msg: LoRAAdapterReq, wait: bool = True
+    ) -> LoRAAdapterReqOutput | None:
+        """Load or unload an adapter (the admin endpoints). A load that cannot be served fails
+        alone: nothing served changes. With `wait` False a load is read and checked on the
+        LoRA manager's thread while the steps go on: None now, its reply from `pop_replies`."""
         if self.lora is None:
-            return LoRAAdapterReqOutput(False, "LoRA is off: start the server with --max-loras")
+            message = "LoRA is off: start the server with --max-loras"
+            return LoRAAdapterReqOutput(False, message, req_id=msg.req_id)
         if msg.path is None:
             if not self.lora.remove(msg.name):
-                return LoRAAdapterReqOutput(
-                    False, f"the LoRA adapter {msg.name!r} is not loaded", self.lora.served()
-                )
-        else:
-            try:
-                self.lora.add(msg.name, self.lora.read(msg.path))
-            except LoRALoadError as exc:
-                return LoRAAdapterReqOutput(False, str(exc), self.lora.served())
-        return LoRAAdapterReqOutput(True, "", self.lora.served())
+                message = f"the LoRA adapter {msg.name!r} is not loaded"
+                return LoRAAdapterReqOutput(False, message, self.lora.served(), msg.req_id)
+            return LoRAAdapterReqOutput(True, "", self.lora.served(), msg.req_id)
+        future = self.lora.read_async(msg.path)
+        if not wait:
+            self._lora_loads.append((msg, future))
+            return None
+        concurrent.futures.wait([future])
+        return self._finish_lora_load(msg, future)
+
+    def _finish_lora_load(
+        self, msg: LoRAAdapterReq, future: concurrent.futures.Future
+    ) -> LoRAAdapterReqOutput:
+        assert self.lora is not None
+        try:
+            self.lora.add(msg.name, future.result())
+        except LoRALoadError as exc:
+            return LoRAAdapterReqOutput(False, str(exc), self.lora.served(), msg.req_id)
+        return LoRAAdapterReqOutput(True, "", self.lora.served(), msg.req_id)
+
+    def pop_replies(self) -> list[LoRAAdapterReqOutput]:
+        """The replies of adapter loads whose read has ended (never waits)."""
+        if not self._lora_loads:
+            return []
+        done = [(m, f) for m, f in self._lora_loads if f.done()]
+        self._lora_loads = [(m, f) for m, f in self._lora_loads if not f.done()]
+        return [self._finish_lora_load(m, f) for m, f in done]
 
     def kv_usage(self) -> float:
         """KV held by running or queued requests: neither free nor evictable prefix cache
@@ -532,8 +556,10 @@ class Scheduler:
         if self.speculator is None:
             return False
         flight = self.in_flight
-        joining = len(flight.reqs) if flight.mode.is_extend() else 0
-        return flight.mode.is_verify() or self.speculator.active(len(self.running_batch) + joining)
+        joining = flight.reqs if flight.mode.is_extend() else []
+        return flight.mode.is_verify() or self.speculator.may_propose(
+            self.running_batch.reqs + joining
+        )
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
@@ -990,7 +1016,7 @@ class Scheduler:
         elif isinstance(msg, GetServerInfoReq):
             return GetServerInfoReqOutput(self.get_server_info())
         elif isinstance(msg, LoRAAdapterReq):
-            return self.change_lora_adapters(msg)
+            return self.change_lora_adapters(msg, wait=False)
         else:
             logger.warning("ignoring unknown message %r", type(msg).__name__)
         return None

@@ -421,6 +421,8 @@ def _serve(
             reply = scheduler.dispatch(msg)
             if reply is not None:
                 send_sock.send_pyobj(reply)
+        for reply in scheduler.pop_replies():  # adapter loads read meanwhile
+            send_sock.send_pyobj(reply)
         if watchdog is not None:
             watchdog.feed(busy or bool(messages))
         ran = scheduler.step()
