@@ -37,6 +37,19 @@ def _row_bytes(buffer: torch.Tensor) -> int:
     return buffer[0].numel() * buffer.element_size()
 
 
+def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
+    """A zeroed host buffer; `pinned`: page-locked in place with cudaHostRegister (torch's
+    pin_memory allocates through its caching host allocator, which rounds a block up to a
+    power of two: up to twice the memory asked for)."""
+    buffer = torch.zeros(shape, dtype=dtype)
+    if pinned:
+        nbytes = buffer.numel() * buffer.element_size()
+        status = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, 0)
+        if int(status) != 0:
+            raise RuntimeError(f"cannot page-lock {nbytes >> 20} MiB for the host KV tier")
+    return buffer
+
+
 @dataclass
 class _PendingBackup:
     """A device-to-host copy in flight: its staging rows land in `host_slots` once `done`."""
@@ -58,7 +71,7 @@ class HostKVPool:
         self.size = size
         # row 0 unused, as on the device: host slots are 1..size like device slots
         self._host_buffers = [
-            torch.zeros((size + 1, *b.shape[1:]), dtype=b.dtype, pin_memory=self.is_cuda)
+            _host_buffer((size + 1, *b.shape[1:]), b.dtype, pinned=self.is_cuda)
             for b in self._device_buffers
         ]
         self.allocator = TokenSlotAllocator(size)

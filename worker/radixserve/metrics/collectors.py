@@ -243,8 +243,11 @@ class ServerMetrics:
         for op in ("written", "restored", "dropped"):
             for tier, n in report[op].items():
                 self._kv_tier_bytes.labels(name, tier, op).inc(n)
+        # made by the first report (the start-up probe's), before any restore: a series born
+        # with its first observations would show Prometheus no increase
+        restores = self._kv_restore_seconds.labels(name)
         for seconds in report["restore_seconds"]:
-            self._kv_restore_seconds.labels(name).observe(seconds)
+            restores.observe(seconds)
 
     def count_finished_request(self, finish_reason: str, prompt_tokens: int) -> None:
         self._requests.labels(self._model_name, finish_reason).inc()
