@@ -72,6 +72,7 @@ def chat(client: openai.OpenAI, model: str) -> str:
         max_tokens=5,
         temperature=0,
     )
+    assert reply.model == model or not getattr(client.models.retrieve(model), "parent", None)
     return reply.choices[0].message.content
 
 
@@ -101,6 +102,7 @@ def test_model_selects_the_adapter_in_every_endpoint(served):
         model=base_model, prompt=PROMPT, max_tokens=4, temperature=0
     )
     assert completion.choices[0].text != base_completion.choices[0].text
+    assert completion.model == "poet" and base_completion.model == base_model  # as vLLM names
     body = {"text": PROMPT, "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
     headers = {"Authorization": f"Bearer {API_KEY}"}
     native = requests.post(

@@ -175,7 +175,7 @@ class _MessagesRun:
             "id": self.message_id,
             "type": "message",
             "role": "assistant",
-            "model": self.serving.model_name,
+            "model": self.serving.openai.reply_model(self.req.model),
             "content": content,
             "stop_reason": reason,
             "stop_sequence": sequence,

@@ -124,6 +124,10 @@ class OpenAIServing:
             code="model_not_found",
         )
 
+    def reply_model(self, requested: str) -> str:
+        """The `model` a reply names: the adapter asked for (as vLLM answers), else the base."""
+        return requested if requested in self.tm.lora_adapters else self.model_name
+
     def usage(self, last: dict[int, GenerateChunk], n: int) -> dict[str, Any]:
         """Usage of a request's inputs (n per prompt) from each one's last chunk."""
         prompt_tokens = cached = completion = 0
@@ -298,12 +302,12 @@ class _CompletionRun:
             for i, whole in enumerate(wholes)
         ]
         usage = self.serving.usage({i: w.last for i, w in enumerate(wholes)}, self.req.n)
-        return responses.completion_response(
-            self.response_id, self.serving.model_name, choices, usage
-        )
+        model = self.serving.reply_model(self.req.model)
+        return responses.completion_response(self.response_id, model, choices, usage)
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        req, model = self.req, self.serving.model_name
+        req = self.req
+        model = self.serving.reply_model(req.model)
         last: dict[int, GenerateChunk] = {}
         offsets: dict[int, int] = {}
         stream = self.serving.generate(self.inputs, self.observe)
@@ -352,7 +356,8 @@ class _ChatRun:
             for i, whole in enumerate(wholes)
         ]
         usage = self.serving.usage({i: w.last for i, w in enumerate(wholes)}, self.req.n)
-        return responses.chat_response(self.response_id, self.serving.model_name, choices, usage)
+        model = self.serving.reply_model(self.req.model)
+        return responses.chat_response(self.response_id, model, choices, usage)
 
     def _choice(self, index: int, text: str, logprobs: list, last: GenerateChunk) -> dict[str, Any]:
         output = self.outputs[index]
@@ -372,7 +377,8 @@ class _ChatRun:
         return responses.chat_choice(index, message, self._logprobs(logprobs), finish)
 
     async def events(self) -> AsyncIterator[dict[str, Any]]:
-        req, model = self.req, self.serving.model_name
+        req = self.req
+        model = self.serving.reply_model(req.model)
         last: dict[int, GenerateChunk] = {}
         stream = self.serving.generate(self.inputs, self.observe)
         async with contextlib.aclosing(stream):
