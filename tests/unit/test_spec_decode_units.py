@@ -14,8 +14,10 @@ from hypothesis import strategies as st
 
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.server_args import ServerArgs
 from radixserve.speculative.ngram import lookup
 from radixserve.speculative.proposer import TokenHistory
+from radixserve.speculative.speculator import PROBE_AFTER_STEPS, Speculator
 from radixserve.speculative.verify import verify
 
 
@@ -131,3 +133,63 @@ def test_sampled_rows_keep_the_target_distribution():
     keep = p2.numpy() > 0
     stat2 = (((bonus - p2.numpy() * m) ** 2)[keep] / (p2.numpy() * m)[keep]).sum()
     assert stat2 < chi_square_upper(int(keep.sum()) - 1)
+
+
+class _SpecReq:
+    def __init__(self, rid: str) -> None:
+        self.rid = rid
+        self.origin_input_ids = [1, 2, 3]
+        self.output_ids = [4]
+        self.sampling_params = SamplingParams(max_new_tokens=1000, temperature=0.0)
+        self.grammar = None
+        self.future_id = None
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+
+class _Fixed:
+    """Proposes `tokens` (possibly none) for every request."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+
+    def propose(self, rids, histories, budgets):
+        return [self.tokens[:b] for b in budgets]
+
+    def on_verified(self, rid, proposed, accepted):
+        pass
+
+    def release(self, rid):
+        pass
+
+
+def test_speculation_turns_itself_down_and_probes_again():
+    """Proposals that never match (or none at all) halve a request's budget down to zero; then
+    the request needs no synced step (overlap goes on) until a one-token probe is due."""
+    args = ServerArgs(speculative_method="ngram", speculative_max_batch_size=4)
+    for proposer in (_Fixed([9, 9, 9, 9]), _Fixed([])):
+        spec = Speculator(args, proposer, context_len=4096)
+        req = _SpecReq("a")
+        assert spec.may_propose([req])
+        budgets = []
+        for _ in range(12):
+            drafts = spec.plan([req], spare_slots=100)
+            budgets.append(len(drafts[0]) if drafts else 0)
+            if drafts:
+                req.output_ids.append(5)
+                spec.settle(req, emitted=1, accepted=0)
+        assert budgets[0] == (4 if proposer.tokens else 0) and 0 in budgets
+        turned_down = budgets.index(0) if proposer.tokens else 0
+        assert all(b == 0 for b in budgets[turned_down:])
+        quiet = 0  # plain steps (no sync needed) until the probe is due
+        while not spec.may_propose([req]):
+            assert spec.plan([req], spare_slots=100) is None
+            quiet += 1
+            assert quiet < PROBE_AFTER_STEPS
+        assert quiet > 0
+        probe = spec.plan([req], spare_slots=100)
+        assert probe == ([[9]] if proposer.tokens else None)
+        fresh = _SpecReq("b")
+        assert spec.may_propose([fresh] * 4) and not spec.may_propose([fresh] * 5)  # batch limit

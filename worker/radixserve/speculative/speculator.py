@@ -156,6 +156,8 @@ class Speculator:
         )
         drafts: list[list[int]] = [[] for _ in reqs]
         for i, tokens in zip(chosen, proposals, strict=True):
+            if not tokens:  # no guess: counted as a proposal all rejected
+                self._learn(self._state[reqs[i]], budgets[i], 0)
             tokens = list(tokens[: max(spare_slots, 0)])
             if reqs[i].grammar is not None:
                 tokens = grammar_prefix(reqs[i].grammar, tokens)
@@ -167,27 +169,51 @@ class Speculator:
                 state.proposed = len(tokens)
         return drafts if any(drafts) else None
 
+    def may_propose(self, reqs: Sequence[Req]) -> bool:
+        """Whether some of these requests may propose at the next step, which then needs their
+        tokens so far (the scheduler resolves the batch in flight first). A request turned down
+        to no proposals does not, until its probe is due: then overlap goes on."""
+        if not self.active(len(reqs)):
+            return False
+        for req in reqs:
+            if speculates_exactly(req):
+                state = self._state.get(req)
+                if state is None or state.budget or state.idle_steps + 1 >= PROBE_AFTER_STEPS:
+                    return True
+        return False
+
     def _budget(self, req: Req) -> int:
         """How many tokens this request may propose now (0: none)."""
-        if req.future_id is not None or not speculates_exactly(req):
+        if not speculates_exactly(req):
             return 0
         state = self._state.get(req)
         if state is None:
             state = RequestSpec(TokenHistory(req.origin_input_ids), self.num_tokens)
             self._state[req] = state
             weakref.finalize(req, self.proposer.release, req.rid)
+        if state.budget == 0:
+            state.idle_steps += 1
+            if state.idle_steps < PROBE_AFTER_STEPS or req.future_id is not None:
+                return 0
+            state.budget, state.idle_steps, state.acceptance = 1, 0, LOW_ACCEPTANCE
+        if req.future_id is not None:  # its last token is still in flight
+            return 0
         seen = len(state.history) - len(req.origin_input_ids)
         if seen < len(req.output_ids):
             state.history.extend(req.output_ids[seen:])
-        if state.budget == 0:
-            state.idle_steps += 1
-            if state.idle_steps < PROBE_AFTER_STEPS:
-                return 0
-            state.budget, state.idle_steps, state.acceptance = 1, 0, LOW_ACCEPTANCE
         # the last emitted token may be the (max_new_tokens)-th: proposals past it are waste
         left = req.sampling_params.max_new_tokens - len(req.output_ids) - 1
         room = self.context_len - req.seqlen - 1
         return max(0, min(state.budget, left, room))
+
+    def _learn(self, state: RequestSpec, proposed: int, accepted: int) -> None:
+        """Adapt the request's budget: up by one after a step that kept everything, halved
+        while its average acceptance is low."""
+        state.acceptance += ACCEPT_EMA_WEIGHT * (accepted / proposed - state.acceptance)
+        if accepted == proposed:
+            state.budget = min(self.num_tokens, state.budget + 1)
+        elif state.acceptance < LOW_ACCEPTANCE:
+            state.budget //= 2
 
     def settle(self, req: Req, emitted: int, accepted: int) -> int:
         """A verify step kept `accepted` proposals of `req` and it took `emitted` tokens of the
@@ -203,11 +229,7 @@ class Speculator:
             self.counters.acceptance_lengths.append(accepted + 1)
             self.total.proposed_tokens += proposed
             self.total.accepted_tokens += accepted
-            state.acceptance += ACCEPT_EMA_WEIGHT * (accepted / proposed - state.acceptance)
-            if accepted == proposed:
-                state.budget = min(self.num_tokens, state.budget + 1)
-            elif state.acceptance < LOW_ACCEPTANCE:
-                state.budget //= 2
+            self._learn(state, proposed, accepted)
             state.proposed = 0
         # KV was written for the last token before the step and each proposal; the emitted
         # tokens past the accepted ones (the target's own) have none yet
