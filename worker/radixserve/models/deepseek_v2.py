@@ -28,12 +28,12 @@ dropped. One GPU (no tensor parallelism yet); the KV cache in the model dtype.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.modeling_rope_utils import yarn_apply_mscale
 
 from radixserve.catalog.architectures import UnsupportedModelError
 from radixserve.catalog.model_layouts import check_layout as check_config_layout
@@ -108,7 +108,7 @@ class DeepseekMLA(nn.Module):
         self.rotary = rotary
         self.interleaved = bool(getattr(config, "rope_interleave", True))
         params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
-        self.scaling = yarn_apply_mscale(params, qk_head_dim**-0.5)
+        self.scaling = yarn_softmax_scale(params, qk_head_dim**-0.5)
         # kv_b_proj split per head for the absorbed decode, refreshed after every load (in
         # place: captured graphs hold their addresses): W_UK [H, qk_nope, latent] and W_UV
         # transposed, [H, latent, v_head_dim]
@@ -326,3 +326,16 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
     pass
+
+
+def yarn_softmax_scale(rope_parameters: dict | None, scale: float) -> float:
+    """The softmax scale with YaRN's `mscale_all_dim` folded in twice, as DeepSeek's reference
+    does (`softmax_scale * mscale**2`): MLA scales the non-rotary dims of q·k too. Written out
+    here because transformers grew its own helper for this only in later 5.x releases."""
+    params = rope_parameters or {}
+    factor = params.get("factor", 1.0)
+    mscale_all_dim = params.get("mscale_all_dim", 0)
+    if params.get("rope_type", params.get("type", "default")) == "default" or not mscale_all_dim:
+        return scale
+    mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0 if factor > 1 else 1.0
+    return scale * mscale * mscale
