@@ -94,6 +94,7 @@ class TieredRadixCache(RadixCache):
         self.write_through = write_policy == "write_through"
         self.disk = disk
         self.counters = TierCounters()
+        self._queued_backups: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, host)
         self._disk_bytes_seen = (0, 0)  # the disk store's running totals at the last report
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, event_sink)
 
@@ -308,6 +309,7 @@ class TieredRadixCache(RadixCache):
                 for node in path:
                     if node.host_value is None:  # type: ignore[attr-defined]
                         self._backup(node)
+                self._flush_backups()
             if self.disk is not None:
                 self._write_disk(key, path)
         self.req_to_token_pool.free(req.req_pool_idx)
@@ -389,6 +391,7 @@ class TieredRadixCache(RadixCache):
                 and not any(c.value is not None for c in parent.children.values())
             ):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+        self._flush_backups()
         if freed:
             self.token_to_kv_pool_allocator.free(torch.cat(freed))
         return num_evicted
@@ -423,15 +426,25 @@ class TieredRadixCache(RadixCache):
     # --- the host tier ---------------------------------------------------------------------
 
     def _backup(self, node: TreeNode) -> bool:
-        """Copy a device-resident node to the host (its own LRU makes room); False if full."""
+        """Give a device-resident node host slots (the host's own LRU makes room) and queue
+        its copy there for `_flush_backups`; False if the host is full."""
         host_slots = self._alloc_host(len(node.key), keep=node)
         if host_slots is None:
             return False
-        self.host_pool.backup(node.value, host_slots)
+        self._queued_backups.append((node.value, host_slots))
         node.host_value = host_slots  # type: ignore[attr-defined]
         self.counters.written["host"] += len(node.key) * self.host_pool.bytes_per_token
         self._emit("stored", node, "CPU")
         return True
+
+    def _flush_backups(self) -> None:
+        """Copy every queued node to the host in one go (one gather per buffer, not one per
+        node); before the device slots are freed, so the copy reads them first."""
+        if not self._queued_backups:
+            return
+        device, host = zip(*self._queued_backups, strict=True)
+        self._queued_backups = []
+        self.host_pool.backup(torch.cat(device), torch.cat(host))
 
     def _alloc_host(self, n: int, keep: TreeNode | None = None) -> torch.Tensor | None:
         pool = self.host_pool
@@ -441,6 +454,8 @@ class TieredRadixCache(RadixCache):
 
     def _evict_host(self, num_tokens: int, keep: TreeNode | None) -> None:
         """Drop least recently used host-only leaves no request locks (never `keep`)."""
+        # a queued back-up's slots may be dropped and handed out again here: its copy goes first
+        self._flush_backups()
         heap = [(n.last_access_time, n.id, n) for n in self._host_leaves() if n is not keep]
         heapq.heapify(heap)
         num_evicted = 0
