@@ -13,5 +13,5 @@ wheels flashinfer-python==0.5.3 xgrammar==0.2.8 gguf pydantic annotated-types \
   typing-inspection python-json-logger jsonschema jsonschema-specifications referencing attrs
 core=$(unzip -p .whl/pydantic-[0-9]*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==//p')
 wheels --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-  'apache-tvm-ffi>=0.1,<0.2' pyzmq rpds-py fastsafetensors msgspec "pydantic-core==$core"
+  'apache-tvm-ffi>=0.1,<0.2' pyzmq rpds-py fastsafetensors msgspec cbor2 "pydantic-core==$core"
 ls .whl

@@ -49,6 +49,8 @@ REPLAY_BATCHES = 10_000
 SEND_HWM = 100_000
 # at most this many updates go into one batch
 MAX_UPDATES_PER_BATCH = 1024
+# a dropped update is logged once per this many
+DROP_LOG_EVERY = 10_000
 _POLL_S = 0.02
 
 # (kind, token path, start, medium); kind "cleared" carries no range
@@ -136,6 +138,11 @@ class KVEventPublisher:
             self._updates.put_nowait(update)
         except queue.Full:
             self.dropped_updates += 1
+            if self.dropped_updates % DROP_LOG_EVERY == 1:
+                logger.warning(
+                    "kv events: dropped %d cache updates so far (the publisher's queue is full)",
+                    self.dropped_updates,
+                )
 
     def pop_counts(self) -> tuple[int, int]:
         """Events published and updates dropped since the last call (for the metrics)."""
