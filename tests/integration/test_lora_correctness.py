@@ -193,3 +193,31 @@ def test_bad_adapters_are_refused_and_disturb_nothing(setup, tmp_path, breakage,
     assert not reply.success and message in reply.message, reply.message
     assert reply.adapters == {"alpha": str(dirs["alpha"])}
     assert run(scheduler, [("alpha", prompts[0])]) == [expected["alpha"][0]]
+
+
+def test_fp8_base_with_adapters_matches_peft_over_the_dequantized_base(setup):
+    """--quantization fp8 (FP8 projections, float32 adapters): the wrapped FP8 base loads as
+    before, base rows of a mixed batch are exactly the FP8 server's without adapters, and each
+    adapter's tokens are PEFT's over the base with its projections rounded through FP8 as the
+    server rounds them (on the CPU the FP8 product is the dequantized weight's)."""
+    import copy
+
+    import torch
+
+    from radixserve.kernels.fp8_quant import quantize_rows
+    from radixserve.layers.quantization.fp8 import dequantize_rows
+
+    source, hf, dirs, prompts, _ = setup
+    rounded = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, param in rounded.named_parameters():
+            if name.endswith("_proj.weight"):
+                param.copy_(dequantize_rows(*quantize_rows(param), torch.float32))
+    names = [None, "alpha", "gamma"]
+    jobs = [(n, p) for p in prompts[:2] for n in names]
+    expected = [peft_greedy(rounded, dirs.get(n), p, NEW) for n, p in jobs]
+    fp8 = {"alpha": dirs["alpha"], "gamma": dirs["gamma"]}
+    got = run(lora_scheduler(source, fp8, max_loras=2, quantization="fp8"), jobs)
+    assert got == expected
+    plain = make_scheduler("random:tiny-llama", source, quantization="fp8")
+    assert run(plain, [(None, p) for p in prompts[:2]]) == [got[0], got[3]]
