@@ -235,6 +235,17 @@ def test_a_foreign_fingerprint_is_not_served(tmp_path) -> None:
     other.close()
 
 
+def test_host_slots_split_into_runs_of_consecutive_slots() -> None:
+    from radixserve.mem_cache.host_pool import _runs
+
+    assert _runs(torch.tensor([4, 5, 6, 9, 2, 3], dtype=torch.int64)) == [
+        (0, 4, 3),
+        (3, 9, 1),
+        (4, 2, 2),
+    ]
+    assert _runs(torch.empty(0, dtype=torch.int64)) == []
+
+
 @pytest.mark.parametrize("policy", ["write_back", "write_through"])
 def test_write_policies_keep_evicted_prefixes(policy: str) -> None:
     kv_pool = TokenToKVPool(8, 1, 1, 2, torch.float32, "cpu")

@@ -8,16 +8,16 @@ dtype per device buffer, so a copy either way is a row gather and a row scatter 
 as its raw bytes across every buffer, side by side (`gather`, `write`), and never needs to know
 what the bytes mean.
 
-Copies to the host (back-ups) are ordered on the compute stream after the forward passes that
-wrote the slots and land in host memory asynchronously; copies back to the device (restores)
-run on their own stream, and the compute stream waits for them before the next pass touches the
-slots. On the CPU every copy is a plain synchronous copy.
+Copies to the host (back-ups) run on the compute stream, after the forward passes that wrote
+the slots, straight into the page-locked host rows (one copy per run of consecutive host slots
+and buffer); copies back (restores) run on the tier's own stream after the compute stream's
+work so far, and the compute stream waits for them before its next pass. The host waits for
+neither. On the CPU every copy is a plain synchronous copy.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 import torch
 
@@ -50,13 +50,16 @@ def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> to
     return buffer
 
 
-@dataclass
-class _PendingBackup:
-    """A device-to-host copy in flight: its staging rows land in `host_slots` once `done`."""
-
-    done: torch.cuda.Event
-    staging: list[torch.Tensor]  # one pinned tensor per buffer
-    host_slots: torch.Tensor
+def _runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
+    """(offset in `slots`, first slot, length) of each run of consecutive slots: a node's host
+    slots are a few runs, each one plain copy between pinned host memory and the device."""
+    if slots.numel() == 0:
+        return []
+    breaks = (torch.nonzero(slots[1:] - slots[:-1] != 1).flatten() + 1).tolist()
+    starts = [0, *breaks]
+    ends = [*breaks, slots.numel()]
+    first = slots[starts].tolist()
+    return [(s, f, e - s) for s, f, e in zip(starts, first, ends, strict=True)]
 
 
 class HostKVPool:
@@ -75,7 +78,6 @@ class HostKVPool:
             for b in self._device_buffers
         ]
         self.allocator = TokenSlotAllocator(size)
-        self._pending: list[_PendingBackup] = []
         self._load_stream = torch.cuda.Stream(self.device) if self.is_cuda else None
         # (start, end) events of restores whose duration is not read yet (CUDA), or seconds
         self._restore_timings: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -95,8 +97,11 @@ class HostKVPool:
     # --- device -> host --------------------------------------------------------------------
 
     def backup(self, device_slots: torch.Tensor, host_slots: torch.Tensor) -> None:
-        """Copy the KV of `device_slots` into `host_slots`. Ordered after every pass already
-        launched on the compute stream; on CUDA the rows land later (`_settle`)."""
+        """Copy the KV of `device_slots` into `host_slots`. On CUDA on the compute stream,
+        after every pass already launched there (they wrote the slots) and before any later
+        one (it may reuse them), straight into the page-locked rows, one copy per run of host
+        slots and buffer; the host does not wait. A restore's stream waits for the compute
+        stream first, so it reads the rows only once they are there."""
         if device_slots.numel() == 0:
             return
         if not self.is_cuda:
@@ -104,28 +109,13 @@ class HostKVPool:
                 host.index_copy_(0, host_slots, device.index_select(0, device_slots))
             return
         index = device_slots.to(self.device, non_blocking=True)
-        staging = []
-        for device in self._device_buffers:
+        runs = _runs(host_slots)
+        for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
             rows = device.index_select(0, index)
-            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=True)
-            pinned.copy_(rows, non_blocking=True)
-            staging.append(pinned)
-        done = torch.cuda.Event()
-        done.record()
-        self._pending.append(_PendingBackup(done, staging, host_slots))
-        self._settle(block=False)
-
-    def _settle(self, block: bool) -> None:
-        """Move finished back-ups from their staging rows into the pool (all, if `block`)."""
-        while self._pending:
-            head = self._pending[0]
-            if block:
-                head.done.synchronize()
-            elif not head.done.query():
-                return
-            for host, rows in zip(self._host_buffers, head.staging, strict=True):
-                host.index_copy_(0, head.host_slots, rows)
-            self._pending.pop(0)
+            for offset, first, length in runs:
+                host[first : first + length].copy_(
+                    rows[offset : offset + length], non_blocking=True
+                )
 
     # --- raw bytes (the disk tier) ---------------------------------------------------------
 
@@ -149,7 +139,8 @@ class HostKVPool:
 
     def read(self, host_slots: torch.Tensor) -> torch.Tensor:
         """The raw bytes of `host_slots` ([n, bytes_per_token]), as `gather` lays them out."""
-        self._settle(block=True)
+        if self.is_cuda:
+            torch.cuda.current_stream(self.device).synchronize()  # back-ups in flight land
         n = host_slots.numel()
         return torch.cat(
             [
@@ -161,6 +152,10 @@ class HostKVPool:
 
     def write(self, host_slots: torch.Tensor, data: torch.Tensor) -> None:
         """Store raw bytes (a disk block, laid out as `gather` does) into `host_slots`."""
+        if self.is_cuda:
+            # a back-up still in flight may target these rows (their node was dropped since):
+            # it lands first (a disk read is no fast path anyway)
+            torch.cuda.current_stream(self.device).synchronize()
         n = host_slots.numel()
         offset = 0
         for host, width in zip(self._host_buffers, self.widths, strict=True):
@@ -171,11 +166,12 @@ class HostKVPool:
     # --- host -> device --------------------------------------------------------------------
 
     def restore(self, host_slots: torch.Tensor, device_slots: torch.Tensor) -> None:
-        """Copy `host_slots` back into `device_slots`. On CUDA on the load stream: the compute
-        stream waits for it before its next pass, the host does not."""
+        """Copy `host_slots` back into `device_slots`. On CUDA on the tier's own stream, one
+        copy per run of host slots and buffer from the page-locked rows into a device staging
+        buffer, then a scatter: the compute stream waits for it before its next pass, the host
+        does not wait at all."""
         if host_slots.numel() == 0:
             return
-        self._settle(block=True)
         if not self.is_cuda:
             start = time.perf_counter()
             for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
@@ -185,18 +181,26 @@ class HostKVPool:
         compute = torch.cuda.current_stream(self.device)
         stream = self._load_stream
         assert stream is not None
-        # the target slots may have been freed by passes still running: start after them
+        # after the passes launched so far (the target slots may be ones they just gave up)
+        # and the back-ups that wrote these host rows
         stream.wait_stream(compute)
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        rows = [host.index_select(0, host_slots).pin_memory() for host in self._host_buffers]
+        runs = _runs(host_slots)
+        n = host_slots.numel()
         with torch.cuda.stream(stream):
             begin.record()
             index = device_slots.to(self.device, non_blocking=True)
-            for device, pinned in zip(self._device_buffers, rows, strict=True):
-                device.index_copy_(0, index, pinned.to(self.device, non_blocking=True))
+            for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
+                staging = torch.empty(
+                    (n, *device.shape[1:]), dtype=device.dtype, device=self.device
+                )
+                for offset, first, length in runs:
+                    staging[offset : offset + length].copy_(
+                        host[first : first + length], non_blocking=True
+                    )
+                device.index_copy_(0, index, staging)
             end.record()
-        # (the pinned rows may be freed now: the caching host allocator keeps a block until
-        # the copies that read it have run)
+        # the next pass, and any later back-up into these host rows, wait for the copy
         compute.wait_event(end)
         self._restore_timings.append((begin, end))
 
@@ -214,5 +218,4 @@ class HostKVPool:
         return done
 
     def clear(self) -> None:
-        self._settle(block=True)
         self.allocator.clear()
