@@ -74,9 +74,7 @@ def test_the_index_follows_a_worker_and_replays_what_it_missed(tmp_path) -> None
     from radixserve.mem_cache.kv_events import KVEventPublisher
 
     port, replay = free_port(), free_port()
-    publisher = KVEventPublisher(
-        f"tcp://*:{port}", f"tcp://127.0.0.1:{replay}", block_size=BS
-    )
+    publisher = KVEventPublisher(f"tcp://*:{port}", f"tcp://127.0.0.1:{replay}", block_size=BS)
 
     async def scenario() -> None:
         index = KVEventIndex(port, replay, BS)
