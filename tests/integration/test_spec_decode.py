@@ -104,20 +104,26 @@ def test_retraction_under_kv_pressure(tiny_llama):
 
 def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama):
     """The verify step samples each position with the noise a plain decode of that token
-    draws: seeded rows emit the same tokens, with the same logprobs."""
+    draws and the penalties (repetition, frequency, presence, logit_bias, min_new_tokens) of the
+    tokens before it: every row emits the same tokens, with the same logprobs."""
     source, _ = tiny_llama
-    prompts = copy_heavy(source.config.vocab_size, 4, seed=3)
+    prompts = copy_heavy(source.config.vocab_size, 8, seed=3)
     params = [
         SamplingParams(max_new_tokens=20, temperature=0.7, top_p=0.9, seed=1, ignore_eos=True),
         SamplingParams(max_new_tokens=20, temperature=1.0, top_k=5, seed=2, ignore_eos=True),
         SamplingParams(max_new_tokens=20, temperature=0.0, frequency_penalty=0.5, ignore_eos=True),
         greedy(20),
+        SamplingParams(max_new_tokens=20, temperature=0.0, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(max_new_tokens=20, temperature=0.8, presence_penalty=1.0, seed=5),
+        SamplingParams(max_new_tokens=20, temperature=0.0, min_new_tokens=12, logit_bias={7: 5.0}),
+        SamplingParams(max_new_tokens=20, temperature=0.0, frequency_penalty=-1.0, ignore_eos=True),
     ]
     results = {}
     for spec in ({}, SPEC):
         scheduler = make_scheduler("random:tiny-llama", source, **spec)
         results[bool(spec)] = run(scheduler, prompts, params, logprobs=(0, 3))
         assert_memory_back(scheduler)
+    assert scheduler.get_server_info()["spec_accepted_tokens"] > 0
     plain, speculative = results[False], results[True]
     for rid, entry in plain.items():
         assert speculative[rid]["ids"] == entry["ids"], rid

@@ -77,8 +77,9 @@ class Penalizer(ABC):
     def apply(self, logits: torch.Tensor, num_generated: torch.Tensor) -> None: ...
 
     @abstractmethod
-    def update(self, next_token_ids: torch.Tensor) -> None:
-        """Account for the token each row just generated."""
+    def update(self, next_token_ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Account for the token each row just generated; with `mask` (`[bs]` bool on the
+        device), only the rows it holds (a verify step emits a different count per row)."""
 
     @abstractmethod
     def filter(self, keep: torch.Tensor) -> None: ...
@@ -120,9 +121,12 @@ class RepetitionPenalizer(Penalizer):
         penalized = torch.where(logits < 0, logits * self.penalties, logits / self.penalties)
         logits.copy_(torch.where(self.seen, penalized, logits))
 
-    def update(self, next_token_ids):
+    def update(self, next_token_ids, mask=None):
         rows = torch.arange(next_token_ids.numel(), device=next_token_ids.device)
-        self.seen.index_put_((rows, next_token_ids), _true_on(self.seen.device))
+        if mask is None:
+            self.seen.index_put_((rows, next_token_ids), _true_on(self.seen.device))
+        else:
+            self.seen[rows, next_token_ids] = self.seen[rows, next_token_ids] | mask
 
     def filter(self, keep):
         self.penalties = self.penalties[keep]
@@ -175,9 +179,9 @@ class FrequencyPresencePenalizer(Penalizer):
     def apply(self, logits, num_generated):
         logits -= self.counts * self.frequency + (self.counts > 0) * self.presence
 
-    def update(self, next_token_ids):
+    def update(self, next_token_ids, mask=None):
         rows = torch.arange(next_token_ids.numel(), device=next_token_ids.device)
-        self.counts[rows, next_token_ids] += 1.0
+        self.counts[rows, next_token_ids] += 1.0 if mask is None else mask.to(torch.float32)
 
     def filter(self, keep):
         self.frequency = self.frequency[keep]
@@ -223,7 +227,7 @@ class LogitBiasPenalizer(Penalizer):
     def apply(self, logits, num_generated):
         logits.scatter_add_(1, self.token_ids, self.biases)
 
-    def update(self, next_token_ids):
+    def update(self, next_token_ids, mask=None):
         """Nothing to track: a bias does not change as tokens are generated."""
 
     def filter(self, keep):
@@ -282,7 +286,7 @@ class MinNewTokensPenalizer(Penalizer):
         too_early = (num_generated < self.min_new_tokens).unsqueeze(1)
         logits.masked_fill_(self.stop_tokens & too_early, float("-inf"))
 
-    def update(self, next_token_ids):
+    def update(self, next_token_ids, mask=None):
         """Nothing to track: the step counter lives in SamplingBatchInfo.num_generated."""
 
     def filter(self, keep):
@@ -334,9 +338,9 @@ class BatchedPenalizers:
             if kind in self.active:
                 self.active[kind].apply(logits, num_generated)
 
-    def update(self, next_token_ids: torch.Tensor) -> None:
+    def update(self, next_token_ids: torch.Tensor, mask: torch.Tensor | None = None) -> None:
         for penalizer in self.active.values():
-            penalizer.update(next_token_ids)
+            penalizer.update(next_token_ids, mask)
 
     def filter(self, keep: torch.Tensor, kept_params: Sequence[SamplingParams]) -> None:
         """Keep rows `keep`; drop kinds that no remaining request needs (frees their state)."""

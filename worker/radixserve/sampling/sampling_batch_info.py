@@ -195,11 +195,17 @@ class SamplingBatchInfo:
         self, next_token_ids: torch.Tensor, counts: torch.Tensor | None = None
     ) -> None:
         """Count the tokens just sampled (`[bs]` on the device) for penalties and the step
-        counters. `counts` (`[bs]`): a verify step's tokens per row; its rows with penalties
-        speculate nothing, so `next_token_ids` is their one token."""
+        counters. A verify step passes its `[bs, K + 1]` tokens and `counts` (`[bs]`), how many
+        of them each row emits."""
+        if counts is None:
+            if not self.penalizers.is_empty:
+                self.penalizers.update(next_token_ids)
+            self.num_generated += 1
+            return
         if not self.penalizers.is_empty:
-            self.penalizers.update(next_token_ids)
-        self.num_generated += 1 if counts is None else counts
+            for j in range(next_token_ids.shape[1]):
+                self.penalizers.update(next_token_ids[:, j], mask=counts > j)
+        self.num_generated += counts
 
     def gumbel_noise(self, step_offset: int = 0) -> torch.Tensor:
         """`[bs, vocab]` float32 standard Gumbel noise for this step (or `step_offset` tokens

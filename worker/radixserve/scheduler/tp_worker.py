@@ -269,7 +269,7 @@ class ModelWorker:
         )
         broadcast_from_first(result.tokens)
         broadcast_from_first(result.num_accepted)
-        info.update_with_new_tokens(result.tokens[:, 0], result.num_accepted + 1)
+        info.update_with_new_tokens(result.tokens, result.num_accepted + 1)
         pending.set_verified(
             result.tokens, result.num_accepted, result.logprobs, result.top_logprobs
         )

@@ -10,9 +10,8 @@ Per step, `plan` decides for the running batch:
   generate, its context, and its own acceptance (adaptive: a request whose proposals keep being
   rejected proposes fewer, down to none, and probes again with one after a pause); a
   constrained request's proposals stop at the first token its grammar refuses (the matcher
-  walks them and is rolled back); rows whose next token depends on the ones before in ways the
-  verify step does not follow (penalties, logit_bias, min_new_tokens) propose nothing and
-  decode one token, exactly;
+  walks them and is rolled back); a grammar that cannot roll back proposes nothing (its row
+  decodes one token, exactly);
 - the proposals trimmed to the free KV slots (the verify step writes KV for every position).
 A batch where nothing was proposed runs as a plain decode step.
 
@@ -27,7 +26,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
-from radixserve.sampling.penalties import PENALIZER_KINDS
 from radixserve.speculative.draft import DraftProposer
 from radixserve.speculative.ngram import NgramProposer
 from radixserve.speculative.proposer import Proposer, TokenHistory
@@ -94,13 +92,9 @@ def build_proposer(server_args: ServerArgs, max_requests: int) -> Proposer:
 
 def speculates_exactly(req: Req) -> bool:
     """Whether the verify step reproduces this request's sampling at every position: not with
-    penalties, logit_bias or min_new_tokens (they depend on the tokens before), nor a grammar
-    that cannot roll back (its mask does: verify.py walks the matcher); such rows decode one
-    token in the verify step."""
-    params = req.sampling_params
-    if req.grammar is not None and not req.grammar.can_rollback:
-        return False
-    return not any(k.is_required(params) for k in PENALIZER_KINDS)
+    a grammar that cannot roll back (its mask depends on the tokens before: verify.py walks the
+    matcher through them); such a row decodes one token in the verify step."""
+    return req.grammar is None or req.grammar.can_rollback
 
 
 def grammar_prefix(grammar: Any, tokens: list[int]) -> list[int]:

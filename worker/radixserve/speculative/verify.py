@@ -16,15 +16,16 @@ probability min(1, p(d) / q(d)) = p(d), the chance the target's own sample is d,
 rejection the token is drawn from the residual max(0, p - q) renormalized = p without d, which
 is the target's sample given that it is not d. So each emitted token has exactly the target's
 distribution, and a seeded request even emits the very tokens it would without speculation
-(same noise per token). A constrained row's mask at position j is its grammar's after the row's
-first j proposals: the matcher walks them for the masks and is rolled back (the scheduler then
-accepts the tokens the row emits). Penalties depend on the tokens before them in ways this does
-not follow, so rows that use them propose nothing (the speculator sees to it) and are sampled at
-position 0 only.
+(same noise per token). What depends on the tokens before a position follows the proposals:
+penalties at position j are applied from a copy of the penalty state that took the row's first
+j proposals (the real one takes the emitted tokens once the step is accepted), min_new_tokens
+counts them, and a constrained row's mask is its grammar's after them (the matcher walks them
+for the masks and is rolled back; the scheduler then accepts the tokens the row emits).
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 import torch
@@ -83,7 +84,7 @@ def verify(
     else:
         walk = GrammarWalk(info, draft_lens, inputs) if info.has_grammars else None
         try:
-            tokens = _picks(logits, rows, info, walk)
+            tokens = _picks(logits, rows, info, walk, proposals)
         finally:
             if walk is not None:
                 walk.rollback()
@@ -138,16 +139,28 @@ class GrammarWalk:
 
 
 def _picks(
-    logits: torch.Tensor, rows: torch.Tensor, info: SamplingBatchInfo, walk: GrammarWalk | None
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    info: SamplingBatchInfo,
+    walk: GrammarWalk | None,
+    proposals: torch.Tensor,
 ) -> torch.Tensor:
-    """`[bs, K + 1]`: the target's token at each position, as the Sampler would pick it."""
+    """`[bs, K + 1]`: the target's token at each position, as the Sampler would pick it.
+    Penalties past position 0 come from a copy of the state that takes the proposals (a row
+    past its own proposals takes whatever: its picks there are never emitted)."""
     picks = []
+    penalties = None
     for j in range(rows.shape[1]):
         step_logits = logits[rows[:, j]]  # a copy: the processors change it in place
         if j == 0:
             info.apply_logits_processors(step_logits)
-        elif walk is not None:
-            walk.mask(j, step_logits)
+        else:
+            if not info.penalizers.is_empty:
+                penalties = penalties or copy.deepcopy(info.penalizers)
+                penalties.update(proposals[:, j - 1])
+                penalties.apply(step_logits, info.num_generated + j)
+            if walk is not None:
+                walk.mask(j, step_logits)
         if info.is_all_greedy:
             picks.append(argmax(step_logits))
         else:
