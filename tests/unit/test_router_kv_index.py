@@ -136,3 +136,25 @@ def test_a_wildcard_endpoint_takes_the_workers_host() -> None:
     assert worker_endpoint("http://w:8000", "tcp://0.0.0.0:5557") == "tcp://w:5557"
     assert worker_endpoint("http://[fd00::1]:8000", "tcp://*:5557") == "tcp://[fd00::1]:5557"
     assert worker_endpoint("http://w:8000", "tcp://10.1.1.1:5557") == "tcp://10.1.1.1:5557"
+
+
+def test_a_subscription_that_failed_is_made_again() -> None:
+    calls = []
+
+    async def resolve(url: str) -> tuple[str, str | None]:
+        calls.append(url)
+        if len(calls) == 1:
+            raise RuntimeError("server info unreachable")
+        return "tcp://127.0.0.1:1", None
+
+    async def scenario() -> None:
+        index = KVEventIndex(5557, None, BS, resolve)
+        index.track(["http://w"])
+        await asyncio.sleep(0.05)
+        index.track(["http://w"])  # the next round of the router's tracker
+        await asyncio.sleep(0.05)
+        assert calls == ["http://w", "http://w"]
+        assert not index._tasks["http://w"].done()
+        await index.close()
+
+    asyncio.run(scenario())

@@ -157,7 +157,10 @@ class KVEventPublisher:
         encoder = msgspec.msgpack.Encoder()
         while not self._stop.is_set() or not self._updates.empty():
             if self._replay is not None and self._replay.poll(0):
-                self._serve_replay()
+                try:
+                    self._serve_replay()
+                except zmq.ZMQError:  # a client gone mid-reply: the stream goes on
+                    logger.exception("kv events: a replay request failed")
             try:
                 updates = [self._updates.get(timeout=_POLL_S)]
             except queue.Empty:

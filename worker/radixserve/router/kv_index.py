@@ -132,12 +132,18 @@ class KVEventIndex:
     # --- subscriptions ----------------------------------------------------------------------
 
     def track(self, urls: Iterable[str]) -> None:
-        """Subscribe to every worker in `urls`, unsubscribe from the others."""
+        """Subscribe to every worker in `urls` (again, where a subscription ended on an
+        error), unsubscribe from the others."""
         wanted = set(urls)
         for url in list(self._tasks):
             if url not in wanted:
                 self.forget(url)
-        for url in wanted - set(self._tasks):
+        for url in wanted:
+            task = self._tasks.get(url)
+            if task is not None and not task.done():
+                continue
+            if task is not None and not task.cancelled() and task.exception() is not None:
+                logger.warning("kv events of %s: %r; subscribing again", url, task.exception())
             self.workers[url] = WorkerBlocks()
             self._tasks[url] = asyncio.get_running_loop().create_task(self._follow(url))
 
