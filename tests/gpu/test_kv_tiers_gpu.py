@@ -21,7 +21,10 @@ from radixserve.mem_cache.memory_pool import TokenToKVPool  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 
 
-def test_backup_and_restore_move_exact_bytes_across_streams() -> None:
+@pytest.mark.parametrize("runs", [1, 30, 300])
+def test_backup_and_restore_move_exact_bytes_across_streams(runs: int) -> None:
+    """300 host slots in 1, 30 or 300 runs of consecutive slots (300: past MAX_RUNS, the
+    gather fallback)."""
     pool = TokenToKVPool(1024, 4, 2, 64, torch.bfloat16, "cuda")
     for layer in range(4):
         pool.k_buffers[layer].normal_()
@@ -29,7 +32,8 @@ def test_backup_and_restore_move_exact_bytes_across_streams() -> None:
     before = [b.clone() for b in (*pool.k_buffers, *pool.v_buffers)]
     host = HostKVPool(pool, 2048)
     source = torch.randperm(1024)[:300] + 1
-    host_slots = host.allocator.alloc(600)[::2].clone()  # runs of one slot: the worst case
+    taken = host.allocator.alloc(600).view(runs, 600 // runs)  # each row: a run, then a gap
+    host_slots = taken[:, : 300 // runs].flatten()
     host.backup(source, host_slots)
     for buffer in (*pool.k_buffers, *pool.v_buffers):
         buffer[source.cuda()] = 0  # the device copy goes (as on eviction)

@@ -50,6 +50,10 @@ def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> to
     return buffer
 
 
+# above this many runs of host slots in one copy, a gather beats one copy per run
+MAX_RUNS = 64
+
+
 def _runs(slots: torch.Tensor) -> list[tuple[int, int, int]]:
     """(offset in `slots`, first slot, length) of each run of consecutive slots: a node's host
     slots are a few runs, each one plain copy between pinned host memory and the device."""
@@ -112,6 +116,9 @@ class HostKVPool:
         runs = _runs(host_slots)
         for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
             rows = device.index_select(0, index)
+            if len(runs) > MAX_RUNS:  # fragmented host slots: one waited-for copy, a scatter
+                host.index_copy_(0, host_slots, rows.cpu())
+                continue
             for offset, first, length in runs:
                 host[first : first + length].copy_(
                     rows[offset : offset + length], non_blocking=True
@@ -191,6 +198,10 @@ class HostKVPool:
             begin.record()
             index = device_slots.to(self.device, non_blocking=True)
             for device, host in zip(self._device_buffers, self._host_buffers, strict=True):
+                if len(runs) > MAX_RUNS:  # fragmented host slots: a gather on the host
+                    pinned = host.index_select(0, host_slots).pin_memory()
+                    device.index_copy_(0, index, pinned.to(self.device, non_blocking=True))
+                    continue
                 staging = torch.empty(
                     (n, *device.shape[1:]), dtype=device.dtype, device=self.device
                 )
