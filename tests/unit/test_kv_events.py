@@ -313,3 +313,50 @@ def test_a_consumers_endpoint_is_dialled_with_the_topic_it_filters_on(tmp_path) 
         publisher.close()
         sub.close(linger=0)
         ctx.term()
+
+
+def test_medium_follows_pages_between_the_gpu_and_the_host_tier(tmp_path) -> None:
+    """The tiered cache (--kv-host-memory) through the same publisher: a prompt stored on the
+    GPU, written back to the host when the GPU evicts it (stored CPU, removed GPU), copied back
+    on a hit (stored GPU again), the hashes unchanged throughout."""
+    from radixserve.mem_cache.host_pool import HostKVPool
+    from radixserve.mem_cache.memory_pool import TokenToKVPool
+    from radixserve.mem_cache.tiered_cache import TieredRadixCache
+
+    endpoint = f"ipc://{tmp_path}/tiers"
+    publisher = KVEventPublisher(endpoint, block_size=BS)
+    ctx = zmq.Context()
+    sub = Subscriber(ctx, endpoint, None)
+    kv_pool = TokenToKVPool(32, 1, 1, 2, torch.float32, "cpu")
+    cache = TieredRadixCache(
+        ReqToTokenPool(2, 32, "cpu"),
+        TokenSlotAllocator(32),
+        HostKVPool(kv_pool, 64),
+        "write_back",
+        event_sink=publisher,
+    )
+    try:
+        for _ in range(100):  # until the subscription has joined
+            publisher.cleared()
+            if sub.sub.poll(50):
+                break
+        while sub.sub.poll(300):
+            sub.sub.recv_multipart()
+        prompt = list(range(40, 52))  # 3 blocks
+        hashes = reference_hashes(prompt, BS)
+        insert(cache, prompt)
+        assert cache.evict(len(prompt)) == len(prompt)  # written back to the host first
+        cache.restore(prompt)
+        seen = [e for e in sub.events(4) if not isinstance(e, AllBlocksCleared)]
+        moves = [(type(e).__name__, e.medium) for e in seen]
+        assert moves == [
+            ("BlockStored", "GPU"),
+            ("BlockStored", "CPU"),
+            ("BlockRemoved", "GPU"),
+            ("BlockStored", "GPU"),
+        ]
+        assert all(e.block_hashes == hashes for e in seen)
+    finally:
+        publisher.close()
+        sub.sub.close(linger=0)
+        ctx.term()
