@@ -360,3 +360,20 @@ def test_medium_follows_pages_between_the_gpu_and_the_host_tier(tmp_path) -> Non
         publisher.close()
         sub.sub.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        ({"kv_events_endpoint": "5557"}, "--kv-events-endpoint must be a ZMQ endpoint"),
+        ({"kv_events_replay_endpoint": "tcp://*:5558"}, "needs --kv-events-endpoint"),
+        ({"kv_events_endpoint": "tcp://*:5557", "disable_radix_cache": True}, "radix cache"),
+        ({"kv_events_block_size": 0}, "--kv-events-block-size must be positive"),
+    ],
+)
+def test_kv_event_flags_are_checked(flags, message) -> None:  # type: ignore[no-untyped-def]
+    from radixserve.server_args import ServerArgs
+
+    with pytest.raises(ValueError, match=message):
+        ServerArgs(**flags)
+    assert ServerArgs(kv_events_endpoint="tcp://*:5557").kv_events_block_size == 16

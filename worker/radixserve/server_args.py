@@ -389,22 +389,6 @@ class ServerArgs:
             )
         if self.speculative_max_batch_size < 1:
             raise ValueError("--speculative-max-batch-size must be positive")
-        self._check_kv_events()
-
-    def _check_kv_events(self) -> None:
-        """KV events need the radix cache and real ZMQ endpoints."""
-        if self.kv_events_block_size < 1:
-            raise ValueError("--kv-events-block-size must be positive")
-        for name in ("kv_events_endpoint", "kv_events_replay_endpoint"):
-            value = getattr(self, name)
-            if value is not None and "://" not in value:
-                raise ValueError(f"{flag_of(name)} must be a ZMQ endpoint such as tcp://*:5557")
-        if self.kv_events_replay_endpoint and not self.kv_events_endpoint:
-            raise ValueError("--kv-events-replay-endpoint needs --kv-events-endpoint")
-        if self.kv_events_endpoint and self.disable_radix_cache:
-            raise ValueError(
-                "--kv-events-endpoint needs the radix cache (no --disable-radix-cache)"
-            )
 
     def public_dict(self) -> dict[str, Any]:
         """Every field, keys redacted: what introspection endpoints may show."""
