@@ -122,3 +122,17 @@ def test_a_restarted_server_answers_from_its_disk_tier(tmp_path):
         'radixserve_prefix_cache_hits_tokens_total{model_name="random:tiny-llama",tier="disk"}'
         in metrics.decode()
     )
+
+
+def test_host_tier_mirrors_the_latent_mla_pool():
+    """The host tier sees only a pool's buffers: DeepSeek's latent pool (one buffer per layer,
+    V a view into it) round-trips as exactly as per-layer K and V do."""
+    model = "random:tiny-deepseek-v2-lite"
+    source = load_model_source(model, device="cpu")
+    without = make_scheduler(model, source, max_total_tokens=POOL)
+    tiered = make_scheduler(model, source, max_total_tokens=POOL, kv_host_memory=0.01)
+    assert type(tiered.worker.kv_pool).__name__ == "MLATokenToKVPool"
+    base_outputs, base_hits, _ = multi_turn(without, source.config.vocab_size)
+    outputs, hits, _ = multi_turn(tiered, source.config.vocab_size)
+    assert outputs == base_outputs
+    assert hits >= 2 * base_hits and hits > 0
