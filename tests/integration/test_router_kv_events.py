@@ -68,6 +68,9 @@ def test_events_route_a_conversation_to_the_worker_that_holds_it(tmp_path, monke
             _, headers = post(router.base_url, "/v1/chat/completions", follow_up)
             assert headers["X-Radixserve-Worker"] == first
             assert decisions(router).get("prefix") == 1
+            status, body = router.get("/get_server_info")
+            events = json.loads(body)["router"]["kv_events"]
+            assert status == 200 and events["gaps"] == 0 and events["blocks"][first] > 0
 
             post(first, "/flush_cache", {})  # behind the router's back: only events tell
             time.sleep(0.5)

@@ -129,6 +129,14 @@ class KVEventIndex:
         blocks = self.workers.get(url)
         return blocks.size() if blocks is not None else 0
 
+    def describe(self) -> dict[str, object]:
+        """For the router's server info: batches applied, gaps seen, blocks held per worker."""
+        return {
+            "batches": self.batches,
+            "gaps": self.gaps,
+            "blocks": {url: blocks.size() for url, blocks in self.workers.items()},
+        }
+
     # --- subscriptions ----------------------------------------------------------------------
 
     def track(self, urls: Iterable[str]) -> None:

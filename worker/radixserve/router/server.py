@@ -189,11 +189,14 @@ class Router:
         )
 
     def describe(self) -> dict[str, object]:
-        return {
+        described: dict[str, object] = {
             "policy": self.args.policy,
             "pending_requests": self.pool.pending,
             "workers": [upstream.describe() for upstream in self.pool.members()],
         }
+        if self.events is not None:
+            described["kv_events"] = self.events.describe()
+        return described
 
     async def server_info(self, request: web.Request) -> web.Response:
         assert self.session is not None
