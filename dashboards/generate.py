@@ -282,6 +282,17 @@ def kv_tier_panels(by: str) -> list[Panel]:
                 Query(_quantile(0.99, "radixserve_kv_restore_seconds", by), f"p99 {legend}"),
             ),
         ),
+        Panel(
+            "Cache tiers: KV events",
+            "KV events published per second (--kv-events-endpoint: what routers and llm-d's "
+            "indexer read of the tiers), and cache updates dropped because the publisher fell "
+            "behind: any drop leaves the consumers' view stale until those blocks change again.",
+            "short",
+            (
+                Query(_rate("radixserve_kv_events_published_total", by), f"published {legend}"),
+                Query(_rate("radixserve_kv_events_dropped_total", by), f"dropped {legend}"),
+            ),
+        ),
     ]
 
 
