@@ -41,11 +41,11 @@ else
 fi
 
 echo "=== verify $(date +%T)"
-timeout "$(limit 200)" $BENCH verify "$MODEL_8B" --device "$DEVICE" --tokens "${VERIFY_TOKENS:-48}" \
-  --sizes "${SIZES:-1,2,4,8,16,32,64}" --json "$OUT/spec-verify.json" 2>&1 | grep -E "verify|Error|error" | tail -9
+timeout "$(limit 200)" $BENCH verify "$MODEL_8B" --device "$DEVICE" --tokens "${VERIFY_TOKENS:-32}" \
+  --sizes "${SIZES:-1,4,16,32,64}" --json "$OUT/spec-verify.json" 2>&1 | grep -E "verify|Error|error" | tail -9
 
 echo "=== batch $(date +%T)"
-timeout "$(limit 150)" $BENCH batch "$MODEL_8B" --device "$DEVICE" --tokens "${BATCH_TOKENS:-128}" \
+timeout "$(limit 150)" $BENCH batch "$MODEL_8B" --device "$DEVICE" --tokens "${BATCH_TOKENS:-96}" \
   --json "$OUT/spec-batch.json" 2>&1 | grep -E "batch|Error|error" | tail -3
 
 echo "=== draft $(date +%T)"

@@ -158,15 +158,21 @@ class AlwaysPropose:
         pass
 
 
-def device_times(scheduler, prompts, n: int) -> list[tuple[bool, float]]:
-    """(decode?, device ms) of every step of a run."""
+def device_times(scheduler, prompts, n: int) -> list[tuple[str, float]]:
+    """(mode, device ms) of every step of a run: decode, verify or other."""
     timeline = scheduler.worker.timeline
-    steps: list[tuple[bool, float]] = []
+    steps: list[tuple[str, float]] = []
     add = timeline.add
 
     def record(pending, decode):
         if pending.started is not None and pending.done is not None:
-            steps.append((decode, pending.started.elapsed_time(pending.done)))
+            mode = "verify" if pending.verify_draft_lens is not None else "decode"
+            steps.append(
+                (
+                    mode if decode or mode == "verify" else "other",
+                    pending.started.elapsed_time(pending.done),
+                )
+            )
         add(pending, decode)
 
     timeline.add = record
@@ -177,7 +183,7 @@ def device_times(scheduler, prompts, n: int) -> list[tuple[bool, float]]:
         timeline.add = add
     if not steps:  # the CPU (a dry run): no device events, the steps' wall time
         walls = scheduler.pop_stats().steps
-        steps = [(mode == "decode", s * 1e3) for mode, _, _, s in walls if mode != "prefill"]
+        steps = [(mode, s * 1e3) for mode, _, _, s in walls]
     return steps
 
 
@@ -197,7 +203,7 @@ def section_verify(a) -> dict:
             with_speculation(scheduler, on)
             steps = device_times(scheduler, prompts, a.tokens)
             # steady state: the steps of the whole batch after the first few
-            kind = [ms for decode, ms in steps[4:] if decode != on]
+            kind = [ms for mode, ms in steps[2:] if mode == ("verify" if on else "decode")]
             times[on] = statistics.median(kind) if kind else float("nan")
         ratio = times[True] / times[False]
         result[bs] = {"decode_ms": times[False], "verify_ms": times[True], "ratio": ratio}

@@ -54,6 +54,9 @@ class DraftProposer:
             speculative_draft_model=None,
             max_total_tokens=server_args.speculative_draft_max_tokens,
             max_running_requests=max_requests,
+            # the target took its fraction of the device already: the draft's weights and pool
+            # come out of the headroom it left, all but the last 5% of the device
+            mem_fraction_static=0.95,
         )
         self.runner = ModelRunner(args, load_model_source_for(args))
         self.rows: dict[str, DraftRow] = {}
