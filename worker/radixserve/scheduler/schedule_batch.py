@@ -347,14 +347,17 @@ class ScheduleBatch:
         self.out_cache_loc = slots
         self.extend_lens, self.prefix_lens = lens, []
 
-    def _verify_worker_batch(self) -> ModelWorkerBatch:
+    def _verify_worker_batch(self, with_lora: bool) -> ModelWorkerBatch:
         """The verify step as the decode pass `prepare_for_verify` describes: one row per
-        position, on its request's row of req_to_token, its length up to that position."""
+        position, on its request's row of req_to_token, its length up to that position (and
+        its request's LoRA slot)."""
         rows: list[int] = []
         seq_lens: list[int] = []
+        lora_slots: list[int] = []
         for req, n in zip(self.reqs, self.extend_lens, strict=True):
             rows += [req.req_pool_idx] * n
             seq_lens += range(req.kv_len - n + 1, req.kv_len + 1)
+            lora_slots += [req.lora_slot] * n
         return ModelWorkerBatch(
             forward_mode=ForwardMode.DECODE,
             input_ids=self.input_ids,
@@ -366,6 +369,7 @@ class ScheduleBatch:
             return_logprob=self.return_logprob,
             top_logprobs_nums=[r.top_logprobs_num for r in self.reqs],
             verify_draft_lens=[n - 1 for n in self.extend_lens],
+            lora_slots=lora_slots if with_lora else None,
         )
 
     # -- membership --------------------------------------------------------------------------
@@ -388,7 +392,7 @@ class ScheduleBatch:
         """`with_lora`: LoRA adapters are served, and the pass needs each row's slot."""
         seq_lens = [r.kv_len for r in self.reqs]
         if self.forward_mode.is_verify():
-            return self._verify_worker_batch()
+            return self._verify_worker_batch(with_lora)
         extend = self.forward_mode.is_extend()
         return ModelWorkerBatch(
             forward_mode=self.forward_mode,
