@@ -223,6 +223,7 @@ def panels(by: str) -> list[Panel]:
         *kv_tier_panels(by),
         *router_panels(),
         *spec_decode_panels(by),
+        *lora_panels(by),
         Panel(
             "Batch size distribution: $mode",
             "How many requests each forward step carried (radixserve_batch_size), one panel "
@@ -323,6 +324,56 @@ def spec_decode_panels(by: str) -> list[Panel]:
                     f"{_rate(lengths + '_sum', by)} / {_rate(lengths + '_count', by)}",
                     legend,
                 ),
+            ),
+        ),
+    ]
+
+
+def lora_panels(by: str) -> list[Panel]:
+    """LoRA adapters (`--lora-modules`, `--max-loras`; their series exist only on workers that
+    serve adapters): traffic per adapter, what the device slots hold, and their churn."""
+    legend = "{{" + by.split(", ")[-1] + "}}"
+    return [
+        Panel(
+            "LoRA: requests per adapter",
+            "Requests per second that named each LoRA adapter as their model.",
+            "reqps",
+            (Query(_rate("radixserve_lora_requests_total", "lora_name"), "{{lora_name}}"),),
+        ),
+        Panel(
+            "LoRA: tokens per adapter",
+            "Prompt and generated tokens per second, per adapter.",
+            "short",
+            (
+                Query(
+                    _rate("radixserve_lora_prompt_tokens_total", "lora_name"),
+                    "prompt {{lora_name}}",
+                ),
+                Query(
+                    _rate("radixserve_lora_generation_tokens_total", "lora_name"),
+                    "generated {{lora_name}}",
+                ),
+            ),
+        ),
+        Panel(
+            "LoRA: resident adapters",
+            "Adapters in the device slots of each worker (at most --max-loras), the fullest.",
+            "short",
+            (
+                Query(
+                    f"max by ({by}) (radixserve_lora_resident_adapters{{{SELECTOR}}})",
+                    legend,
+                ),
+            ),
+        ),
+        Panel(
+            "LoRA: loads and evictions",
+            "Adapters read from disk and adapters evicted from a device slot, per second: "
+            "evictions that keep pace with loads mean more adapters in use than slots.",
+            "short",
+            (
+                Query(_rate("radixserve_lora_loads_total", by), f"loads {legend}"),
+                Query(_rate("radixserve_lora_evictions_total", by), f"evictions {legend}"),
             ),
         ),
     ]

@@ -175,3 +175,19 @@ def test_dashboard_has_the_cache_tiers_row(filename: str) -> None:
     ):
         assert series in exprs, series
     assert "sum by (tier)" in exprs and "tier, op" in exprs
+
+
+@pytest.mark.parametrize("filename", sorted(DOCUMENTS))
+def test_dashboard_has_the_lora_row(filename: str) -> None:
+    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("LoRA: ")]
+    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    for series in (
+        "radixserve_lora_requests_total",
+        "radixserve_lora_prompt_tokens_total",
+        "radixserve_lora_generation_tokens_total",
+        "radixserve_lora_resident_adapters",
+        "radixserve_lora_loads_total",
+        "radixserve_lora_evictions_total",
+    ):
+        assert series in exprs, series
+    assert "sum by (lora_name)" in exprs

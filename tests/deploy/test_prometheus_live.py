@@ -33,6 +33,7 @@ from radixserve.bench.server_process import ServerProcess
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "radixserve-live"
 JOB = "radixserve"
+LORA_ADAPTERS = ("sql", "poet")
 STARTUP_DEADLINE_S = 600
 SCRAPE_DEADLINE_S = 120
 SYSTEM_PROMPT = "You are a terse assistant. Answer in one short sentence. " * 4
@@ -126,6 +127,42 @@ def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
 
 
 @pytest.fixture(scope="module")
+def lora_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    """A second worker of the same model serving two LoRA adapters over one device slot (the
+    first one's speculative decoding and disk tier are not served with adapters), so that the
+    LoRA panels have data: see send_lora_traffic."""
+    from tests.integration.lora_adapters import write_smollm2_adapter
+
+    home = tmp_path_factory.mktemp("lora-worker")
+    port = free_port()
+    radixserve = Path(sys.executable).parent / "radixserve"
+    command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
+    command += ["--max-total-tokens", "4096", "--device", "cpu", "--max-loras", "1"]
+    for seed, name in enumerate(LORA_ADAPTERS):
+        path = write_smollm2_adapter(home / name, 8, seed)
+        command += ["--lora-modules", f"{name}={path}"]
+    log_path = home / "worker.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            "LoRA worker ready",
+            lambda: urllib.request.urlopen(f"{url}/ready", timeout=5).status == 200,
+            process,
+            STARTUP_DEADLINE_S,
+        )
+        cards = get_json(f"{url}/v1/models")["data"]
+        (model,) = [m["id"] for m in cards if not m.get("parent")]
+        yield Worker(url, model)
+    except AssertionError:
+        print(log_path.read_text()[-5000:])
+        raise
+    finally:
+        stop(process)
+
+
+@pytest.fixture(scope="module")
 def router(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     """The router in front of the worker: the clients' endpoint, with the same model name."""
     log_path = tmp_path_factory.mktemp("router") / "router.log"
@@ -136,7 +173,10 @@ def router(worker: Worker, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 
 @pytest.fixture(scope="module")
 def prometheus(
-    worker: Worker, router: Worker, tmp_path_factory: pytest.TempPathFactory
+    worker: Worker,
+    router: Worker,
+    lora_worker: Worker,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     binary = shutil.which("prometheus")
     assert binary, "prometheus is not on PATH: `make test` puts Debian's package into .venv"
@@ -153,6 +193,7 @@ def prometheus(
                         "targets": [
                             worker.url.removeprefix("http://"),
                             router.url.removeprefix("http://"),
+                            lora_worker.url.removeprefix("http://"),
                         ],
                         # What the Kubernetes service discovery would attach.
                         "labels": {"namespace": NAMESPACE},
@@ -240,6 +281,17 @@ def send_tier_traffic(worker: Worker) -> int:
     return len(prompts) + 1
 
 
+def send_lora_traffic(worker: Worker) -> int:
+    """The two adapters in turn over one device slot: requests and tokens per adapter, a
+    resident adapter, loads and evictions."""
+    client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
+    names = [*LORA_ADAPTERS, *LORA_ADAPTERS]
+    for name in names:
+        reply = client.completions.create(model=name, prompt="Hello there", max_tokens=2)
+        assert reply.usage.completion_tokens > 0
+    return len(names)
+
+
 def send_spec_traffic(worker: Worker) -> int:
     """A request whose answer copies its prompt: prompt lookup proposes, the target accepts."""
     client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
@@ -250,10 +302,19 @@ def send_spec_traffic(worker: Worker) -> int:
 
 
 @pytest.fixture(scope="module")
-def scraped_traffic(worker: Worker, router: Worker, prometheus: str) -> dict[str, str]:
+def scraped_traffic(
+    worker: Worker, router: Worker, lora_worker: Worker, prometheus: str
+) -> dict[str, str]:
     """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
-    sent = send_spec_traffic(router) + send_traffic(router) + send_tier_traffic(router)
-    for counter in ("radixserve_requests_total", "radixserve_router_requests_total"):
+    assert lora_worker.model == worker.model  # one model: the dashboards' $model_name
+    # first: the ratio panels (speculative acceptance) need their traffic inside the last
+    # minute, and the LoRA panels are plain rates
+    direct = send_lora_traffic(lora_worker)
+    routed = send_spec_traffic(router) + send_traffic(router) + send_tier_traffic(router)
+    for counter, sent in (
+        ("radixserve_requests_total", routed + direct),
+        ("radixserve_router_requests_total", routed),
+    ):
         selector = f'{counter}{{job="{JOB}"}}'
         deadline = time.monotonic() + SCRAPE_DEADLINE_S
         while time.monotonic() < deadline:

@@ -4,9 +4,11 @@ greedy output for each: the reference the engine's adapters are checked against.
 from __future__ import annotations
 
 import copy
+import json
 from pathlib import Path
 
 import torch
+from safetensors.torch import save_file
 
 # (name, rank, alpha, target modules): different ranks, attention only, MLP only, all
 ADAPTERS = [
@@ -14,6 +16,37 @@ ADAPTERS = [
     ("beta", 8, 16, ["gate_proj", "up_proj", "down_proj"]),
     ("gamma", 16, 8, ["q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]),
 ]
+
+
+# the bundled SmolLM2-135M's shapes: (in, out) of the projections write_smollm2_adapter targets
+SMOLLM2_HIDDEN, SMOLLM2_KV, SMOLLM2_LAYERS = 576, 192, 30
+SMOLLM2_SHAPES = {
+    "q_proj": (SMOLLM2_HIDDEN, SMOLLM2_HIDDEN),
+    "v_proj": (SMOLLM2_HIDDEN, SMOLLM2_KV),
+    "o_proj": (SMOLLM2_HIDDEN, SMOLLM2_HIDDEN),
+}
+
+
+def write_smollm2_adapter(
+    directory: Path, rank: int, seed: int, in_features: int = SMOLLM2_HIDDEN
+) -> Path:
+    """A PEFT adapter for the bundled SmolLM2 (q, v, o of every layer) with random A and B, as
+    PEFT lays it out, without loading the model; `in_features` other than the model's makes
+    one for another model."""
+    directory.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {}
+    for layer in range(SMOLLM2_LAYERS):
+        for module, (fan_in, fan_out) in SMOLLM2_SHAPES.items():
+            prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
+            fan_in = in_features if module == "q_proj" else fan_in
+            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.1
+            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.1
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}
+    config["target_modules"] = list(SMOLLM2_SHAPES)
+    (directory / "adapter_config.json").write_text(json.dumps(config))
+    return directory
 
 
 def save_adapter(

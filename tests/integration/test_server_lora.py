@@ -6,42 +6,19 @@ native /generate; /v1/models lists them with parent and root; unknown names get 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import openai
 import pytest
 import requests
-import torch
-from safetensors.torch import save_file
+from lora_adapters import SMOLLM2_HIDDEN as HIDDEN
+from lora_adapters import write_smollm2_adapter as write_adapter
 
 from radixserve.bench.server_process import ServerProcess
 
 API_KEY, ADMIN_KEY = "sk-lora", "sk-lora-admin"
-# SmolLM2-135M's shapes (the bundled model)
-HIDDEN, KV, LAYERS = 576, 192, 30
-SHAPES = {"q_proj": (HIDDEN, HIDDEN), "v_proj": (HIDDEN, KV), "o_proj": (HIDDEN, HIDDEN)}
 PROMPT = "The capital of France is"
 SQL_ANSWER: dict[str, str] = {}  # the sql adapter's reply, computed once
-
-
-def write_adapter(directory: Path, rank: int, seed: int, in_features: int = HIDDEN) -> Path:
-    """A PEFT adapter (q, v, o of every layer) with random A and B, as PEFT lays it out."""
-    directory.mkdir(parents=True)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {}
-    for layer in range(LAYERS):
-        for module, (fan_in, fan_out) in SHAPES.items():
-            part = "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{part}.{module}"
-            fan_in = in_features if module == "q_proj" else fan_in
-            tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.1
-            tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.1
-    save_file(tensors, str(directory / "adapter_model.safetensors"))
-    config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}
-    config["target_modules"] = list(SHAPES)
-    (directory / "adapter_config.json").write_text(json.dumps(config))
-    return directory
 
 
 @pytest.fixture(scope="module")

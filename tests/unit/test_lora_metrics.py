@@ -19,6 +19,7 @@ def stats(lora=None) -> SchedulerStats:
 def report(running, waiting, **counts) -> dict:
     base = {"requests": {}, "prompt_tokens": {}, "generated_tokens": {}, "prefix_lookups": {}}
     base |= {"prefix_hit_tokens": {}, "loads": 0, "load_seconds": 0.0, "evictions": 0}
+    base |= {"resident": len(running)}
     return {"running": running, "waiting": waiting, "max_lora": 4, **base, **counts}
 
 
@@ -51,3 +52,4 @@ def test_lora_metrics_follow_the_reports():
     assert got["radixserve_lora_generation_tokens_total"][0][1] == 9
     assert got["radixserve_lora_loads_total"][0][1] == 3
     assert got["radixserve_lora_evictions_total"][0][1] == 1
+    assert got["radixserve_lora_resident_adapters"][0][1] == 1

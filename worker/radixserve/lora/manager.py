@@ -221,6 +221,7 @@ class LoRAManager:
             "running": running,
             "waiting": waiting,
             "max_lora": self.pool.slots,
+            "resident": sum(1 for n in self.slot_names if n is not None),
             "requests": delta.requests,
             "prompt_tokens": delta.prompt_tokens,
             "generated_tokens": delta.generated_tokens,

@@ -48,6 +48,12 @@ class LoRAMetrics:
         self._evictions = counter(
             "lora_evictions", "LoRA adapters evicted from a device slot", ["model_name"]
         )
+        self._resident = Gauge(
+            PREFIX + "lora_resident_adapters",
+            "LoRA adapters in the device slots",
+            ["model_name"],
+            registry=registry,
+        )
 
     def apply(self, report: dict[str, Any]) -> None:
         name = self._model_name
@@ -67,3 +73,4 @@ class LoRAMetrics:
         self._loads.labels(name).inc(report["loads"])
         self._load_seconds.labels(name).inc(report["load_seconds"])
         self._evictions.labels(name).inc(report["evictions"])
+        self._resident.labels(name).set(report["resident"])
