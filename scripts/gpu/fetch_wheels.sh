@@ -11,6 +11,8 @@ grep -qx '/.whl/' .git/info/exclude 2>/dev/null || echo /.whl/ >> .git/info/excl
 wheels() { python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -d .whl "$@"; }
 wheels flashinfer-python==0.5.3 xgrammar==0.2.8 gguf pydantic annotated-types \
   typing-inspection python-json-logger jsonschema jsonschema-specifications referencing attrs
+# peft (and its accelerate): tests/gpu/test_lora_gpu.py checks the LoRA kernels against PEFT
+wheels peft==0.21.2 accelerate==1.16.0
 core=$(unzip -p .whl/pydantic-[0-9]*.whl '*/METADATA' | sed -n 's/^Requires-Dist: pydantic-core==//p')
 wheels --implementation cp --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
   'apache-tvm-ffi>=0.1,<0.2' pyzmq rpds-py fastsafetensors msgspec cbor2 "pydantic-core==$core"
