@@ -17,7 +17,10 @@ neither. On the CPU every copy is a plain synchronous copy.
 
 from __future__ import annotations
 
+import math
+import mmap
 import time
+import weakref
 
 import torch
 
@@ -40,13 +43,20 @@ def _row_bytes(buffer: torch.Tensor) -> int:
 def _host_buffer(shape: tuple[int, ...], dtype: torch.dtype, pinned: bool) -> torch.Tensor:
     """A zeroed host buffer; `pinned`: page-locked in place with cudaHostRegister (torch's
     pin_memory allocates through its caching host allocator, which rounds a block up to a
-    power of two: up to twice the memory asked for)."""
-    buffer = torch.zeros(shape, dtype=dtype)
-    if pinned:
-        nbytes = buffer.numel() * buffer.element_size()
-        status = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), nbytes, 0)
-        if int(status) != 0:
+    power of two: up to twice the memory asked for). A pinned buffer is an anonymous mapping
+    of its own: a range that shares a page with memory registered before (small tensors from
+    malloc do, and freed ones come back) fails to register, and the failed call's error is
+    what the next kernel launch in the process reports. It is unregistered when it goes."""
+    if not pinned:
+        return torch.zeros(shape, dtype=dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    mapping = mmap.mmap(-1, max(nbytes, 1))  # zero-filled, page-aligned, kept by the tensor
+    buffer = torch.frombuffer(mapping, dtype=torch.uint8)[:nbytes].view(dtype).view(shape)
+    if nbytes:
+        cudart = torch.cuda.cudart()
+        if int(cudart.cudaHostRegister(buffer.data_ptr(), nbytes, 0)) != 0:
             raise RuntimeError(f"cannot page-lock {nbytes >> 20} MiB for the host KV tier")
+        weakref.finalize(buffer, cudart.cudaHostUnregister, buffer.data_ptr())
     return buffer
 
 
