@@ -40,17 +40,18 @@ def run(scheduler, jobs) -> list[list[int]]:
 
 
 def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
-    cpu_source = load_model_source("random:tiny-llama", device="cpu")
-    hf = build_hf_reference(cpu_source)
+    # random weights are drawn on the device they are for (a CUDA draw is not the CPU's): the
+    # reference holds the very weights the GPU worker serves, moved to the CPU
+    source = load_model_source("random:tiny-llama", device="cuda", dtype="float32")
+    hf = build_hf_reference(source).cpu()
     dirs = {
         name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
         for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
     }
-    prompts = random_prompts(6, cpu_source.config.vocab_size, 5, 60, seed=3)
+    prompts = random_prompts(6, source.config.vocab_size, 5, 60, seed=3)
     names = [None, *dirs]
     jobs = [(names[i % len(names)], p) for i, p in enumerate(prompts * 2)]
     expected = [peft_greedy(hf, dirs.get(n), p, NEW) for n, p in jobs]
-    source = load_model_source("random:tiny-llama", device="cuda", dtype="float32")
     scheduler = make_scheduler(
         "random:tiny-llama",
         source,

@@ -5,7 +5,6 @@ chunks and prefix hits, and a Qwen3-Reranker-shaped one (yes/no logits), each ba
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -28,21 +27,16 @@ from test_pooling_parity import cosine, pool_all  # noqa: E402
 from radixserve.scheduler.scheduler_process import build_scheduler  # noqa: E402
 from radixserve.server_args import ServerArgs  # noqa: E402
 
-BACKENDS = ["triton"] + (["flashinfer"] if importlib.util.find_spec("flashinfer") else [])
-# FlashInfer has no float32 kernels: its cases run in bfloat16 against the float32 reference,
-# within bfloat16's error (cosine, and the score's absolute error)
-TOLERANCE = {"float32": (0.9999, 1e-4), "bfloat16": (0.999, 2e-2)}
-
-
-def dtype_for(backend: str) -> str:
-    return "bfloat16" if backend == "flashinfer" else "float32"
+# FlashInfer builds no kernels for these tiny models' 16-wide heads (nor float32 ones); the
+# backends' own agreement is tests/gpu/test_attention_backends.py's
+BACKENDS = ["triton"]
 
 
 def gpu_scheduler(checkpoint: Path, backend: str):
     args = ServerArgs(
         model=str(checkpoint),
         device="cuda",
-        dtype=dtype_for(backend),
+        dtype="float32",
         attention_backend=backend,
         max_total_tokens=8192,
         chunked_prefill_size=16,
@@ -64,7 +58,7 @@ def test_embeddings_match_transformers_on_the_gpu(tmp_path, backend):
     for i, ids in enumerate(prompts):
         with torch.no_grad():
             want = F.normalize(hf(torch.tensor([ids])).last_hidden_state[0, -1], dim=-1)
-        assert cosine(got[i], want.numpy()) >= TOLERANCE[dtype_for(backend)][0]
+        assert cosine(got[i], want.numpy()) >= 0.9999
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -82,4 +76,4 @@ def test_yes_no_reranker_matches_transformers_on_the_gpu(tmp_path, backend):
         with torch.no_grad():
             logits = hf(torch.tensor([ids])).logits[0, -1]
         want = torch.sigmoid(logits[vocab["yes"]] - logits[vocab["no"]]).item()
-        assert np.isclose(got[i][0], want, atol=TOLERANCE[dtype_for(backend)][1])
+        assert np.isclose(got[i][0], want, atol=1e-4)

@@ -42,9 +42,14 @@ def generate(model_path, prompts, params, **kw):
 
 @pytest.mark.parametrize("backend", ["triton"])
 def test_graphs_and_overlap_identical_with_speculation(model_path, backend):
-    prompts = copy_heavy(24)  # above the default batch-size limit at first, then below
-    params = [greedy(64)] * 12 + [
-        SamplingParams(max_new_tokens=64, temperature=0.8, top_p=0.95, seed=i, ignore_eos=True)
+    # 24 rows: above the default batch-size limit (16) at first; their lengths differ, so the
+    # batch falls below it as they finish and the rest speculate (had they one length, they
+    # would end together and none would)
+    prompts = copy_heavy(24)
+    params = [greedy(16 + 8 * i) for i in range(12)] + [
+        SamplingParams(
+            max_new_tokens=40 + 8 * i, temperature=0.8, top_p=0.95, seed=i, ignore_eos=True
+        )
         for i in range(12)
     ]
     plain, _ = generate(model_path, prompts, params, attention_backend=backend)
