@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from radixserve.bench.server_process import free_port
+from radixserve.catalog.architectures import SUPPORTED_ARCHITECTURES
 
-SERVED = "Gemma2ForCausalLM, Gemma3ForCausalLM, LlamaForCausalLM, MistralForCausalLM, "
+# the refusal lists every served architecture, from the one list of them
+SERVED = "supported: " + ", ".join(sorted(SUPPORTED_ARCHITECTURES.values()))
 TINY = {
     "vocab_size": 256,
     "hidden_size": 32,

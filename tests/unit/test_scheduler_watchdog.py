@@ -168,6 +168,9 @@ class GeneratingScheduler:
     def pop_outputs(self) -> list:
         return []
 
+    def pop_replies(self) -> list:
+        return []
+
     def pop_stats(self):
         return None
 
