@@ -7,8 +7,14 @@ INPUT_LEN tokens, each later turn the whole conversation plus TURN_LEN new token
 (the issue: >= 1.8x and >= 2x lower), decode ITL p50 (requests that restore nothing should not
 step slower), and the restore bandwidth (host bytes restored / summed restore time) against the
 pinned host-to-device copy rate measured here first. Usage: python3 scripts/gpu/kv_tiers.py OUT
-(environment: PRESET, VOCAB_RANGE, SESSIONS, TURNS, INPUT_LEN, TURN_LEN, OUTPUT_LEN, POOL, HOST_GB,
-POLICIES, SERVE_ARGS). A CPU dry run: PRESET=tiny-llama with small numbers.
+(environment: PRESET, VOCAB_RANGE, SESSIONS, CONCURRENCY, TURNS, INPUT_LEN, TURN_LEN, OUTPUT_LEN,
+POOL, HOST_GB, POLICIES, SERVE_ARGS). A CPU dry run: PRESET=tiny-llama with small numbers.
+
+The pool holds the requests in flight (CONCURRENCY at a time, 8 of 2k tokens) several times
+over, while the sessions between their turns (SESSIONS, 64: each turn queues behind the other
+sessions' turns) hold ~4x the pool: the shape where a tier pays. A pool too small for the
+requests in flight (the first version: 24 sessions all in flight on a 12,800-token pool) bounds
+both runs by how few requests decode at once, not by prefill, and the tier cannot show.
 """
 
 from __future__ import annotations
@@ -65,12 +71,12 @@ def bench_args(base_url: str) -> argparse.Namespace:
     return parser.parse_args(
         [
             "--base-url", base_url,
-            "--num-requests", env("SESSIONS", "24"),
+            "--num-requests", env("SESSIONS", "64"),
             "--turns", env("TURNS", "8"),
             "--turn-len", env("TURN_LEN", "128"),
             "--input-len", env("INPUT_LEN", "1024"),
             "--output-len", env("OUTPUT_LEN", "32"),
-            "--max-concurrency", env("SESSIONS", "24"),
+            "--max-concurrency", env("CONCURRENCY", "8"),
             "--vocab-range", env("VOCAB_RANGE", "32000"),
         ]
     )  # fmt: skip
@@ -79,7 +85,7 @@ def bench_args(base_url: str) -> argparse.Namespace:
 def run_config(name: str, extra: list[str], out: Path) -> dict:
     model = f"random:{env('PRESET', 'llama-3-8b')}"
     args = ["--model", model, "--context-length", "4096"]
-    args += ["--max-total-tokens", env("POOL", "12800")]
+    args += ["--max-total-tokens", env("POOL", "32768")]
     args += env("SERVE_ARGS", "").split() + extra
     print(f"=== {name}: radixserve serve {' '.join(args)} ({time.strftime('%T')})", flush=True)
     with ServerProcess(args, out / f"server-{name}.log") as server:
