@@ -307,10 +307,11 @@ def scraped_traffic(
 ) -> dict[str, str]:
     """Sends traffic, waits until Prometheus has scraped all of it; returns Grafana's values."""
     assert lora_worker.model == worker.model  # one model: the dashboards' $model_name
-    # first: the ratio panels (speculative acceptance) need their traffic inside the last
-    # minute, and the LoRA panels are plain rates
+    # speculative decoding's last: its ratio panel (accepted / proposed over the last minute)
+    # is NaN unless its traffic is inside that minute, however long the rest took on a loaded
+    # machine; the LoRA panels are plain rates
     direct = send_lora_traffic(lora_worker)
-    routed = send_spec_traffic(router) + send_traffic(router) + send_tier_traffic(router)
+    routed = send_traffic(router) + send_tier_traffic(router) + send_spec_traffic(router)
     for counter, sent in (
         ("radixserve_requests_total", routed + direct),
         ("radixserve_router_requests_total", routed),
