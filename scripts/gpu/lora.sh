@@ -7,6 +7,8 @@
 #   spread over a batch of 64, against 64 base rows on the same server, steady decode tok/s,
 #   median of ROUNDS alternating rounds: target >= 0.85x; CUDA graphs and overlap on.
 # - single: batch 1 with one adapter against the base, same server: target >= 0.90x.
+# - plain: the base model on a server without LoRA (batch 64 and 1), and the adapters' rows
+#   against it: the base rows of a LoRA server pay the LoRA kernels' launches too.
 # - kernels: the LoRA shrink/expand kernels of one decode step (32 layers x q/k/v, o, gate/up,
 #   down; 64 rows over 8 slots) replayed in a CUDA graph: us per step against the adapters'
 #   bytes at 4.8 TB/s (informational: S-LoRA/Punica report a few % to ~20% decode overhead).
@@ -42,6 +44,23 @@ timeout "$(limit 60)" $BENCH kernels $COMMON --batch "${BATCH:-64}" --json "$OUT
 echo "=== decode $(date +%T)"
 timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-decode.json" \
   2>&1 | grep -E "^batch|^single|Error|error" | tail -4
+
+echo "=== plain $(date +%T)"
+timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-plain.json" \
+  2>&1 | grep -E "^plain|Error|error" | tail -3
+python3 - "$OUT" <<'PY'
+import json, statistics, sys
+from pathlib import Path
+out = Path(sys.argv[1])
+try:
+    decode, plain = (json.loads((out / f"lora-{k}.json").read_text()) for k in ("decode", "plain"))
+except (OSError, ValueError) as error:
+    sys.exit(f"against plain: no result ({error})")
+for name, target in (("batch", 0.85), ("single", 0.90)):
+    ratio = statistics.median(decode[name]["lora_tok_s"]) / statistics.median(plain[name]["plain_tok_s"])
+    print(f"{name} vs plain {'PASS' if ratio >= target else 'FAIL'}: {ratio:.3f}x the base model on a"
+          f" server without LoRA (target >= {target})")
+PY
 
 echo "fp8-base SKIP: FP8 base weights with bf16 adapters wrap like any base, not measured yet"
 echo "tp SKIP: LoRA with --tp-size > 1 is refused (A/B not sharded yet)"

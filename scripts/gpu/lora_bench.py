@@ -4,6 +4,8 @@
   64 base rows on the same server, alternating rounds: steady decode tok/s (after every row's
   prefill), the ratio (target >= 0.85x). CUDA graphs and overlap on (checked).
 - single: batch 1, one adapter against the base (target >= 0.90x).
+- plain: the base model on a server without LoRA, batch 64 and 1: the adapters' rows against
+  it too (lora.sh prints both ratios).
 - kernels: the LoRA kernels alone for one decode step of the model (every layer's q/k/v, o,
   gate/up, down shrink + expand, 64 rows over 8 slots), captured in a CUDA graph and replayed:
   device time per step against the time the adapters' bytes take at the HBM bandwidth.
@@ -96,6 +98,9 @@ def decode_tok_s(scheduler, names: list[str | None], prompt_len: int, tokens: in
 
 
 def make(a, dirs: dict[str, Path]):
+    """A server with the adapters resident, or without LoRA at all (`dirs` empty)."""
+    if not dirs:
+        return build_scheduler(ServerArgs(model=a.model, device=a.device))
     modules = [f"{name}={path}" for name, path in dirs.items()]
     args = ServerArgs(
         model=a.model,
@@ -106,6 +111,20 @@ def make(a, dirs: dict[str, Path]):
         max_cpu_loras=len(dirs),
     )
     return build_scheduler(args)
+
+
+def section_plain(a) -> dict:
+    """The base model on a server without LoRA, batch `a.batch` and 1: what the adapters'
+    rows are finally compared with (the base rows of a LoRA server pay its kernels' launches)."""
+    scheduler = make(a, {})
+    result = {}
+    for name, batch in (("batch", a.batch), ("single", 1)):
+        decode_tok_s(scheduler, [None] * batch, a.prompt_len, 4)  # warm-up
+        runs = [decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens)]
+        runs += [decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens)]
+        result[name] = {"batch": batch, "plain_tok_s": runs}
+        print(f"plain {name}: {statistics.median(runs):.0f} tok/s (batch {batch})", flush=True)
+    return result
 
 
 def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
@@ -157,18 +176,7 @@ def section_kernels(a) -> dict:
         for _ in range(config.num_hidden_layers):
             for a_w, b_w, x, y, outs in weights:
                 s = lora_kernels.shrink(x, a_w, starts, row_slots, 1, token_slots)
-                offset = 0
-                for i, size in enumerate(outs):
-                    lora_kernels.expand(
-                        y[:, offset : offset + size],
-                        s[:, i * rank : (i + 1) * rank],
-                        b_w[:, offset : offset + size],
-                        starts,
-                        row_slots,
-                        1,
-                        token_slots,
-                    )
-                    offset += size
+                lora_kernels.expand(y, s, b_w, starts, row_slots, 1, token_slots, outs)
 
     adapter_bytes = sum(a_w.nbytes + b_w.nbytes for a_w, b_w, *_ in weights)
     step_bytes = adapter_bytes * config.num_hidden_layers  # every slot is used
@@ -199,7 +207,7 @@ def section_kernels(a) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=("decode", "kernels"))
+    parser.add_argument("section", choices=("decode", "kernels", "plain"))
     parser.add_argument("--model", default="random:llama-3-8b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--adapters", type=int, default=8)
@@ -214,6 +222,8 @@ def main() -> None:
     if a.section == "kernels":
         result = section_kernels(a)
         print(f"kernels: {json.dumps(result)}", flush=True)
+    elif a.section == "plain":
+        result = section_plain(a)
     else:  # one server for both: one model load and graph capture
         dirs = write_adapters(a.model, a.adapters, a.rank, Path(a.adapter_dir))
         scheduler = make(a, dirs)

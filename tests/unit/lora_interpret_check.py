@@ -32,12 +32,19 @@ def segments(lens: list[int], slots: list[int]):
     return starts, seg_slots, torch.repeat_interleave(seg_slots, torch.tensor(lens))
 
 
-def reference(x, a, b, token_slots):
-    """float64, one token at a time: x · A[slot]ᵀ · B[slot]ᵀ, zero for slot -1."""
+def reference(x, a, b, token_slots, sizes, rank):
+    """float64, one token at a time and one sub-projection at a time: x · A_i[slot]ᵀ ·
+    B_i[slot]ᵀ, zero for slot -1."""
     out = torch.zeros(x.shape[0], b.shape[1], dtype=torch.float64)
     for t, slot in enumerate(token_slots.tolist()):
-        if slot >= 0:
-            out[t] = (x[t].double() @ a[slot].double().t()) @ b[slot].double().t()
+        if slot < 0:
+            continue
+        offset = 0
+        for i, size in enumerate(sizes):
+            a_i = a[slot, i * rank : (i + 1) * rank].double()
+            b_i = b[slot, offset : offset + size].double()
+            out[t, offset : offset + size] = (x[t].double() @ a_i.t()) @ b_i.t()
+            offset += size
     return out
 
 
@@ -45,32 +52,39 @@ def rel(x, y) -> float:
     return float((x.double() - y).norm() / y.norm().clamp(min=1e-12))
 
 
-# (segment lengths, their slots, K, N, rank): a prefill mix with the base in the middle and a
-# segment longer than a block, decode rows (one token each, by slot) with padding rows, a
-# rank below 16, more decode rows than one program takes
+# (segment lengths, their slots, K, sub-projection widths, rank): a prefill mix with the base
+# in the middle and a segment longer than a block, decode rows (one token each, by slot) with
+# padding rows, a rank below 16, more decode rows than one program takes, a decode pass whose K
+# splits over programs (700: three splits, the last one short) with three fused
+# sub-projections whose boundaries fall inside column blocks, a base-only decode pass
 CASES = [
-    ([20, 3, 17], [1, -1, 0], 96, 80, 16),
-    ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, 48, 8),
-    ([5], [-1], 32, 40, 16),
-    ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, 40, 8),  # two blocks of decode rows
+    ([20, 3, 17], [1, -1, 0], 96, [80], 16),
+    ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8),
+    ([5], [-1], 32, [40], 16),
+    ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, [40], 8),  # two blocks of decode rows
+    ([1] * 5, [0, 2, -1, 0, 1], 700, [80, 40, 40], 8),
+    ([17, 4], [2, 0], 700, [70, 30], 16),
+    ([1] * 3, [-1, -1, -1], 700, [40], 16),
 ]
 results = []
 with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x: True):
-    for lens, slots, k, n, rank in CASES:
+    for lens, slots, k, sizes, rank in CASES:
+        n = sum(sizes)
         for dtype in (torch.float32, torch.float16):
             starts, seg_slots, token_slots = segments(lens, slots)
             tokens = sum(lens)
             x = torch.randn(tokens, k, generator=gen).to(dtype)
-            a = (torch.randn(3, rank, k, generator=gen) * 0.1).to(dtype)
+            a = (torch.randn(3, len(sizes) * rank, k, generator=gen) * 0.1).to(dtype)
             b = (torch.randn(3, n, rank, generator=gen) * 0.1).to(dtype)
             base = torch.randn(tokens, n, generator=gen).to(dtype)
             s = lora_kernels.shrink(x, a, starts, seg_slots, max(lens))
             y = base.clone()
-            lora_kernels.expand(y, s, b, starts, seg_slots, max(lens))
-            s_torch = lora_kernels.shrink_torch(x, a, token_slots)
+            lora_kernels.expand(y, s, b, starts, seg_slots, max(lens), sub_sizes=sizes)
             y_torch = base.clone()
-            lora_kernels.expand_torch(y_torch, s_torch, b, token_slots)
-            want = base.double() + reference(x, a, b, token_slots)
+            with mock.patch.object(triton_support, "enabled_for", lambda x: False):
+                s_torch = lora_kernels.shrink(x, a, starts, seg_slots, max(lens), token_slots)
+                lora_kernels.expand(y_torch, s_torch, b, starts, seg_slots, 1, token_slots, sizes)
+            want = base.double() + reference(x, a, b, token_slots, sizes, rank)
             base_rows = token_slots < 0
             results.append(
                 {
@@ -79,6 +93,7 @@ with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x:
                     "rel_err": rel(y, want),
                     "torch_rel_err": rel(y_torch, want),
                     "base_rows_untouched": bool(torch.equal(y[base_rows], base[base_rows])),
+                    "splits": s.shape[0],
                 }
             )
     # the wrapper over a fused q/k/v-like projection: column slices of y, B and the shrink

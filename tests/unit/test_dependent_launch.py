@@ -21,6 +21,7 @@ from radixserve.kernels import (  # noqa: E402
     decode_attention,
     fused_ops,
     gemv,
+    lora,
     triton_support,
 )
 
@@ -95,6 +96,18 @@ KERNELS = {
         {"Mid_O": "fp32", "Mid_Lse": "fp32", "Seq_lens": "i64"},
         set(),
         {"HEAD_DIM": 128, "BLOCK_D": 128, "BLOCK_S": 64, "FEW_SPLITS": 16, "MIN_SPLIT": 64},
+    ),
+    "lora shrink (decode)": (
+        lora._shrink_kernel,
+        {"Out": "fp32", "SegStart": "i32", "SegSlot": "i32"},
+        set(),
+        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_R": 64, "BLOCK_K": 64, "PRECISION": "tf32"},
+    ),
+    "lora expand (decode)": (
+        lora._expand_kernel,
+        {"S": "fp32", "SegStart": "i32", "SegSlot": "i32"},
+        set(),
+        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_R": 16, "PRECISION": "tf32"},
     ),
 }
 

@@ -110,19 +110,16 @@ class LoRALinear(nn.Module):
         shrunk = lora_kernels.shrink(
             x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
         )
-        offset = 0
-        for i, size in enumerate(self.sub_sizes):  # the fused projections: at most three
-            rank = slice(i * self.max_rank, (i + 1) * self.max_rank)
-            lora_kernels.expand(
-                y[:, offset : offset + size],
-                shrunk[:, rank],
-                self.lora_b[:, offset : offset + size],
-                batch.seg_starts,
-                batch.seg_slots,
-                batch.max_seg_len,
-                batch.token_slots,
-            )
-            offset += size
+        lora_kernels.expand(
+            y,
+            shrunk,
+            self.lora_b,
+            batch.seg_starts,
+            batch.seg_slots,
+            batch.max_seg_len,
+            batch.token_slots,
+            self.sub_sizes,
+        )
         return y
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
