@@ -19,6 +19,7 @@ from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
 from radixserve.kernels import lora as lora_kernels  # noqa: E402
 from radixserve.kernels import triton_support  # noqa: E402
+from radixserve.layers.linear import Linear  # noqa: E402
 from radixserve.layers.lora_linear import LoRABatch, LoRALinear  # noqa: E402
 
 _allow_one_element_index()
@@ -108,4 +109,28 @@ with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x:
     fused = layer(x)
 with torch.no_grad():
     unfused = layer(x)
-print(json.dumps({"cases": results, "wrapper_rel_err": rel(fused, unfused.double())}))
+wrapper_rel_err = rel(fused, unfused.double())
+
+# batch 1 (one half-precision row): the adapter's expand in the base GEMV's epilogue, plain
+# (three sub-projections whose boundaries fall inside a program's rows) and gated (the MLP's
+# activation after both halves' adapter terms), for each slot and the base (-1), against the
+# torch path of the same wrapper
+epilogue = []
+batch = LoRABatch(torch.device("cpu"), 1)
+for sizes, gated in (([24, 12, 12], False), ([40, 40], True)):
+    base = Linear(300, sum(sizes), bias=False).half()
+    layer = LoRALinear(base, 300, sizes, 3, 8, batch, torch.float16)
+    layer.lora_a.copy_(torch.randn(layer.lora_a.shape, generator=gen) * 0.1)
+    layer.lora_b.copy_(torch.randn(layer.lora_b.shape, generator=gen) * 0.1)
+    x = torch.randn(1, 300, generator=gen).half()
+    for slot in (0, 2, -1):
+        batch.prepare([slot], [1])
+        run = layer.silu_and_mul if gated else layer
+        with torch.no_grad():
+            with mock.patch.object(triton_support, "enabled_for", lambda x: True):
+                fused = run(x)
+            reference_out = run(x)
+        epilogue.append(
+            {"gated": gated, "slot": slot, "rel_err": rel(fused, reference_out.double())}
+        )
+print(json.dumps({"cases": results, "wrapper_rel_err": wrapper_rel_err, "epilogue": epilogue}))

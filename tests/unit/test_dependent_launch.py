@@ -42,6 +42,9 @@ KERNELS = {
             "BLOCK_N": 4,
             "BLOCK_K": 1024,
             "NUM_STAGES": 3,
+            "LORA": False,
+            "LORA_BLOCK_R": 16,
+            "LORA_SPLITS": 1,
         },
     ),
     "gemv (bf16)": (
@@ -55,6 +58,27 @@ KERNELS = {
             "BLOCK_N": 2,
             "BLOCK_K": 2048,
             "NUM_STAGES": 1,
+            "LORA": False,
+            "LORA_BLOCK_R": 16,
+            "LORA_SPLITS": 1,
+        },
+    ),
+    # an adapter's expand in the epilogue (batch 1 with LoRA): the row's slot (a step input)
+    # and B (adapter weights) before the wait, s (the shrink kernel's output) after it
+    "gemv (bf16, gated, LoRA)": (
+        gemv._gemv_kernel,
+        {"LoraS": "fp32", "LoraSlot": "i32"},
+        set(),
+        {
+            "HAS_BIAS": False,
+            "HAS_SCALE": False,
+            "GATED": True,
+            "BLOCK_N": 2,
+            "BLOCK_K": 2048,
+            "NUM_STAGES": 1,
+            "LORA": True,
+            "LORA_BLOCK_R": 16,
+            "LORA_SPLITS": 16,
         },
     ),
     "rms_norm (with residual)": (
@@ -101,13 +125,20 @@ KERNELS = {
         lora._shrink_kernel,
         {"Out": "fp32", "SegStart": "i32", "SegSlot": "i32"},
         set(),
-        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_R": 64, "BLOCK_K": 64, "PRECISION": "tf32"},
+        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_R": 64, "BLOCK_K": 256, "PRECISION": "tf32"},
     ),
     "lora expand (decode)": (
         lora._expand_kernel,
         {"S": "fp32", "SegStart": "i32", "SegSlot": "i32"},
         set(),
-        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_R": 16, "PRECISION": "tf32"},
+        {
+            "BY_SLOT": True,
+            "BLOCK_M": 64,
+            "BLOCK_N": 64,
+            "BLOCK_R": 16,
+            "MAX_SPLITS": 16,
+            "PRECISION": "tf32",
+        },
     ),
 }
 
@@ -115,6 +146,7 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
+    "gemv (bf16, gated, LoRA)": {"LoraSlot", "LoraB"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},

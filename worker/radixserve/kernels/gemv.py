@@ -15,6 +15,8 @@ activation quantization at all (layers/quantization/fp8.py routes its batch-1 ro
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from radixserve.kernels import triton_support
@@ -27,6 +29,57 @@ from radixserve.kernels.triton_support import (
 )
 
 
+class LoRAEpilogue(NamedTuple):
+    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's
+    `s` (kernels/lora.py `shrink`'s partials `[splits, 1, n_sub * rank]`), the slot-stacked B
+    `[slots, N, rank]`, the row's slot (a one-element int32 tensor, -1 for the base model:
+    read on the device, so a captured graph serves any adapter) and the widths of the fused
+    sub-projections. At batch 1 this saves the expand's launch on every projection and keeps
+    the gated epilogue (the MLP's activation) for adapters too."""
+
+    s: torch.Tensor
+    b: torch.Tensor
+    slot: torch.Tensor
+    sub_sizes: list[int]
+
+
+@jit
+def _lora_b_rows(B, LoraSlot, b_rows, row_ok, rank, stride_bs, stride_bn, BLOCK_R: tl.constexpr):
+    """B[slot, b_row, :rank] for each row (zeros for the base model's slot -1), and whether the
+    row takes an adapter: adapter weights and the step's slot, both readable before the wait."""
+    slot = tl.load(LoraSlot).to(tl.int64)
+    rows_on = row_ok & (b_rows * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
+    rs = tl.arange(0, BLOCK_R)
+    b = tl.load(
+        B
+        + tl.maximum(slot, 0) * stride_bs
+        + b_rows[:, None].to(tl.int64) * stride_bn
+        + rs[None, :],
+        mask=rows_on[:, None] & (rs < rank)[None, :],
+        other=0.0,
+    )
+    return b, rows_on
+
+
+@jit
+def _lora_s_rows(
+    S, subs, rows_on, splits, rank, stride_split, BLOCK_R: tl.constexpr, MAX_SPLITS: tl.constexpr
+):
+    """Each row's s[sub * rank : (sub + 1) * rank], summed over the shrink's K splits (their
+    loads independent, out together), rounded to B's dtype as the expand kernel's dot takes it."""
+    rs = tl.arange(0, BLOCK_R)
+    ok = rows_on[:, None] & (rs < rank)[None, :]
+    s = tl.zeros(ok.shape, dtype=tl.float32)
+    for split in tl.static_range(MAX_SPLITS):
+        split_ok = ok & (subs * 0 + split < splits)[:, None]
+        s += tl.load(
+            S + split * stride_split + (subs * rank)[:, None] + rs[None, :],
+            mask=split_ok,
+            other=0.0,
+        )
+    return s
+
+
 @jit
 def _gemv_kernel(
     X,
@@ -34,15 +87,28 @@ def _gemv_kernel(
     Bias,
     Scale,
     Y,
+    LoraS,
+    LoraB,
+    LoraSlot,
     N,
     K,
     stride_wn,
+    lora_splits,
+    lora_rank,
+    lora_sub1,
+    lora_sub2,
+    stride_ls,
+    stride_lbs,
+    stride_lbn,
     HAS_BIAS: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     GATED: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    LORA: tl.constexpr,
+    LORA_BLOCK_R: tl.constexpr,
+    LORA_SPLITS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
@@ -53,6 +119,11 @@ def _gemv_kernel(
     compute it; the up rows stream in the same loop, so the activation costs no launch.
 
     HAS_SCALE: W is quantized and row r's sum is multiplied by Scale[r] (before the bias).
+
+    LORA: the row's adapter term (`LoRAEpilogue`) is added to each rounded output, gate and up
+    alike, and the sum rounded again: the values of the GEMV followed by the expand kernel.
+    Sub-projection boundaries lora_sub1 <= lora_sub2 (N past the last one) pick each row's
+    columns of s; for GATED, gate is sub-projection 0 and up 1, B's up rows at N + row.
 
     NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
     chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
@@ -69,7 +140,29 @@ def _gemv_kernel(
         bias = tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+    if LORA:  # the adapter's B rows: constants too; the row's s after the wait, both used
+        # after the K loop, so their latency hides under it
+        if GATED:
+            subs = rows * 0
+        else:
+            subs = (rows >= lora_sub1).to(tl.int32) + (rows >= lora_sub2).to(tl.int32)
+        b_lora, lora_on = _lora_b_rows(
+            LoraB, LoraSlot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+        )
+        if GATED:
+            b_lora_up, _ = _lora_b_rows(
+                LoraB, LoraSlot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+            )
     wait_for_prior_kernel(PDL)
+    if LORA:
+        s_lora = _lora_s_rows(
+            LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
+        )
+        if GATED:
+            s_lora_up = _lora_s_rows(
+                LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,
+                LORA_SPLITS,
+            )  # fmt: skip
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if GATED:
@@ -92,6 +185,9 @@ def _gemv_kernel(
         y += bias
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
+    if LORA:
+        delta = tl.sum(s_lora.to(LoraB.dtype.element_ty).to(tl.float32) * b_lora.to(tl.float32), 1)
+        y = (y.to(tl.float32) + delta).to(X.dtype.element_ty)
     if GATED:
         up = tl.sum(acc_up, axis=1)
         if HAS_SCALE:
@@ -99,7 +195,12 @@ def _gemv_kernel(
         if HAS_BIAS:
             up += bias_up
         gate = y.to(tl.float32)
-        up = up.to(X.dtype.element_ty).to(tl.float32)
+        up = up.to(X.dtype.element_ty)
+        if LORA:
+            up_s = s_lora_up.to(LoraB.dtype.element_ty).to(tl.float32)
+            delta_up = tl.sum(up_s * b_lora_up.to(tl.float32), 1)
+            up = (up.to(tl.float32) + delta_up).to(X.dtype.element_ty)
+        up = up.to(tl.float32)
         y = (gate / (1.0 + tl.exp(-gate)) * up).to(X.dtype.element_ty)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=mask_n)
 
@@ -155,13 +256,15 @@ def gemv(
     out_dtype: torch.dtype | None = None,
     gated: bool = False,
     scale: torch.Tensor | None = None,
+    lora: LoRAEpilogue | None = None,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x of one row ([1, K] or [K]); weight [N, K] unit-stride
     rows; rounded to x's dtype, stored as `out_dtype` (default x's). `gated`: weight is
     [gate; up] and the result silu(gate) * up, N / 2 wide; each program then takes `block_n / 2`
     rows of each half, so it streams as many rows as the plain product's programs. `scale`
     ([N] float32): the weight is quantized (FP8) and row r's true value is weight[r] * scale[r].
-    `num_stages` > 1 pipelines the K loop (see _gemv_kernel); the sums are the same."""
+    `num_stages` > 1 pipelines the K loop (see _gemv_kernel); the sums are the same. `lora`: the
+    row's adapter term added in the epilogue (`LoRAEpilogue`)."""
     k = x.shape[-1]
     n = weight.shape[0]
     if x.numel() != k or weight.shape[1] != k or weight.stride(1) != 1 or (gated and n % 2):
@@ -169,21 +272,41 @@ def gemv(
     if gated:
         n, block_n = n // 2, max(1, block_n // 2)
     y = torch.empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype, device=x.device)
+    if lora is not None:
+        sizes = lora.sub_sizes
+        if len(sizes) > 3 or sum(sizes) != weight.shape[0] or (gated and len(sizes) != 2):
+            raise ValueError(f"LoRA sub-projections {sizes} do not fit {weight.shape[0]} rows")
+        bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
+        rank = lora.b.shape[2]
+        s_lora, b_lora, slot = lora.s, lora.b, lora.slot
+        lora_args = (lora.s.shape[0], rank, bounds[0], bounds[1])
+        lora_strides = (lora.s.stride(0), lora.b.stride(0), lora.b.stride(1))
+    else:
+        s_lora = b_lora = slot = weight
+        lora_args, lora_strides, rank = (1, 1, n, n), (0, 0, 0), 1
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
         weight,
         bias if bias is not None else weight,
         scale if scale is not None else weight,
         y,
+        s_lora,
+        b_lora,
+        slot,
         n,
         k,
         weight.stride(0),
+        *lora_args,
+        *lora_strides,
         HAS_BIAS=bias is not None,
         HAS_SCALE=scale is not None,
         GATED=gated,
         BLOCK_N=block_n,
         BLOCK_K=block_k,
         NUM_STAGES=num_stages,
+        LORA=lora is not None,
+        LORA_BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        LORA_SPLITS=triton.next_power_of_2(lora_args[0]),
         num_warps=num_warps,
         **dependent_launch(x),
     )

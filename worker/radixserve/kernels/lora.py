@@ -42,9 +42,9 @@ from radixserve.kernels.triton_support import jit, tl, triton, wait_for_prior_ke
 
 _BLOCK_M = 16  # tokens per program of a segment (tl.dot's smallest tile)
 _DECODE_BLOCK_M = 64  # decode rows per program by slot
-_DECODE_K_PER_SPLIT = 256  # a decode shrink's K per program (4 loads of BLOCK_K)
+_DECODE_K_PER_SPLIT = 256  # a decode shrink's K per program, loaded at once
 _MAX_SPLITS = 16  # expand reads every split's partial: keep that read small
-_BLOCK_K = 64
+_BLOCK_K = 64  # a prefill shrink's K chunk
 _BLOCK_N = 64
 
 
@@ -148,6 +148,7 @@ def _expand_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    MAX_SPLITS: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -174,13 +175,16 @@ def _expand_kernel(
         delta = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for sub in range(first_sub, last_sub + 1):
             s = tl.zeros((BLOCK_M, BLOCK_R), dtype=tl.float32)
-            for split in range(0, splits):  # the shrink's K splits
+            # the shrink's K splits, unrolled: their loads are independent and go out together
+            # (a loop of them was a chain of L2 round trips, most of a 64-row expand's time)
+            for split in tl.static_range(MAX_SPLITS):
+                split_rows = live & (rows * 0 + split < splits)
                 s += tl.load(
                     S
                     + split * stride_ssplit
                     + rows[:, None].to(tl.int64) * stride_sm
                     + (sub * rank + rs)[None, :],
-                    mask=live[:, None] & r_ok[None, :],
+                    mask=split_rows[:, None] & r_ok[None, :],
                     other=0.0,
                 )
             part = tl.dot(s.to(b.dtype), b, input_precision=PRECISION)
@@ -259,6 +263,8 @@ def _shrink_triton(
     splits = min(_MAX_SPLITS, triton.cdiv(k, _DECODE_K_PER_SPLIT)) if by_slot else 1
     k_per_split = triton.cdiv(triton.cdiv(k, splits), _BLOCK_K) * _BLOCK_K
     splits = triton.cdiv(k, k_per_split)
+    # a decode split's K in one chunk: its loads go out together, not one round trip each
+    block_k = min(triton.next_power_of_2(k_per_split), 1024) if by_slot else _BLOCK_K
     out = torch.empty((splits, tokens, r_total), dtype=torch.float32, device=x.device)
     if tokens == 0 or seg_slots.shape[0] == 0:
         return out
@@ -281,7 +287,7 @@ def _shrink_triton(
         BY_SLOT=by_slot,
         BLOCK_M=block_m,
         BLOCK_R=block_r,
-        BLOCK_K=_BLOCK_K,
+        BLOCK_K=block_k,
         PRECISION=triton_support.dot_precision(x.dtype),
         **triton_support.dependent_launch(x),
     )
@@ -325,6 +331,7 @@ def _expand_triton(
         BLOCK_M=block_m,
         BLOCK_N=_BLOCK_N,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
+        MAX_SPLITS=triton.next_power_of_2(s.shape[0]),
         PRECISION=triton_support.dot_precision(y.dtype),
         **triton_support.dependent_launch(y),
     )

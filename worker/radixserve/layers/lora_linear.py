@@ -17,6 +17,7 @@ from torch import nn
 
 from radixserve.kernels import lora as lora_kernels
 from radixserve.kernels import triton_support
+from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv, uses_gemv
 from radixserve.layers.activation import silu_and_mul
 
 NO_ADAPTER = -1  # a base-model row's slot
@@ -103,13 +104,15 @@ class LoRALinear(nn.Module):
         return self.base.load_rows(kind, start, count, tensor)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)
         batch = self.batch
         if not batch.active:
-            return y
+            return self.base(x)
         shrunk = lora_kernels.shrink(
             x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
         )
+        if uses_gemv(x, self.base.weight):  # batch 1: the expand in the GEMV's epilogue
+            return self._gemv(x, shrunk, gated=False)
+        y = self.base(x)
         lora_kernels.expand(
             y,
             shrunk,
@@ -123,6 +126,29 @@ class LoRALinear(nn.Module):
         return y
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this [gate; up] projection of x, adapters included (the base's
-        gated GEMV epilogue cannot add them)."""
+        """silu(gate) * up of this [gate; up] projection of x, adapters included: at batch 1
+        one gated GEMV with the adapter's expand in its epilogue, as the base alone takes."""
+        batch = self.batch
+        if not batch.active:
+            return self.base.silu_and_mul(x)
+        if uses_gemv(x, self.base.weight):
+            shrunk = lora_kernels.shrink(
+                x, self.lora_a, batch.seg_starts, batch.seg_slots, 1, batch.token_slots
+            )
+            return self._gemv(x, shrunk, gated=True)
         return silu_and_mul(self.forward(x))
+
+    def _gemv(self, x: torch.Tensor, shrunk: torch.Tensor, gated: bool) -> torch.Tensor:
+        """The base's batch-1 GEMV (plain or FP8, as its own forward would launch it) with the
+        row's adapter term in the epilogue."""
+        weight = self.base.weight
+        fp8 = weight.dtype == torch.float8_e4m3fn
+        return gemv(
+            x,
+            weight,
+            self.base.bias,
+            *block_config(*weight.shape, fp8=fp8),
+            gated=gated,
+            scale=self.base.weight_scale if fp8 else None,
+            lora=LoRAEpilogue(shrunk, self.lora_b, self.batch.seg_slots[:1], self.sub_sizes),
+        )
