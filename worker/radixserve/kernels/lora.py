@@ -264,7 +264,7 @@ def _shrink_triton(
     k_per_split = triton.cdiv(triton.cdiv(k, splits), _BLOCK_K) * _BLOCK_K
     splits = triton.cdiv(k, k_per_split)
     # a decode split's K in one chunk: its loads go out together, not one round trip each
-    block_k = min(triton.next_power_of_2(k_per_split), 1024) if by_slot else _BLOCK_K
+    block_k = min(triton.next_power_of_2(k_per_split), 256) if by_slot else _BLOCK_K
     out = torch.empty((splits, tokens, r_total), dtype=torch.float32, device=x.device)
     if tokens == 0 or seg_slots.shape[0] == 0:
         return out
