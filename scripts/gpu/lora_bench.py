@@ -22,6 +22,7 @@ import statistics
 import sys
 import tempfile
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -150,58 +151,78 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
     }
 
 
-def section_kernels(a) -> dict:
-    """The LoRA kernels of one decode step (all layers, 64 rows over the slots), graph-timed."""
-    config = random_hf_config(a.model.removeprefix("random:"))
-    shapes = projection_shapes(config)
-    device, dtype, slots, rank, rows = a.device, torch.bfloat16, a.adapters, a.rank, a.batch
-    projections = [  # (in, sub-projection outputs)
-        (shapes["q_proj"][0], [shapes[m][1] for m in ("q_proj", "k_proj", "v_proj")]),
-        (shapes["o_proj"][0], [shapes["o_proj"][1]]),
-        (shapes["gate_proj"][0], [shapes["gate_proj"][1]] * 2),
-        (shapes["down_proj"][0], [shapes["down_proj"][1]]),
-    ]
-    weights = []
-    for fan_in, outs in projections:
-        a_w = torch.randn(slots, len(outs) * rank, fan_in, device=device, dtype=dtype) * 0.01
-        b_w = torch.randn(slots, sum(outs), rank, device=device, dtype=dtype) * 0.01
-        x = torch.randn(rows, fan_in, device=device, dtype=dtype)
-        y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
-        weights.append((a_w, b_w, x, y, outs))
-    starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
-    row_slots = torch.arange(rows, dtype=torch.int32, device=device) % slots
-    token_slots = row_slots
-
-    def step() -> None:
-        for _ in range(config.num_hidden_layers):
-            for a_w, b_w, x, y, outs in weights:
-                s = lora_kernels.shrink(x, a_w, starts, row_slots, 1, token_slots)
-                lora_kernels.expand(y, s, b_w, starts, row_slots, 1, token_slots, outs)
-
-    adapter_bytes = sum(a_w.nbytes + b_w.nbytes for a_w, b_w, *_ in weights)
-    step_bytes = adapter_bytes * config.num_hidden_layers  # every slot is used
-    result = {"rows": rows, "slots": slots, "rank": rank, "bytes_per_step": step_bytes}
-    if device != "cuda":
-        start = time.perf_counter()
-        step()
-        result["cpu_seconds_per_step"] = time.perf_counter() - start
-        return result
-    step()
+def graph_us(fn, layers: int) -> float:
+    """Device time of `layers` calls of fn, captured in one CUDA graph and replayed: us."""
+    fn()
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        step()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(layers):
+            fn()
     graph.replay()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    for _ in range(20):
+    for _ in range(10):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    seconds = begin.elapsed_time(end) / 1e3 / 20
-    limit = step_bytes / HBM_BYTES_PER_S
-    result.update({"us_per_step": seconds * 1e6, "bandwidth_limit_us": limit * 1e6})
-    result["fraction_of_bandwidth"] = limit / seconds
+    return begin.elapsed_time(end) * 1e3 / 10
+
+
+def section_kernels(a) -> dict:
+    """The LoRA kernels of one decode step (all layers), graph-timed: the whole step's at
+    `a.batch` rows over the slots, then each kernel alone per projection at that batch and at
+    batch 1 (one adapter), and at batch 1 the base GEMV with and without the adapter's expand
+    in its epilogue: where a step's LoRA time goes."""
+    from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv
+
+    config = random_hf_config(a.model.removeprefix("random:"))
+    shapes = projection_shapes(config)
+    device, dtype, slots, rank = a.device, torch.bfloat16, a.adapters, a.rank
+    layers = config.num_hidden_layers
+    projections = {  # name: (in, sub-projection outputs)
+        "qkv": (shapes["q_proj"][0], [shapes[m][1] for m in ("q_proj", "k_proj", "v_proj")]),
+        "o": (shapes["o_proj"][0], [shapes["o_proj"][1]]),
+        "gate_up": (shapes["gate_proj"][0], [shapes["gate_proj"][1]] * 2),
+        "down": (shapes["down_proj"][0], [shapes["down_proj"][1]]),
+    }
+    result: dict = {"slots": slots, "rank": rank, "layers": layers}
+    weights = {}
+    for name, (fan_in, outs) in projections.items():
+        a_w = torch.randn(slots, len(outs) * rank, fan_in, device=device, dtype=dtype) * 0.01
+        b_w = torch.randn(slots, sum(outs), rank, device=device, dtype=dtype) * 0.01
+        weights[name] = (a_w, b_w, fan_in, outs)
+    adapter_bytes = sum(a_w.nbytes + b_w.nbytes for a_w, b_w, _, _ in weights.values())
+    result["bytes_per_step"] = adapter_bytes * layers  # every slot used
+    if device != "cuda":
+        return result
+    for rows in (a.batch, 1):
+        starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
+        row_slots = torch.arange(rows, dtype=torch.int32, device=device) % slots
+        per: dict = {}
+        step_total = 0.0
+        for name, (a_w, b_w, fan_in, outs) in weights.items():
+            x = torch.randn(rows, fan_in, device=device, dtype=dtype)
+            y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
+            s = lora_kernels.shrink(x, a_w, starts, row_slots, 1)
+
+            shrink = partial(lora_kernels.shrink, x, a_w, starts, row_slots, 1)
+            expand = partial(lora_kernels.expand, y, s, b_w, starts, row_slots, 1, None, outs)
+            one = {"shrink_us": graph_us(shrink, layers), "expand_us": graph_us(expand, layers)}
+            if rows == 1:
+                w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
+                base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
+                one["gemv_us"] = graph_us(base, layers)
+                epilogue = LoRAEpilogue(s, b_w, row_slots[:1], outs)
+                one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
+            per[name] = {k: round(v, 1) for k, v in one.items()}
+            step_total += one["shrink_us"] + one["expand_us"]
+        result[f"rows{rows}"] = per
+        result[f"rows{rows}_shrink_expand_us"] = round(step_total, 1)
+    limit = result["bytes_per_step"] / HBM_BYTES_PER_S
+    result["bandwidth_limit_us"] = round(limit * 1e6, 1)
+    result["us_per_step"] = result[f"rows{a.batch}_shrink_expand_us"]
+    result["fraction_of_bandwidth"] = round(limit * 1e6 / result["us_per_step"], 3)
     return result
 
 

@@ -56,14 +56,14 @@ def rel(x, y) -> float:
 # (segment lengths, their slots, K, sub-projection widths, rank): a prefill mix with the base
 # in the middle and a segment longer than a block, decode rows (one token each, by slot) with
 # padding rows, a rank below 16, more decode rows than one program takes, a decode pass whose K
-# splits over programs (700: three splits, the last one short) with three fused
+# splits over programs (2100: three splits, the last one short) with three fused
 # sub-projections whose boundaries fall inside column blocks, a base-only decode pass
 CASES = [
     ([20, 3, 17], [1, -1, 0], 96, [80], 16),
     ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8),
     ([5], [-1], 32, [40], 16),
     ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, [40], 8),  # two blocks of decode rows
-    ([1] * 5, [0, 2, -1, 0, 1], 700, [80, 40, 40], 8),
+    ([1] * 5, [0, 2, -1, 0, 1], 2100, [80, 40, 40], 8),
     ([17, 4], [2, 0], 700, [70, 30], 16),
     ([1] * 3, [-1, -1, -1], 700, [40], 16),
 ]

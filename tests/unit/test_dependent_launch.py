@@ -63,8 +63,7 @@ KERNELS = {
             "LORA_SPLITS": 1,
         },
     ),
-    # an adapter's expand in the epilogue (batch 1 with LoRA): the row's slot (a step input)
-    # and B (adapter weights) before the wait, s (the shrink kernel's output) after it
+    # an adapter's expand in the epilogue (batch 1 with LoRA): all of it after the K loop
     "gemv (bf16, gated, LoRA)": (
         gemv._gemv_kernel,
         {"LoraS": "fp32", "LoraSlot": "i32"},
@@ -146,7 +145,6 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
-    "gemv (bf16, gated, LoRA)": {"LoraSlot", "LoraB"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},

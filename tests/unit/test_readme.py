@@ -146,6 +146,6 @@ def test_make_test_runs_pytest_with_the_virtualenvs_tools_and_the_machines_path(
     )
     assert dry_run.returncode == 0, dry_run.stderr
     line = next(line for line in dry_run.stdout.splitlines() if "-m pytest" in line)
-    path = line.split()[0].removeprefix("PATH=").strip("\"").split(":")
+    path = line.split()[0].removeprefix("PATH=").strip('"').split(":")
     assert path[0] == str(REPO_ROOT / ".venv" / "bin")
     assert set(os.environ["PATH"].split(":")) <= set(path[1:])

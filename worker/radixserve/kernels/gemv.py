@@ -46,7 +46,7 @@ class LoRAEpilogue(NamedTuple):
 @jit
 def _lora_b_rows(B, LoraSlot, b_rows, row_ok, rank, stride_bs, stride_bn, BLOCK_R: tl.constexpr):
     """B[slot, b_row, :rank] for each row (zeros for the base model's slot -1), and whether the
-    row takes an adapter: adapter weights and the step's slot, both readable before the wait."""
+    row takes an adapter."""
     slot = tl.load(LoraSlot).to(tl.int64)
     rows_on = row_ok & (b_rows * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
     rs = tl.arange(0, BLOCK_R)
@@ -140,29 +140,7 @@ def _gemv_kernel(
         bias = tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
-    if LORA:  # the adapter's B rows: constants too; the row's s after the wait, both used
-        # after the K loop, so their latency hides under it
-        if GATED:
-            subs = rows * 0
-        else:
-            subs = (rows >= lora_sub1).to(tl.int32) + (rows >= lora_sub2).to(tl.int32)
-        b_lora, lora_on = _lora_b_rows(
-            LoraB, LoraSlot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
-        )
-        if GATED:
-            b_lora_up, _ = _lora_b_rows(
-                LoraB, LoraSlot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
-            )
     wait_for_prior_kernel(PDL)
-    if LORA:
-        s_lora = _lora_s_rows(
-            LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
-        )
-        if GATED:
-            s_lora_up = _lora_s_rows(
-                LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,
-                LORA_SPLITS,
-            )  # fmt: skip
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if GATED:
@@ -185,7 +163,17 @@ def _gemv_kernel(
         y += bias
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
-    if LORA:
+    if LORA:  # after the K loop: nothing of it held in registers across the loop
+        if GATED:
+            subs = rows * 0
+        else:
+            subs = (rows >= lora_sub1).to(tl.int32) + (rows >= lora_sub2).to(tl.int32)
+        b_lora, lora_on = _lora_b_rows(
+            LoraB, LoraSlot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+        )
+        s_lora = _lora_s_rows(
+            LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
+        )
         delta = tl.sum(s_lora.to(LoraB.dtype.element_ty).to(tl.float32) * b_lora.to(tl.float32), 1)
         y = (y.to(tl.float32) + delta).to(X.dtype.element_ty)
     if GATED:
@@ -197,6 +185,13 @@ def _gemv_kernel(
         gate = y.to(tl.float32)
         up = up.to(X.dtype.element_ty)
         if LORA:
+            b_lora_up, _ = _lora_b_rows(
+                LoraB, LoraSlot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+            )
+            s_lora_up = _lora_s_rows(
+                LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,
+                LORA_SPLITS,
+            )  # fmt: skip
             up_s = s_lora_up.to(LoraB.dtype.element_ty).to(tl.float32)
             delta_up = tl.sum(up_s * b_lora_up.to(tl.float32), 1)
             up = (up.to(tl.float32) + delta_up).to(X.dtype.element_ty)

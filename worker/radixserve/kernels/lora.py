@@ -42,9 +42,11 @@ from radixserve.kernels.triton_support import jit, tl, triton, wait_for_prior_ke
 
 _BLOCK_M = 16  # tokens per program of a segment (tl.dot's smallest tile)
 _DECODE_BLOCK_M = 64  # decode rows per program by slot
-_DECODE_K_PER_SPLIT = 256  # a decode shrink's K per program, loaded at once
-_MAX_SPLITS = 16  # expand reads every split's partial: keep that read small
+_DECODE_K_PER_SPLIT = 1024  # a decode shrink's K per program, at most
+_MAX_SPLITS = 8  # expand sums every split's partial, its loads all in flight at once
 _BLOCK_K = 64  # a prefill shrink's K chunk
+_DECODE_BLOCK_K = 256
+_DECODE_BLOCK_R = 16  # a decode shrink's rank columns per program: more programs share A
 _BLOCK_N = 64
 
 
@@ -259,16 +261,18 @@ def _shrink_triton(
     tokens, k = x.shape
     r_total = a.shape[1]
     by_slot, grid, block_m = _layout(a.shape[0], seg_slots.shape[0], max_seg_len)
-    # a decode pass splits K so enough programs share the loads; a prefill has its segments
+    # a decode pass splits K and the rank columns so enough programs share the loads; a
+    # prefill has its segments
     splits = min(_MAX_SPLITS, triton.cdiv(k, _DECODE_K_PER_SPLIT)) if by_slot else 1
     k_per_split = triton.cdiv(triton.cdiv(k, splits), _BLOCK_K) * _BLOCK_K
     splits = triton.cdiv(k, k_per_split)
-    # a decode split's K in one chunk: its loads go out together, not one round trip each
-    block_k = min(triton.next_power_of_2(k_per_split), 256) if by_slot else _BLOCK_K
     out = torch.empty((splits, tokens, r_total), dtype=torch.float32, device=x.device)
     if tokens == 0 or seg_slots.shape[0] == 0:
         return out
-    block_r = max(16, min(64, triton.next_power_of_2(r_total)))
+    if by_slot:
+        block_k, block_r = _DECODE_BLOCK_K, _DECODE_BLOCK_R
+    else:
+        block_k, block_r = _BLOCK_K, max(16, min(64, triton.next_power_of_2(r_total)))
     _shrink_kernel[(*grid, splits * triton.cdiv(r_total, block_r))](
         x,
         a,
