@@ -24,6 +24,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "ConfigMap"): "configmaps",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
