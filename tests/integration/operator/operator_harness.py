@@ -48,6 +48,10 @@ RESOURCES = {
         verbs={"list", "watch", "get", "patch", "create", "delete"},
     ),
     "v1/services": ResourceInfo(kind="Service", namespaced=True, verbs={"get", "patch", "delete"}),
+    # spec.loras (placement all): the adapter list the worker pods mount.
+    "v1/configmaps": ResourceInfo(
+        kind="ConfigMap", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
     # Worker pods: the tests play the ReplicaSet controller and the kubelet.
     "v1/pods": ResourceInfo(
         kind="Pod",
