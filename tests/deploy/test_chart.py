@@ -48,6 +48,7 @@ WORKLOAD_PERMISSIONS = {
     ("keda.sh", "scaledobjects"): APPLIED,
     ("monitoring.coreos.com", "servicemonitors"): APPLIED,
     ("", "serviceaccounts"): APPLIED,
+    ("", "configmaps"): APPLIED,  # spec.loras (placement all): NAME-loras
     ("rbac.authorization.k8s.io", "roles"): APPLIED,
     ("rbac.authorization.k8s.io", "rolebindings"): APPLIED,
     # not used by the operator itself: it may grant a router only what it holds (RBAC escalation)
