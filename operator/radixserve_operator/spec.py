@@ -50,10 +50,10 @@ KV_HOST_MEMORY_NEEDS_RADIX_CACHE = (
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 # spec.loras: names are model names in the API (the CRD's pattern); a source is a Hub repo
-# (hf://ORG/REPO, the worker reads it from the Hub cache on the model-cache volume) or a path
-# relative to the model-cache volume, never leaving it
+# (hf://ORG/REPO[@REVISION], which the worker fetches into the Hub cache on the model-cache
+# volume, as it fetches an hf:// model) or a path relative to that volume, never leaving it
 LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
-LORA_HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+$")
+LORA_HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?$")
 LORA_CACHE_PATH = re.compile(r"^[\w.-]+(/[\w.-]+)*$")
 LORA_PLACEMENTS = ("all", "onDemand")
 MAX_LORAS = 64  # spec.loras' length and spec.maxLoras' bound (the CRD's maxItems, maximum)
@@ -322,7 +322,7 @@ def _parse_lora_adapter(raw: Any) -> LoRAAdapter:
         )
     ):
         raise InvalidSpecError(
-            f"spec.loras source {source!r} is not hf://ORG/REPO nor a path"
+            f"spec.loras source {source!r} is not hf://ORG/REPO[@REVISION] nor a path"
             " inside the model-cache volume"
         )
     return LoRAAdapter(name, source)

@@ -244,9 +244,11 @@ def _worker_container(spec: ServiceSpec, volumes: list[dict[str, Any]]) -> dict[
 def _env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """The user's env, then the cache locations (and Hub access) the user did not set."""
     wanted = dict(CACHE_ENV)
-    if spec.model.scheme == "hf":
-        # the worker fetches hf:// checkpoints into the cache volume; the image defaults to
-        # offline (so builtin: models never touch the network), hf:// models must not be
+    if spec.model.scheme == "hf" or spec.lora.enabled:
+        # the worker fetches hf:// checkpoints (and hf:// adapters of spec.loras) into the
+        # cache volume; the image defaults to offline (so builtin: models never touch the
+        # network), hf:// models must not be. With LoRA on it is set whatever the list holds,
+        # so that adding an hf:// adapter leaves the pod template as it is.
         wanted["HF_HUB_OFFLINE"] = "0"
     env = list(spec.env)
     taken = {entry.get("name") for entry in env}

@@ -22,7 +22,7 @@ from radixserve_operator.spec import InvalidSpecError, parse_spec
 OWNER = Owner("svc", "ns", "uid")
 CACHED = {"model": {"uri": "builtin:smollm2-135m"}, "modelCache": {"claimName": "models"}}
 SQL = {"name": "sql", "source": "adapters/sql"}
-CHAT = {"name": "org/chat:v2", "source": "hf://org/chat-lora"}
+CHAT = {"name": "org/chat:v2", "source": "hf://org/chat-lora@v2.1"}
 
 
 def parsed(**spec: Any) -> Any:
@@ -70,6 +70,8 @@ def test_cel_rules_and_parse_spec_refuse_the_same_specs(case: str) -> None:
         {"loras": [{"name": "a", "source": "/etc/passwd"}]},
         {"loras": [{"name": "a", "source": "s3://bucket/a"}]},
         {"loras": [{"name": "a", "source": "hf://just-a-name"}]},
+        {"loras": [{"name": "a", "source": "hf://org/a@"}]},
+        {"loras": [{"name": "a", "source": "hf://org/a@refs/pr/1"}]},
         {"loras": [{"name": "a"}]},
         {"loras": [{"name": f"a{i}", "source": "a"} for i in range(65)]},
         {"loraPlacement": "everywhere"},
@@ -113,6 +115,8 @@ def test_all_placement_changes_the_config_map_not_the_pod_template(tmp_path: Pat
     args = template["containers"][0]["args"]
     assert "--max-loras=4" in args and "--lora-modules-file=/etc/radixserve/loras/modules" in args
     assert {"name": "loras", "configMap": {"name": "svc-loras"}} in template["volumes"]
+    # hf:// adapters are fetched by the worker, whatever the list holds (no template change)
+    assert {"name": "HF_HUB_OFFLINE", "value": "0"} in template["containers"][0]["env"]
     config_map = build_lora_config_map(OWNER, two.lora.adapters)
     assert config_map["metadata"]["name"] == "svc-loras"
     assert config_map != build_lora_config_map(OWNER, one.lora.adapters)
@@ -125,5 +129,5 @@ def test_all_placement_changes_the_config_map_not_the_pod_template(tmp_path: Pat
     assert worker.max_loras == 4
     assert worker.lora_module_paths() == {
         "sql": "/models/cache/adapters/sql",
-        "org/chat:v2": "hf://org/chat-lora",
+        "org/chat:v2": "hf://org/chat-lora@v2.1",
     }
