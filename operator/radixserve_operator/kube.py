@@ -85,6 +85,16 @@ class KubeApi:
         )
         return listed.get("items") or []
 
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Read-only, by name (RBAC: get on secrets, no list): the Secret a spec names for the
+        workers' key, which the adapter sync sends to their admin endpoints."""
+        try:
+            return self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"
         return self._call(

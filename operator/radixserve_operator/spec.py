@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from radixserve.contract import API_KEY_ENV, all_choices
+from radixserve.contract import ADMIN_API_KEY_ENV, API_KEY_ENV, all_choices
 from radixserve.contract import ROUTER_POLICIES as _ROUTER_POLICY_NAMES
 
 DEFAULT_PORT = 8000
@@ -230,6 +230,20 @@ class ServiceSpec:
     api_key_secret: SecretKeyRef | None = None
     router: Router = field(default_factory=Router)
     lora: LoRA = field(default_factory=LoRA)
+
+    @property
+    def admin_key(self) -> SecretKeyRef | str | None:
+        """The key the workers' admin endpoints take, for the operator's adapter sync: the
+        admin key spec.env gives (a value, or a Secret's key), else the API key's Secret (a
+        worker without an admin key guards its admin paths with the API key), else none."""
+        for var in self.env:
+            if var.get("name") != ADMIN_API_KEY_ENV:
+                continue
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef") or {}
+            if ref.get("name") and ref.get("key"):
+                return SecretKeyRef(name=str(ref["name"]), key=str(ref["key"]))
+            return str(var.get("value") or "") or None
+        return self.api_key_secret
 
     @property
     def desired_replicas(self) -> int:
