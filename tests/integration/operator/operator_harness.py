@@ -52,6 +52,8 @@ RESOURCES = {
     "v1/configmaps": ResourceInfo(
         kind="ConfigMap", namespaced=True, verbs={"get", "patch", "delete"}
     ),
+    # spec.loras' sync reads the admin key from the Secret spec.apiKeySecretRef names.
+    "v1/secrets": ResourceInfo(kind="Secret", namespaced=True, verbs={"get", "create"}),
     # Worker pods: the tests play the ReplicaSet controller and the kubelet.
     "v1/pods": ResourceInfo(
         kind="Pod",
