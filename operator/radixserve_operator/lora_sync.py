@@ -47,6 +47,7 @@ logger = logging.getLogger(__name__)
 
 LORA_SYNC_SECONDS = 10.0  # the timer's interval: how soon a spec change reaches running pods
 RETRY_REFUSED_SECONDS = 300.0
+LORA_MODULES_FLAG = "--lora-modules-file"  # in the args of pods that read spec.loras' list
 
 
 def serves_adapters(body: Mapping[str, Any]) -> bool:
@@ -151,9 +152,10 @@ class WorkerAdapters:
 
 
 def ready_workers(pods: Iterable[Mapping[str, Any]]) -> list[WorkerEndpoint]:
-    """The pods that serve traffic (Ready, an IP, not terminating), at the worker container's
-    ``http`` port: only they count in the status, and a pod not ready yet reads the list at
-    start anyway."""
+    """The pods that serve traffic (Ready, an IP, not terminating) and read the adapter list
+    (started with ``--lora-modules-file``), at the worker container's ``http`` port. A pod not
+    ready yet reads the list at start anyway; one started before LoRA was turned on cannot load
+    adapters and is being replaced by the rollout that turned it on."""
     endpoints = []
     for pod in pods:
         meta, status = pod.get("metadata") or {}, pod.get("status") or {}
@@ -162,12 +164,20 @@ def ready_workers(pods: Iterable[Mapping[str, Any]]) -> list[WorkerEndpoint]:
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or []
         )
-        if not ip or not ready or meta.get("deletionTimestamp"):
+        if not ip or not ready or meta.get("deletionTimestamp") or not _reads_the_list(pod):
             continue
         host = f"[{ip}]" if ":" in ip else ip
         url = f"http://{host}:{_http_port(pod)}"
         endpoints.append(WorkerEndpoint(meta.get("name", "?"), meta.get("uid", ""), url))
     return sorted(endpoints, key=lambda endpoint: endpoint.pod)
+
+
+def _reads_the_list(pod: Mapping[str, Any]) -> bool:
+    return any(
+        str(arg).startswith(LORA_MODULES_FLAG)
+        for container in (pod.get("spec") or {}).get("containers") or []
+        for arg in container.get("args") or []
+    )
 
 
 def _http_port(pod: Mapping[str, Any]) -> int:

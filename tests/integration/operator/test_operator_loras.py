@@ -103,6 +103,7 @@ def _start_worker_pod(core, deployment: dict, name: str, port: int) -> None:
     labels = template["metadata"]["labels"]
     container = {
         "name": "worker",
+        "args": template["spec"]["containers"][0]["args"],  # with --lora-modules-file
         "ports": [{"name": "http", "containerPort": port, "protocol": "TCP"}],
     }
     meta = {"name": name, "namespace": NS, "labels": labels}

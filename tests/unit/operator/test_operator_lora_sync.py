@@ -37,7 +37,11 @@ def pod(name: str, *, ready: bool = True, ip: str | None = "10.0.0.7", **extra: 
     status: dict[str, Any] = {"conditions": [{"type": "Ready", "status": str(ready)}]}
     if ip:
         status["podIP"] = ip
-    container = {"name": "worker", "ports": [{"name": "http", "containerPort": 8000}]}
+    container = {
+        "name": "worker",
+        "args": ["serve", "--lora-modules-file=/etc/radixserve/loras/modules"],
+        "ports": [{"name": "http", "containerPort": 8000}],
+    }
     meta = {"name": name, "uid": f"uid-{name}", **extra}
     return {"metadata": meta, "spec": {"containers": [container]}, "status": status}
 
@@ -45,12 +49,15 @@ def pod(name: str, *, ready: bool = True, ip: str | None = "10.0.0.7", **extra: 
 def test_only_ready_pods_are_reached_at_their_http_port() -> None:
     custom_port = pod("w-3", ip="fd00::7")
     custom_port["spec"]["containers"][0]["ports"][0]["containerPort"] = 9000
+    lora_off = pod("w-5")  # started before LoRA was on: the rollout replaces it
+    lora_off["spec"]["containers"][0]["args"] = ["serve"]
     pods = [
         pod("w-2"),
         pod("w-1", ready=False),
         pod("w-0", ip=None),
         pod("w-4", deletionTimestamp="2026-01-01T00:00:00Z"),
         custom_port,
+        lora_off,
     ]
     assert ready_workers(pods) == [
         WorkerEndpoint("w-2", "uid-w-2", "http://10.0.0.7:8000"),
