@@ -32,6 +32,7 @@ import aiohttp
 from radixserve_operator.kube import KubeApi
 from radixserve_operator.manifests.lora import lora_modules
 from radixserve_operator.manifests.meta import HTTP_PORT_NAME
+from radixserve_operator.metrics import ERRORS
 from radixserve_operator.spec import DEFAULT_PORT, SecretKeyRef, ServiceSpec
 from radixserve_operator.status import LORA_LOAD_FAILED, lora_conditions, lora_status
 from radixserve_operator.worker_api import (
@@ -107,6 +108,7 @@ class SyncSchedule:
                 try:
                     await self._sync(*key)
                 except Exception:  # one service's failure is logged, the next round retries
+                    ERRORS.labels("adapters").inc()
                     logger.exception(f"LoRA adapter sync of {key[0]}/{key[1]} failed")
                 if key not in self._again or key not in self._generations:
                     return
@@ -261,6 +263,7 @@ async def _sync_pod(
             held[name] = path
             logger.info(f"loaded LoRA adapter {name} ({path}) on pod {endpoint.pod}")
     except (WorkerUnreachable, LoadRefused) as error:
+        ERRORS.labels("adapters").inc()
         logger.warning(f"LoRA adapters of pod {endpoint.pod} not synced this round: {error}")
         return WorkerAdapters(endpoint, None, refusals)
     return WorkerAdapters(endpoint, held, refusals)

@@ -19,6 +19,7 @@ from radixserve_operator.lora_sync import (
     ready_workers,
     serves_adapters,
 )
+from radixserve_operator.metrics import ERRORS
 from radixserve_operator.spec import SecretKeyRef, parse_spec
 from radixserve_operator.status import LORA_LOAD_FAILED, compute_status
 from radixserve_operator.worker_api import WorkerEndpoint
@@ -226,4 +227,6 @@ def test_a_failing_round_does_not_stop_the_schedule() -> None:
         await schedule.close()
         return calls
 
-    assert asyncio.run(scenario()) > 2
+    errors = ERRORS.labels("adapters")._value.get()
+    calls = asyncio.run(scenario())
+    assert calls > 2 and ERRORS.labels("adapters")._value.get() - errors == calls
