@@ -14,6 +14,7 @@ from fake_lora_worker import FakeLoRAWorker
 from operator_harness import OperatorThread, load_example, operator_config, wait_for
 
 from radixserve_operator import GROUP, PLURAL, VERSION
+from radixserve_operator.metrics import ERRORS
 
 NS = "default"
 SQL = {"name": "sql", "source": "adapters/sql"}
@@ -185,3 +186,27 @@ def test_adapters_reach_running_workers_with_status_and_refusals(
     after = _deployment(apps_api, name)
     assert after["spec"]["template"] == before["spec"]["template"]
     assert after["metadata"]["generation"] == before["metadata"]["generation"]
+
+
+def test_a_worker_that_refuses_the_key_is_skipped_not_fatal(operator, custom_api, apps_api) -> None:
+    """A pod answering 401 (a key the operator does not have) is left out of the counts and
+    tried again each round; nothing is loaded, nothing crashes, no refusal is reported."""
+    core = kubernetes.client.CoreV1Api()
+    name = "wrong-key"
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = name
+    body["spec"].update(modelCache={"claimName": "models"}, loras=[SQL])
+    custom_api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    deployment = wait_for(lambda: _deployment(apps_api, name), "the worker Deployment")
+    with FakeLoRAWorker({}, key="a-key-the-operator-lacks", refuse={}) as worker:
+        errors = ERRORS.labels("adapters")._value.get()
+        _start_worker_pod(core, deployment, f"{name}-5c4b-fghij", worker.port)
+        wait_for(
+            lambda: ERRORS.labels("adapters")._value.get() > errors, "a round that met the 401"
+        )
+        assert _lora_status(custom_api, name) == [
+            {"name": "sql", "source": "adapters/sql", "readyWorkers": 0}
+        ]
+        assert worker.calls == [] and worker.adapters == {}
+        assert _condition(custom_api, name).get("status") == "False"
+    assert operator.alive
