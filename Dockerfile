@@ -88,7 +88,7 @@ RUN useradd --uid 10001 --user-group --no-create-home --home-dir /nonexistent ra
 # hadolint ignore=DL3013
 RUN python3 -m venv /opt/radixserve \
     && pip install --upgrade pip \
-    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20"
+    && pip install "kopf>=1.37" "kubernetes>=29" "prometheus-client>=0.20" "aiohttp>=3.14"
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY worker/ worker/

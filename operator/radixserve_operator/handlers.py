@@ -5,9 +5,13 @@ Registered on import (``kopf run -m radixserve_operator.handlers`` or ``main.run
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import datetime
+import functools
 import threading
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +20,18 @@ import kubernetes
 
 from radixserve_operator import API_VERSION, FIELD_MANAGER, GROUP, KIND, PLURAL, VERSION
 from radixserve_operator.kube import KubeApi
+from radixserve_operator.lora_sync import (
+    LORA_SYNC_SECONDS,
+    RefusedLoads,
+    SyncSchedule,
+    WorkerAdapters,
+    adapter_status,
+    read_admin_key,
+    ready_workers,
+    serves_adapters,
+    sync_workers,
+)
+from radixserve_operator.manifests.lora import lora_modules
 from radixserve_operator.manifests.meta import SERVICE_LABEL
 from radixserve_operator.metrics import (
     ERRORS,
@@ -32,6 +48,7 @@ from radixserve_operator.reconcile import (
     refresh_status,
     refresh_worker_status,
 )
+from radixserve_operator.spec import InvalidSpecError, ServiceSpec, parse_spec
 
 MANAGED_CHILDREN = {"app.kubernetes.io/managed-by": FIELD_MANAGER}
 WORKER_PODS = {**MANAGED_CHILDREN, "app.kubernetes.io/component": "worker"}
@@ -52,6 +69,7 @@ def connect(memo: kopf.Memo, logger: kopf.Logger, **_: Any) -> None:
         kubernetes.config.load_incluster_config()
     except kubernetes.config.ConfigException:
         kubernetes.config.load_kube_config()  # $KUBECONFIG or ~/.kube/config, as kopf's login
+    memo.refused_loads = RefusedLoads()
     memo.context = OperatorContext(
         api=KubeApi(kubernetes.client.ApiClient()),
         default_image=memo.get("worker_image", DEFAULT_WORKER_IMAGE),
@@ -125,12 +143,9 @@ def worker_pod_changed(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> N
     namespace = pod["metadata"]["namespace"]
     service_name = pod["metadata"]["labels"][SERVICE_LABEL]
     context: OperatorContext = memo.context
-    selector = ",".join(
-        f"{key}={value}" for key, value in {**WORKER_PODS, SERVICE_LABEL: service_name}.items()
-    )
     with _status_locks[namespace, service_name]:
         try:
-            pods = context.api.list_pods(namespace, selector)
+            pods = context.api.list_pods(namespace, worker_selector(service_name))
             refreshed = refresh_worker_status(context, namespace, service_name, pods, now())
             if refreshed is not None:
                 context.api.patch_status(namespace, service_name, refreshed[1].status)
@@ -141,13 +156,92 @@ def worker_pod_changed(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> N
         _publish(context, *refreshed)
 
 
+@kopf.on.startup()
+async def start_adapter_sync(memo: kopf.Memo, **_: Any) -> None:
+    """Start the rounds that bring running workers to spec.loras (``lora_sync``)."""
+    memo.adapter_sync = SyncSchedule(functools.partial(sync_adapters, memo))
+    memo.adapter_sync_loop = asyncio.create_task(memo.adapter_sync.run(LORA_SYNC_SECONDS))
+
+
+@kopf.on.cleanup()
+async def stop_adapter_sync(memo: kopf.Memo, **_: Any) -> None:
+    memo.adapter_sync_loop.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await memo.adapter_sync_loop
+    await memo.adapter_sync.close()
+
+
+async def sync_adapters(memo: kopf.Memo, namespace: str, name: str) -> None:
+    """One round for one service: spec.loras (placement all) onto its ready workers through
+    their admin endpoints, then the per-adapter status. The Kubernetes calls run in threads
+    and the pods are called with timeouts, so a slow service holds up only its own rounds."""
+    context: OperatorContext = memo.context
+    body = await asyncio.to_thread(context.api.get, *SERVICE_KIND, namespace, name)
+    if body is None:
+        return
+    try:
+        spec = parse_spec(body.get("spec") or {}, name=name, default_image="")
+    except InvalidSpecError:
+        return  # the reconcile reports it; the pods keep what they have
+    workers: list[WorkerAdapters] = []
+    if spec.lora.start_up_list:
+        pods = await asyncio.to_thread(context.api.list_pods, namespace, worker_selector(name))
+        key = await asyncio.to_thread(read_admin_key, context.api, namespace, spec)
+        wanted = lora_modules(spec.lora.adapters)
+        workers = await sync_workers(
+            ready_workers(pods), key, wanted, memo.refused_loads, time.monotonic()
+        )
+    events = await asyncio.to_thread(_patch_adapter_status, context, namespace, name, spec, workers)
+    for kind, reason, message in events:
+        kopf.event(body, type=kind, reason=reason, message=message)
+
+
+def _patch_adapter_status(
+    context: OperatorContext,
+    namespace: str,
+    name: str,
+    spec: ServiceSpec,
+    workers: list[WorkerAdapters],
+) -> list[tuple[str, str, str]]:
+    """Write status.loras and LoraLoadFailed under the service's status lock (the reconcile
+    and the watchers write the same status); nothing when nothing changed."""
+    with _status_locks[namespace, name]:
+        current = context.api.get(*SERVICE_KIND, namespace, name)
+        if current is None:
+            return []
+        previous = current.get("status") or {}
+        status, events = adapter_status(previous, spec, workers, now())
+        if status["loras"] != (previous.get("loras") or []) or _without_times(
+            status["conditions"]
+        ) != _without_times(previous.get("conditions")):
+            context.api.patch_status(namespace, name, status)
+    return events
+
+
+def _without_times(conditions: Any) -> list[dict[str, Any]]:
+    return [{k: v for k, v in c.items() if k != "lastTransitionTime"} for c in conditions or []]
+
+
+def worker_selector(service_name: str) -> str:
+    """The label selector of one service's worker pods."""
+    labels = {**WORKER_PODS, SERVICE_LABEL: service_name}
+    return ",".join(f"{key}={value}" for key, value in labels.items())
+
+
 @kopf.on.event(GROUP, VERSION, PLURAL)
-def service_event(event: Mapping[str, Any], **_: Any) -> None:
-    """Forget a deleted service's per-object metrics; children go with garbage collection."""
+async def service_event(event: Mapping[str, Any], memo: kopf.Memo, **_: Any) -> None:
+    """Forget a deleted service's per-object metrics (children go with garbage collection);
+    tell the adapter sync of every service with adapters and of each spec change."""
+    body = event["object"]
+    meta = body["metadata"]
     if event.get("type") == "DELETED":
-        meta = event["object"]["metadata"]
         forget_service(meta["namespace"], meta["name"])
         _status_locks.pop((meta["namespace"], meta["name"]), None)
+        memo.adapter_sync.forget(meta["namespace"], meta["name"])
+        return
+    memo.adapter_sync.track(
+        meta["namespace"], meta["name"], meta.get("generation"), serves_adapters(body)
+    )
 
 
 @kopf.on.probe(id="reconciles")

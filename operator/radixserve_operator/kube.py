@@ -24,6 +24,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("keda.sh/v1alpha1", "ScaledObject"): "scaledobjects",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
     ("v1", "ServiceAccount"): "serviceaccounts",
+    ("v1", "ConfigMap"): "configmaps",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("inference.networking.k8s.io/v1", "InferencePool"): "inferencepools",
@@ -83,6 +84,16 @@ class KubeApi:
             query=[("labelSelector", label_selector)],
         )
         return listed.get("items") or []
+
+    def read_secret(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """Read-only, by name (RBAC: get on secrets, no list): the Secret a spec names for the
+        workers' key, which the adapter sync sends to their admin endpoints."""
+        try:
+            return self._call("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
 
     def patch_status(self, namespace: str, name: str, status: Mapping[str, Any]) -> dict[str, Any]:
         path = object_path(API_VERSION, KIND, namespace, name) + "/status"

@@ -17,7 +17,13 @@ from kubernetes.client.exceptions import ApiException
 
 from radixserve_operator import API_VERSION, FIELD_MANAGER, KIND
 from radixserve_operator.kube import KubeApi
-from radixserve_operator.manifests import Owner, build_children, selector_string, service_url
+from radixserve_operator.manifests import (
+    Owner,
+    build_children,
+    lora_config_map_name,
+    selector_string,
+    service_url,
+)
 from radixserve_operator.manifests.router import router_child_keys, router_name
 from radixserve_operator.spec import DEFAULT_PORT, InvalidSpecError, ServiceSpec, parse_spec
 from radixserve_operator.status import (
@@ -275,6 +281,8 @@ def _prune_unwanted(api: KubeApi, owner: Owner, spec: ServiceSpec) -> None:
     ]
     if not spec.router.enabled:
         unwanted += router_child_keys(owner)
+    if not spec.lora.start_up_list:
+        unwanted.append(("v1", "ConfigMap", lora_config_map_name(owner)))
     for api_version, kind, name in unwanted:
         try:
             existing = api.get(api_version, kind, owner.namespace, name)

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from radixserve.contract import API_KEY_ENV, all_choices
+from radixserve.contract import ADMIN_API_KEY_ENV, API_KEY_ENV, all_choices
 from radixserve.contract import ROUTER_POLICIES as _ROUTER_POLICY_NAMES
 
 DEFAULT_PORT = 8000
@@ -49,6 +49,21 @@ KV_HOST_MEMORY_NEEDS_RADIX_CACHE = (
 )
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
+# spec.loras: names are model names in the API (the CRD's pattern); a source is a Hub repo
+# (hf://ORG/REPO[@REVISION], which the worker fetches into the Hub cache on the model-cache
+# volume, as it fetches an hf:// model) or a path relative to that volume, never leaving it
+LORA_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$")
+LORA_HF_SOURCE = re.compile(r"^hf://[A-Za-z0-9][\w.-]*/[\w.-]+(@[\w.-]+)?$")
+LORA_CACHE_PATH = re.compile(r"^[\w.-]+(/[\w.-]+)*$")
+LORA_PLACEMENTS = ("all", "onDemand")
+MAX_LORAS = 64  # spec.loras' length and spec.maxLoras' bound (the CRD's maxItems, maximum)
+DEFAULT_MAX_LORAS = 4  # --max-loras when spec.maxLoras is unset (the worker's own default)
+LORA_NAME_IS_THE_MODELS = "spec.loras names must differ from the served model's name"
+LORA_NEEDS_MODEL_CACHE = "spec.loras sources on the model-cache volume need spec.modelCache"
+LORA_WITHOUT_SPECULATIVE = (
+    "LoRA adapters (spec.loras, spec.maxLoras, loraPlacement onDemand) and"
+    " engine.speculative are not served together yet"
+)
 
 
 class InvalidSpecError(ValueError):
@@ -166,6 +181,33 @@ class Router:
 
 
 @dataclass(frozen=True)
+class LoRAAdapter:
+    """One of spec.loras: served under ``name`` (a model name) from ``source``."""
+
+    name: str
+    source: str  # hf://ORG/REPO, or a path relative to the model-cache volume
+
+
+@dataclass(frozen=True)
+class LoRA:
+    """spec.loras, spec.loraPlacement and spec.maxLoras; ``enabled`` decides whether the
+    worker serves adapters at all (off, nothing of LoRA reaches the pod)."""
+
+    adapters: tuple[LoRAAdapter, ...] = ()
+    placement: str = "all"  # all: every worker loads every adapter; onDemand: the router's
+    max_loras: int | None = None  # --max-loras (device slots); the worker's default when unset
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.adapters) or self.placement == "onDemand" or self.max_loras is not None
+
+    @property
+    def start_up_list(self) -> bool:
+        """Whether pods read the adapter list (the ConfigMap) at start: ``all`` placement."""
+        return self.enabled and self.placement == "all"
+
+
+@dataclass(frozen=True)
 class ServiceSpec:
     """One InferenceService's desired state, defaults applied, cross-field rules checked."""
 
@@ -187,6 +229,21 @@ class ServiceSpec:
     # The worker's API key (clients send it as a Bearer token), read from a Secret.
     api_key_secret: SecretKeyRef | None = None
     router: Router = field(default_factory=Router)
+    lora: LoRA = field(default_factory=LoRA)
+
+    @property
+    def admin_key(self) -> SecretKeyRef | str | None:
+        """The key the workers' admin endpoints take, for the operator's adapter sync: the
+        admin key spec.env gives (a value, or a Secret's key), else the API key's Secret (a
+        worker without an admin key guards its admin paths with the API key), else none."""
+        for var in self.env:
+            if var.get("name") != ADMIN_API_KEY_ENV:
+                continue
+            ref = (var.get("valueFrom") or {}).get("secretKeyRef") or {}
+            if ref.get("name") and ref.get("key"):
+                return SecretKeyRef(name=str(ref["name"]), key=str(ref["key"]))
+            return str(var.get("value") or "") or None
+        return self.api_key_secret
 
     @property
     def desired_replicas(self) -> int:
@@ -210,8 +267,15 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
     lifecycle_raw = _mapping(raw, "lifecycle")
     monitoring_raw = _mapping(raw, "monitoring")
     cache_raw = raw.get("modelCache")
+    model = _parse_model(_mapping(raw, "model"), name)
+    lora = _parse_lora(raw, model.served_name)
+    if lora.enabled and engine.speculative is not None:
+        raise InvalidSpecError(LORA_WITHOUT_SPECULATIVE)
+    on_cache = [a for a in lora.adapters if not a.source.startswith("hf://")]
+    if on_cache and not (cache_raw or {}).get("claimName"):
+        raise InvalidSpecError(LORA_NEEDS_MODEL_CACHE)
     return ServiceSpec(
-        model=_parse_model(_mapping(raw, "model"), name),
+        model=model,
         image=str(raw.get("image") or default_image),
         replicas=replicas,
         autoscaling=autoscaling,
@@ -235,7 +299,47 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
         env=_parse_env(raw.get("env")),
         api_key_secret=_parse_secret_ref(raw.get("apiKeySecretRef"), "spec.apiKeySecretRef"),
         router=router,
+        lora=lora,
     )
+
+
+def _parse_lora(raw: Mapping[str, Any], served_name: str) -> LoRA:
+    """spec.loras (names distinct model names, sources in the Hub or on the cache volume),
+    spec.loraPlacement and spec.maxLoras."""
+    entries = raw.get("loras") or ()
+    if not isinstance(entries, (list, tuple)) or len(entries) > MAX_LORAS:
+        raise InvalidSpecError(f"spec.loras must be a list of at most {MAX_LORAS} adapters")
+    adapters = tuple(_parse_lora_adapter(entry) for entry in entries)
+    names = [adapter.name for adapter in adapters]
+    if len(set(names)) != len(names):
+        raise InvalidSpecError("spec.loras names must be distinct")
+    if served_name in names:
+        raise InvalidSpecError(LORA_NAME_IS_THE_MODELS)
+    max_loras = _optional_int(raw, "maxLoras", minimum=1)
+    if max_loras is not None and max_loras > MAX_LORAS:
+        raise InvalidSpecError(f"spec.maxLoras must be at most {MAX_LORAS}")
+    return LoRA(adapters, _choice(raw, "loraPlacement", LORA_PLACEMENTS), max_loras)
+
+
+def _parse_lora_adapter(raw: Any) -> LoRAAdapter:
+    if not isinstance(raw, Mapping):
+        raise InvalidSpecError("spec.loras items are objects with name and source")
+    name, source = raw.get("name"), raw.get("source")
+    if not isinstance(name, str) or not LORA_NAME.match(name) or len(name) > 128:
+        raise InvalidSpecError(f"spec.loras name {name!r} is not a model name")
+    if (
+        not isinstance(source, str)
+        or len(source) > 512
+        or not (
+            LORA_HF_SOURCE.match(source)
+            or (LORA_CACHE_PATH.match(source) and ".." not in source.split("/"))
+        )
+    ):
+        raise InvalidSpecError(
+            f"spec.loras source {source!r} is not hf://ORG/REPO[@REVISION] nor a path"
+            " inside the model-cache volume"
+        )
+    return LoRAAdapter(name, source)
 
 
 def _parse_router(raw: Mapping[str, Any]) -> Router:

@@ -8,7 +8,7 @@ by ``worker_problem`` and shown as ``Degraded``, with the last termination messa
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,9 @@ READY = "Ready"
 PROGRESSING = "Progressing"
 DEGRADED = "Degraded"
 ROUTER_READY = "RouterReady"
+# spec.loras (placement all): a worker refused an adapter. The adapter sync owns it;
+# compute_status keeps it as it was.
+LORA_LOAD_FAILED = "LoraLoadFailed"
 
 # Degraded reasons that only a reconcile can set or clear (the Deployment cannot show them).
 RECONCILE_PROBLEMS = frozenset(
@@ -179,6 +182,9 @@ def compute_status(
         conditions[0] = _ready_behind_router(conditions[0], deployment, router)
         conditions.append(_router_ready(router))
     previous_conditions = {c.get("type"): c for c in (previous or {}).get("conditions") or []}
+    kept = (
+        [previous_conditions[LORA_LOAD_FAILED]] if LORA_LOAD_FAILED in previous_conditions else []
+    )
     status: dict[str, Any] = {
         "replicas": deployment.replicas if deployment else 0,
         "readyReplicas": deployment.ready if deployment else 0,
@@ -188,7 +194,8 @@ def compute_status(
                 condition, previous_conditions.get(condition["type"]), now, observed_generation
             )
             for condition in conditions
-        ],
+        ]
+        + kept,
     }
     if observed_generation is not None:
         status["observedGeneration"] = observed_generation
@@ -292,3 +299,45 @@ def _with_times(
     if observed_generation is not None:
         result["observedGeneration"] = observed_generation
     return result
+
+
+def lora_status(
+    wanted: Sequence[tuple[str, str, str]],
+    held: Iterable[Mapping[str, str]],
+    refused: Mapping[str, str],
+) -> list[dict[str, Any]]:
+    """``status.loras``: per adapter of spec.loras (``wanted``: name, source, the path the
+    worker loads), how many ready workers hold it from that path (``held``: each ready
+    worker's adapters, name -> path) and, when a worker refused it, that refusal."""
+    holdings = list(held)
+    entries = []
+    for name, source, path in wanted:
+        entry: dict[str, Any] = {
+            "name": name,
+            "source": source,
+            "readyWorkers": sum(1 for adapters in holdings if adapters.get(name) == path),
+        }
+        if name in refused:
+            entry["message"] = refused[name]
+        entries.append(entry)
+    return entries
+
+
+def lora_conditions(
+    previous: Mapping[str, Any], refused: Mapping[str, str], now: str
+) -> list[dict[str, Any]]:
+    """The previous conditions with ``LoraLoadFailed`` set from ``refused`` (adapter name ->
+    the worker's refusal, naming the pod); its transition time moves only when it flips."""
+    conditions = [c for c in previous.get("conditions") or [] if c.get("type") != LORA_LOAD_FAILED]
+    old = next(
+        (c for c in previous.get("conditions") or [] if c.get("type") == LORA_LOAD_FAILED), None
+    )
+    if refused:
+        text = "; ".join(f"{name}: {message}" for name, message in sorted(refused.items()))
+        tail = text if len(text) <= MESSAGE_TAIL_CHARS else text[: MESSAGE_TAIL_CHARS - 3] + "..."
+        condition = _condition(LORA_LOAD_FAILED, True, "LoadFailed", tail)
+    else:
+        condition = _condition(
+            LORA_LOAD_FAILED, False, "AsExpected", "every worker took every adapter it was given"
+        )
+    return conditions + [_with_times(condition, old, now, previous.get("observedGeneration"))]

@@ -34,8 +34,9 @@ EVERYTHING_ON = {
     "inferenceService": {"enabled": True},
 }
 # (apiGroup, resource) -> verbs: every permission the operator holds, and no other. Derived
-# from operator/radixserve_operator (kube.py: server-side apply, get, delete, status patch;
-# handlers.py: the kopf watches, the worker pods listed per service) and kopf's own needs
+# from operator/radixserve_operator (kube.py: server-side apply, get, delete, status patch, the
+# Secret of the workers' key read by name; handlers.py: the kopf watches, the worker pods
+# listed per service) and kopf's own needs
 # (events, peering, CRD observation).
 APPLIED = {"get", "create", "patch", "delete"}
 WORKLOAD_PERMISSIONS = {
@@ -48,6 +49,9 @@ WORKLOAD_PERMISSIONS = {
     ("keda.sh", "scaledobjects"): APPLIED,
     ("monitoring.coreos.com", "servicemonitors"): APPLIED,
     ("", "serviceaccounts"): APPLIED,
+    ("", "configmaps"): APPLIED,  # spec.loras (placement all): NAME-loras
+    # KubeApi.read_secret (spec.loras' sync): the Secret spec.apiKeySecretRef names, by name
+    ("", "secrets"): {"get"},
     ("rbac.authorization.k8s.io", "roles"): APPLIED,
     ("rbac.authorization.k8s.io", "rolebindings"): APPLIED,
     # not used by the operator itself: it may grant a router only what it holds (RBAC escalation)

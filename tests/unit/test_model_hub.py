@@ -12,6 +12,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from radixserve.catalog.checkpoint_files import local_weight_files
 from radixserve.catalog.hub import resolve_hub_model
+from radixserve.lora.adapter import LoRALoadError, resolve_adapter_dir
 from radixserve.model_loader.loader import load_model_source
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -83,3 +84,23 @@ def test_the_read_ahead_finds_a_cached_repo_and_never_fetches(
     assert files[0].is_file()
     assert resolve_hub_model("acme/missing", cached_only=True) is None
     assert local_weight_files("acme/missing") == []
+
+
+def test_an_adapter_at_a_revision_resolves_to_that_snapshot(
+    offline_hub: Path, tmp_path: Path
+) -> None:
+    """spec.loras' `source: hf://org/name@revision`: the snapshot the revision names, read from
+    the cache (offline here: a missing one is a LoRALoadError, the API's 400)."""
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    folder = offline_hub / "models--acme--sql-lora"
+    shutil.copytree(adapter, folder / "snapshots" / COMMIT)
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "v1").write_text(COMMIT)
+    resolved = resolve_adapter_dir("hf://acme/sql-lora@v1")
+    assert resolved == folder / "snapshots" / COMMIT
+    with pytest.raises(LoRALoadError, match="acme/sql-lora"):
+        resolve_adapter_dir("hf://acme/sql-lora@v2")
+    with pytest.raises(LoRALoadError, match="acme/missing"):
+        resolve_adapter_dir("hf://acme/missing")

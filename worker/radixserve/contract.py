@@ -25,6 +25,7 @@ from collections.abc import Collection
 from radixserve.catalog.attention_backends import BACKEND_CHOICES
 from radixserve.catalog.quantization_methods import QUANTIZATION_CHOICES
 from radixserve.server_args import (
+    ADMIN_API_KEY_ENV,
     API_KEY_ENV,
     SPECULATIVE_METHODS,
     ServerArgs,
@@ -59,6 +60,7 @@ HTTP_ONLY_FIELDS: frozenset[str] = frozenset(
 )
 
 __all__ = [
+    "ADMIN_API_KEY_ENV",
     "API_KEY_ENV",
     "HTTP_ONLY_FIELDS",
     "REASONING_PARSERS",

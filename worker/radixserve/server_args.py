@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 # the --model forms that name no files: the bundled model, and random weights from a preset
@@ -262,6 +263,12 @@ class ServerArgs:
         "in the local cache; clients select it with model: NAME",
         repeatable=True,
     )
+    lora_modules_file: str | None = option(
+        None,
+        "a file of LoRA adapters served at start, one NAME=PATH a line (blank and # lines "
+        "skipped), read when the engine starts: the operator's ConfigMap, which it keeps current "
+        "while the pod runs, so a restarted pod serves the present list",
+    )
     max_loras: int = option(
         0,
         "LoRA adapters resident on the device at once (slots); 0: 4 when --lora-modules is "
@@ -346,21 +353,32 @@ class ServerArgs:
         return self.max_loras > 0
 
     def lora_module_paths(self) -> dict[str, str]:
-        """--lora-modules as name -> path."""
-        return dict(m.split("=", 1) for m in self.lora_modules or [])
+        """--lora-modules and the lines of --lora-modules-file as name -> path, checked. The
+        file is read here, when the engine starts, not when the flags are parsed: its list
+        may change (by the operator) between the two."""
+        modules = list(self.lora_modules or [])
+        if self.lora_modules_file is not None:
+            lines = Path(self.lora_modules_file).read_text().splitlines()
+            modules += [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
+        return self._checked_modules(modules)
 
-    def _check_lora(self) -> None:
+    def _checked_modules(self, modules: list[str]) -> dict[str, str]:
         """Adapter names are model names: NAME=PATH, distinct, not the base model's."""
-        for module in self.lora_modules or []:
+        for module in modules:
             name, _, path = module.partition("=")
             if not name or not path:
                 raise ValueError(f"--lora-modules takes NAME=PATH, got {module!r}")
-        names = list(self.lora_module_paths())
+        names = [module.partition("=")[0] for module in modules]
         if len(set(names)) != len(names) or self.served_model_name in names:
             raise ValueError("--lora-modules names must be distinct and not the base model's")
+        return dict(module.split("=", 1) for module in modules)
+
+    def _check_lora(self) -> None:
+        """--lora-modules checked; the file's lines are checked when read (at engine start)."""
+        names = list(self._checked_modules(list(self.lora_modules or [])))
         if self.max_loras < 0 or self.max_lora_rank < 1 or self.max_cpu_loras < 1:
             raise ValueError("--max-loras >= 0, --max-lora-rank and --max-cpu-loras >= 1")
-        if self.lora_modules and self.max_loras == 0:
+        if (self.lora_modules or self.lora_modules_file) and self.max_loras == 0:
             self.max_loras = 4
         if len(names) > self.max_cpu_loras:
             self.max_cpu_loras = len(names)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from radixserve_operator.manifests.disruption_budget import build_disruption_budget
+from radixserve_operator.manifests.lora import build_lora_config_map, lora_config_map_name
 from radixserve_operator.manifests.meta import Owner, selector_string, service_url
 from radixserve_operator.manifests.router import build_inference_pool, build_router_children
 from radixserve_operator.manifests.scaled_object import build_scaled_object
@@ -18,9 +19,11 @@ __all__ = [
     "build_children",
     "build_deployment",
     "build_disruption_budget",
+    "build_lora_config_map",
     "build_scaled_object",
     "build_service",
     "build_service_monitor",
+    "lora_config_map_name",
     "selector_string",
     "service_url",
     "worker_args",
@@ -46,5 +49,8 @@ def build_children(
         )
     if spec.monitoring.service_monitor:
         children.append(build_service_monitor(owner, spec.monitoring))
+    if spec.lora.start_up_list:
+        # before the Deployment: its pods mount it
+        children.append(build_lora_config_map(owner, spec.lora.adapters))
     children.append(build_deployment(owner, spec))
     return children

@@ -14,6 +14,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from radixserve_operator.manifests.lora import (
+    LORA_MODULES_FILE,
+    LORA_MOUNT,
+    MODEL_CACHE_MOUNT,
+    lora_config_map_name,
+)
 from radixserve_operator.manifests.meta import (
     HTTP_PORT_NAME,
     Owner,
@@ -23,10 +29,17 @@ from radixserve_operator.manifests.meta import (
     selector_labels,
     worker_ports,
 )
-from radixserve_operator.spec import API_KEY_ENV, DEFAULT_PORT, Engine, ModelSource, ServiceSpec
+from radixserve_operator.spec import (
+    API_KEY_ENV,
+    DEFAULT_MAX_LORAS,
+    DEFAULT_PORT,
+    Engine,
+    LoRA,
+    ModelSource,
+    ServiceSpec,
+)
 
 MODEL_SOURCE_MOUNT = "/models/source"
-MODEL_CACHE_MOUNT = "/models/cache"
 SCRATCH_MOUNT = "/tmp"
 # The worker image's unprivileged user (the Dockerfile's `useradd --uid 10001`).
 WORKER_UID = 10001
@@ -81,7 +94,25 @@ def worker_args(spec: ServiceSpec) -> list[str]:
         ("--task", None if spec.model.task == "auto" else spec.model.task),
         ("--drain-timeout", spec.lifecycle.drain_timeout_seconds),
     ]
-    return ["serve", *cli_flags(valued), *_engine_args(spec.engine), *spec.engine.extra_args]
+    return [
+        "serve",
+        *cli_flags(valued),
+        *_engine_args(spec.engine),
+        *_lora_args(spec.lora),
+        *spec.engine.extra_args,
+    ]
+
+
+def _lora_args(lora: LoRA) -> list[str]:
+    """Device slots when LoRA is on; with placement all, the ConfigMap's list, by its path (the
+    list itself is not in the pod template: changing it restarts nothing)."""
+    if not lora.enabled:
+        return []
+    valued: list[tuple[str, object]] = [
+        ("--max-loras", lora.max_loras or DEFAULT_MAX_LORAS),
+        ("--lora-modules-file", LORA_MODULES_FILE if lora.start_up_list else None),
+    ]
+    return cli_flags(valued)
 
 
 def _engine_args(engine: Engine) -> list[str]:
@@ -128,6 +159,7 @@ def _model_argument(model: ModelSource) -> str:
 
 
 def _pod_template(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
+    volumes = _volumes(owner, spec)
     pod_spec: dict[str, Any] = {
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,
@@ -143,8 +175,8 @@ def _pod_template(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
         "terminationGracePeriodSeconds": spec.lifecycle.pre_stop_sleep_seconds
         + spec.lifecycle.drain_timeout_seconds
         + GRACE_MARGIN_SECONDS,
-        "containers": [_worker_container(spec)],
-        "volumes": _volumes(spec),
+        "containers": [_worker_container(spec, volumes)],
+        "volumes": volumes,
     }
     if spec.node_selector:
         pod_spec["nodeSelector"] = dict(spec.node_selector)
@@ -172,7 +204,7 @@ def _pod_template(owner: Owner, spec: ServiceSpec) -> dict[str, Any]:
     }
 
 
-def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
+def _worker_container(spec: ServiceSpec, volumes: list[dict[str, Any]]) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": "worker",
         "image": spec.image,
@@ -204,7 +236,7 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
             "capabilities": {"drop": ["ALL"]},
         },
         "env": _env(spec),
-        "volumeMounts": _volume_mounts(spec),
+        "volumeMounts": _volume_mounts(volumes),
     }
     return container
 
@@ -212,9 +244,11 @@ def _worker_container(spec: ServiceSpec) -> dict[str, Any]:
 def _env(spec: ServiceSpec) -> list[dict[str, Any]]:
     """The user's env, then the cache locations (and Hub access) the user did not set."""
     wanted = dict(CACHE_ENV)
-    if spec.model.scheme == "hf":
-        # the worker fetches hf:// checkpoints into the cache volume; the image defaults to
-        # offline (so builtin: models never touch the network), hf:// models must not be
+    if spec.model.scheme == "hf" or spec.lora.enabled:
+        # the worker fetches hf:// checkpoints (and hf:// adapters of spec.loras) into the
+        # cache volume; the image defaults to offline (so builtin: models never touch the
+        # network), hf:// models must not be. With LoRA on it is set whatever the list holds,
+        # so that adding an hf:// adapter leaves the pod template as it is.
         wanted["HF_HUB_OFFLINE"] = "0"
     env = list(spec.env)
     taken = {entry.get("name") for entry in env}
@@ -245,7 +279,7 @@ def _resources(spec: ServiceSpec) -> dict[str, Any]:
     return {key: value for key, value in {"requests": requests, "limits": limits}.items() if value}
 
 
-def _volumes(spec: ServiceSpec) -> list[dict[str, Any]]:
+def _volumes(owner: Owner, spec: ServiceSpec) -> list[dict[str, Any]]:
     volumes: list[dict[str, Any]] = [{"name": "tmp", "emptyDir": {}}]
     if spec.model.scheme == "pvc":
         claim = {"claimName": spec.model.claim, "readOnly": True}
@@ -257,24 +291,28 @@ def _volumes(spec: ServiceSpec) -> list[dict[str, Any]]:
         else {"emptyDir": {}}
     )
     volumes.append({"name": "model-cache", **cache})
+    if spec.lora.start_up_list:
+        config_map = {"name": lora_config_map_name(owner)}
+        volumes.append({"name": "loras", "configMap": config_map})
     if spec.resources.gpu > 1:
         # NCCL between tensor-parallel ranks needs more shared memory than the 64Mi default.
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     return volumes
 
 
-def _volume_mounts(spec: ServiceSpec) -> list[dict[str, Any]]:
+def _volume_mounts(volumes: list[dict[str, Any]]) -> list[dict[str, Any]]:
     mount_paths = {
         "tmp": SCRATCH_MOUNT,
         "model-source": MODEL_SOURCE_MOUNT,
         "model-cache": MODEL_CACHE_MOUNT,
         "dshm": "/dev/shm",
+        "loras": LORA_MOUNT,
     }
     return [
         {
             "name": volume["name"],
             "mountPath": mount_paths[volume["name"]],
-            "readOnly": volume["name"] == "model-source",
+            "readOnly": volume["name"] in ("model-source", "loras"),
         }
-        for volume in _volumes(spec)
+        for volume in volumes
     ]

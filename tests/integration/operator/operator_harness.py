@@ -48,6 +48,12 @@ RESOURCES = {
         verbs={"list", "watch", "get", "patch", "create", "delete"},
     ),
     "v1/services": ResourceInfo(kind="Service", namespaced=True, verbs={"get", "patch", "delete"}),
+    # spec.loras (placement all): the adapter list the worker pods mount.
+    "v1/configmaps": ResourceInfo(
+        kind="ConfigMap", namespaced=True, verbs={"get", "patch", "delete"}
+    ),
+    # spec.loras' sync reads the admin key from the Secret spec.apiKeySecretRef names.
+    "v1/secrets": ResourceInfo(kind="Secret", namespaced=True, verbs={"get", "create"}),
     # Worker pods: the tests play the ReplicaSet controller and the kubelet.
     "v1/pods": ResourceInfo(
         kind="Pod",

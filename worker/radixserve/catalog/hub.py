@@ -1,5 +1,6 @@
 """Hugging Face Hub repositories as `--model` (`org/name` or `hf://org/name`, what the operator
-passes for an InferenceService's `hf://` model).
+passes for an InferenceService's `hf://` model) and as LoRA adapters (`hf://org/name@revision`:
+a branch, tag or commit; the default branch without one).
 
 The checkpoint is fetched into HF_HOME once (on Kubernetes that is the service's model-cache
 volume, so a restart or a second replica reuses it) and loaded as a Hugging Face directory.
@@ -11,7 +12,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-HUB_REPO = re.compile(r"^(?:hf://)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)$")
+HUB_REPO = re.compile(
+    r"^(?:hf://)?(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<revision>[\w.-]+))?$"
+)
 # what serving needs: configs, safetensors weights, tokenizer files, chat templates
 HUB_FILES = ["*.json", "*.safetensors", "tokenizer*", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
 
@@ -27,7 +30,13 @@ def resolve_hub_model(model: str, cached_only: bool = False) -> Path | None:
 
     repo = match["repo"]
     try:
-        return Path(snapshot_download(repo, allow_patterns=HUB_FILES, local_files_only=cached_only))
+        snapshot = snapshot_download(
+            repo,
+            revision=match["revision"],
+            allow_patterns=HUB_FILES,
+            local_files_only=cached_only,
+        )
+        return Path(snapshot)
     except Exception as exc:
         if cached_only:
             return None  # offline with an empty cache, gated repo, unknown repo, ...

@@ -69,6 +69,9 @@ class ModelInfo:
     # normalize, head) and its hidden size (the most `dimensions` an embedding can have)
     task: dict[str, Any] = dataclasses.field(default_factory=lambda: {"task": "generate"})
     hidden_size: int = 0
+    # the LoRA adapters served from the start, name -> path (the scheduler's list: the
+    # --lora-modules-file it read, less what it could not load)
+    lora_adapters: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def check_model(server_args: ServerArgs) -> None:
@@ -235,7 +238,7 @@ class Engine:
             vocab_size=self.model_info.vocab_size,
             max_request_tokens=min(self.model_info.context_len, self.model_info.max_total_tokens),
         )
-        self.tokenizer_manager.lora_adapters = server_args.lora_module_paths()
+        self.tokenizer_manager.lora_adapters = dict(self.model_info.lora_adapters)
         if event_loop_thread:
             self._start_loop_thread()
 

@@ -1,5 +1,5 @@
 """Reading a PEFT LoRA adapter (`adapter_config.json` + `adapter_model.safetensors`) from a local
-directory or a Hub repository in the local Hub cache, checked against the served model: every
+directory or a Hub repository (fetched into the Hub cache), checked against the served model: every
 refusal is a `LoRALoadError` whose message the API returns as a 400.
 
 What is read is kept on the host as `LoRAWeights`: per (layer, projection) the A `[r, in]` and
@@ -46,15 +46,19 @@ class LoRAWeights:
 
 
 def resolve_adapter_dir(path: str) -> Path:
-    """A local directory, or a Hub repo id (`org/name`, `hf://org/name`) found in the local
-    Hub cache (adapters are never downloaded by the worker: the operator fetches them)."""
+    """A local directory, or a Hub repo id (`org/name`, `hf://org/name[@revision]`) fetched into
+    the Hub cache (HF_HOME: the model-cache volume on Kubernetes) as the base model is, once:
+    the operator's `source: hf://...` adapters. With HF_HUB_OFFLINE=1 only the cache is read."""
     local = Path(path).expanduser()
     if local.is_dir():
         return local
-    cached = resolve_hub_model(path, cached_only=True)
-    if cached is not None:
-        return cached
-    raise LoRALoadError(f"adapter path {path!r} is not a directory nor a cached Hub repository")
+    try:
+        fetched = resolve_hub_model(path)
+    except ValueError as exc:  # not in the cache and not fetchable: the reason, as a 400
+        raise LoRALoadError(f"adapter {path!r}: {exc}") from exc
+    if fetched is not None:
+        return fetched
+    raise LoRALoadError(f"adapter path {path!r} is not a directory nor a Hub repository")
 
 
 def read_adapter(

@@ -220,9 +220,22 @@ class Scheduler:
         self.lora: LoRAManager | None = getattr(worker, "lora", None)
         # admin loads being read on the LoRA manager's thread (pop_replies answers them)
         self._lora_loads: list[tuple[LoRAAdapterReq, concurrent.futures.Future]] = []
+        self._load_start_up_adapters(server_args)
+
+    def _load_start_up_adapters(self, server_args: ServerArgs) -> None:
+        """--lora-modules and --lora-modules-file. A bad adapter of the flag fails the start;
+        one of the file (the operator's list, which a running service's workers are also asked
+        to load, where a refusal becomes the service's condition) is logged and left out, so one
+        bad adapter in spec.loras never keeps the service's new pods from starting."""
+        flagged = {module.partition("=")[0] for module in server_args.lora_modules or []}
         for name, path in server_args.lora_module_paths().items():
             assert self.lora is not None
-            self.lora.add(name, self.lora.read(path))  # a bad adapter fails the start
+            try:
+                self.lora.add(name, self.lora.read(path))
+            except LoRALoadError as exc:
+                if name in flagged:
+                    raise
+                logger.warning("LoRA adapter %s of --lora-modules-file not served: %s", name, exc)
 
     def publish_kv_events(self, publisher: KVEventPublisher) -> None:
         """Make `publisher` the prefix cache's event sink (rank 0, --kv-events-endpoint)."""

@@ -273,6 +273,8 @@ def run_scheduler_process(
             "tokenizer_dir": frontend_tokenizer_dir(scheduler.model.tokenizer),
             "task": scheduler.model.task.to_dict(),
             "hidden_size": scheduler.worker.model_runner.model_config.hidden_size,
+            # what it serves after start-up (an adapter of --lora-modules-file may be left out)
+            "lora_adapters": scheduler.lora.served() if scheduler.lora is not None else {},
             **scheduler.worker.describe(),
             "startup_phases": startup.seconds,
         }
