@@ -29,6 +29,7 @@ still propagates.
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -563,7 +564,12 @@ class Scheduler:
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
-        pending = self.worker.launch(batch.get_model_worker_batch(self.lora is not None))
+        worker_batch = batch.get_model_worker_batch(self.lora is not None)
+        # the KV tiers' restores of this admission round start now, beside the pass
+        restore = self.tree_cache.take_restore()
+        if restore is not None:
+            worker_batch = dataclasses.replace(worker_batch, kv_restore=restore)
+        pending = self.worker.launch(worker_batch)
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_decode() or req is not self.chunked_req:
                 req.future_id = pending.future.placeholder(i)
