@@ -29,10 +29,9 @@ still propagates.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.boundary import (
@@ -568,7 +567,7 @@ class Scheduler:
         # the KV tiers' restores of this admission round start now, beside the pass
         restore = self.tree_cache.take_restore()
         if restore is not None:
-            worker_batch = dataclasses.replace(worker_batch, kv_restore=restore)
+            worker_batch = replace(worker_batch, kv_restore=restore)
         pending = self.worker.launch(worker_batch)
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_decode() or req is not self.chunked_req:
