@@ -9,8 +9,10 @@ without a GPU; tests/gpu/test_kv_tiers_gpu.py runs the same path with real strea
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from radixserve.mem_cache import host_pool
 from radixserve.mem_cache.host_pool import RESTORE_GROUPS, HostKVPool
 from radixserve.mem_cache.kv_restore import KVRestore
 from radixserve.mem_cache.memory_pool import TokenToKVPool
@@ -59,7 +61,12 @@ def test_a_restore_waits_for_each_group_once_in_order() -> None:
     assert [e for kind, e in log if kind == "wait"][3:] == [events[1], events[2]]
 
 
-def test_layers_are_cut_into_groups_and_bytes_round_trip_exactly() -> None:
+@pytest.mark.parametrize("staging_bytes", [host_pool.STAGING_BYTES, 200])
+def test_layers_are_cut_into_groups_and_bytes_round_trip_exactly(
+    staging_bytes: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Also with staging buffers of a few tokens: the copies go in pieces."""
+    monkeypatch.setattr(host_pool, "STAGING_BYTES", staging_bytes)
     pool = filled_pool(64)
     host = HostKVPool(pool, 96)
     assert len(set(host.layer_group)) == RESTORE_GROUPS

@@ -44,6 +44,9 @@ RESTORE_GROUPS = 8
 # (A round's restore is many runs, one per node of each prefix, but long ones: they stay copies.)
 MAX_RUNS = 64
 SHORT_RUN = 4
+# A back-up or restore stages at most this many bytes of a group on the device at a time,
+# however many tokens an admission round restores.
+STAGING_BYTES = 64 << 20
 
 
 def kv_buffers(pool: object) -> list[torch.Tensor]:
@@ -142,6 +145,7 @@ class HostKVPool:
             self._groups[group].append((j, group_bytes[group]))
             places.append((group, group_bytes[group]))
             group_bytes[group] += self.widths[j]
+        self._chunk_tokens = max(1, STAGING_BYTES // max(group_bytes))
         # row 0 unused, as on the device: host slots are 1..size like device slots
         self._group_rows = [
             _host_buffer((size + 1, nbytes), torch.uint8, pinned=self.is_cuda)
@@ -183,27 +187,39 @@ class HostKVPool:
         stream first, so it reads the rows only once they are there."""
         if device_slots.numel() == 0:
             return
-        index = device_slots.to(self.device, non_blocking=True)
-        runs = _runs(host_slots) if self.is_cuda else []
+        parts = self._parts(device_slots.to(self.device, non_blocking=True), host_slots)
         for group, members in enumerate(self._groups):
-            rows = torch.cat(
-                [
-                    self._device_buffers[j].index_select(0, index).view(index.numel(), -1)
-                    .view(torch.uint8)
-                    for j, _ in members
-                ],
-                dim=1,
-            )  # fmt: skip
             host = self._group_rows[group]
-            if not self.is_cuda:
-                host.index_copy_(0, host_slots, rows)
-            elif _fragmented(runs, index.numel()):  # one waited-for copy, a scatter
-                host.index_copy_(0, host_slots, rows.cpu())
-            else:
-                for offset, first, length in runs:
-                    host[first : first + length].copy_(
-                        rows[offset : offset + length], non_blocking=True
-                    )
+            for index, slots, runs in parts:
+                rows = torch.cat(
+                    [
+                        self._device_buffers[j].index_select(0, index).view(index.numel(), -1)
+                        .view(torch.uint8)
+                        for j, _ in members
+                    ],
+                    dim=1,
+                )  # fmt: skip
+                if not self.is_cuda:
+                    host.index_copy_(0, slots, rows)
+                elif _fragmented(runs, index.numel()):  # one waited-for copy, a scatter
+                    host.index_copy_(0, slots, rows.cpu())
+                else:
+                    for offset, first, length in runs:
+                        host[first : first + length].copy_(
+                            rows[offset : offset + length], non_blocking=True
+                        )
+
+    def _parts(
+        self, index: torch.Tensor, host_slots: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor, list[tuple[int, int, int]]]]:
+        """(device slots, host slots, runs of the host slots) of each staging-sized piece of
+        a copy (`STAGING_BYTES` of a group)."""
+        step = self._chunk_tokens
+        return [
+            (index[start : start + step], host_slots[start : start + step],
+             _runs(host_slots[start : start + step]))
+            for start in range(0, host_slots.numel(), step)
+        ]  # fmt: skip
 
     # --- raw bytes (the disk tier) ---------------------------------------------------------
 
@@ -299,13 +315,13 @@ class HostKVPool:
         with context:
             if begin is not None:
                 begin.record()
-            index = device_slots.to(self.device, non_blocking=True)
-            runs = _runs(host_slots)
+            parts = self._parts(device_slots.to(self.device, non_blocking=True), host_slots)
             for group, members in enumerate(self._groups):
-                rows = self._stage(group, host_slots, runs)
-                for j, offset in members:
-                    buffer = self._device_buffers[j]
-                    buffer.index_copy_(0, index, _typed(rows, offset, buffer))
+                for index, slots, runs in parts:
+                    rows = self._stage(group, slots, runs)
+                    for j, offset in members:
+                        buffer = self._device_buffers[j]
+                        buffer.index_copy_(0, index, _typed(rows, offset, buffer))
                 if self._new_event is not None:
                     event = self._new_event()
                     event.record()  # type: ignore[attr-defined]
