@@ -324,7 +324,7 @@ class HostKVPool:
                         buffer.index_copy_(0, index, _typed(rows, offset, buffer))
                 if self._new_event is not None:
                     event = self._new_event()
-                    event.record()  # type: ignore[attr-defined]
+                    event.record()
                     events.append(event)
             if end is not None:
                 end.record()

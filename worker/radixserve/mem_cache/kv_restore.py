@@ -16,7 +16,11 @@ from typing import Protocol
 
 
 class StreamEvent(Protocol):
-    """What the waits need of an event: torch.cuda.Event, or a test's stand-in."""
+    """What a restore needs of an event: torch.cuda.Event, or a test's stand-in."""
+
+    def record(self) -> None:
+        """Mark the work queued so far on the current stream (the copy stream)."""
+        ...
 
     def wait(self) -> None:
         """Make the current stream wait until the event's work is done (the host never waits)."""
