@@ -94,6 +94,7 @@ def run_config(name: str, extra: list[str], out: Path) -> dict:
     text = body.decode()
     restored = metric_sum(text, "radixserve_kv_tier_bytes_total", tier="host", op="restored")
     restore_s = metric_sum(text, "radixserve_kv_restore_seconds_sum")
+    restores = metric_sum(text, "radixserve_kv_restore_seconds_count")
     hits = {
         tier: metric_sum(text, "radixserve_prefix_cache_hits_tokens_total", tier=tier)
         for tier in ("gpu", "host", "disk")
@@ -105,17 +106,23 @@ def run_config(name: str, extra: list[str], out: Path) -> dict:
         "output_tok_s": report.output_token_throughput,
         "request_s": report.request_throughput,
         "ttft_p50_ms": report.ttft_ms["p50"],
+        "ttft_p99_ms": report.ttft_ms["p99"],
+        "gpu_busy": report.gpu_busy,
         "itl_p50_ms": report.itl_ms["p50"],
         "cached_prompt_tokens": report.cached_prompt_tokens,
         "hits_by_tier": hits,
         "restored_bytes": restored,
         "restore_seconds": restore_s,
+        "restores": restores,
         "report": asdict(report),
     }
+    busy = f"{report.gpu_busy:.1%}" if report.gpu_busy is not None else "n/a"
     print(
         f"{name}: {report.completed}/{report.num_requests} done, {row['output_tok_s']:.0f} out"
-        f" tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms, ITL p50 {row['itl_p50_ms']:.2f} ms,"
-        f" hits {hits}, restored {restored / 1e9:.2f} GB in {restore_s:.2f} s",
+        f" tok/s, TTFT p50 {row['ttft_p50_ms']:.1f} ms (p99 {row['ttft_p99_ms']:.1f}), ITL p50"
+        f" {row['itl_p50_ms']:.2f} ms, GPU busy {busy}, hits {hits}, restored"
+        f" {restored / 1e9:.2f} GB in {restore_s:.2f} s ({restores:.0f} restores: one per"
+        " admission round that restored)",
         flush=True,
     )
     return row

@@ -74,6 +74,49 @@ def test_host_tier_doubles_prefix_hits_with_identical_outputs(tiny_llama, policy
     assert info["protected_size"] == 0
 
 
+class LoggedEvent:
+    """A stand-in for a CUDA event: notes its record and the waits on it, in order."""
+
+    def __init__(self, log: list) -> None:
+        self.log = log
+        self.index = sum(1 for kind, _ in log if kind == "made")
+        log.append(("made", self.index))
+
+    def record(self) -> None:
+        self.log.append(("record", self.index))
+
+    def wait(self) -> None:
+        self.log.append(("wait", self.index))
+
+
+@pytest.mark.parametrize("model", ["random:tiny-llama", "random:tiny-deepseek-v2-lite"])
+def test_passes_wait_for_restored_layers_group_by_group(model):
+    """The layer-wise restore on the CPU: the host pool records stand-in events after each
+    layer group, the passes that admitted restored prefixes wait for each group before its
+    layers attend (each event after its record, in group order; the attention backend's
+    layers and MLA's alike), and the outputs are those of the worker without the tier."""
+    source = load_model_source(model, device="cpu")
+    vocab = source.config.vocab_size
+    without = make_scheduler(model, source, max_total_tokens=POOL)
+    base_outputs, _, _ = multi_turn(without, vocab)
+    tiered = make_scheduler(model, source, max_total_tokens=POOL, kv_host_memory=0.01)
+    host = tiered.tree_cache.host_pool
+    log: list = []
+    host._new_event = lambda: LoggedEvent(log)
+    groups = max(host.layer_group) + 1
+    outputs, _, _ = multi_turn(tiered, vocab)
+    assert outputs == base_outputs
+    made = [i for kind, i in log if kind == "made"]
+    assert made and len(made) % groups == 0
+    for first in range(0, len(made), groups):  # each issued restore, its groups in order
+        mine = [(kind, i - first) for kind, i in log if first <= i < first + groups]
+        records = [i for kind, i in mine if kind == "record"]
+        waits = [i for kind, i in mine if kind == "wait"]
+        assert records == list(range(groups))
+        assert waits == list(range(groups)), "a layer group was not waited for in order"
+        assert mine.index(("record", groups - 1)) < mine.index(("wait", 0))
+
+
 def test_disk_tier_survives_a_restart_in_process(tiny_llama, tmp_path):
     source, _ = tiny_llama
     rng = random.Random(7)

@@ -72,8 +72,14 @@ class TieredCacheMachine(RuleBasedStateMachine):
     @rule(
         tokens=st.lists(st.integers(0, 2), min_size=2, max_size=CONTEXT),
         finish=st.booleans(),
+        evict_between=st.integers(0, DEVICE_SLOTS),
     )
-    def run_request(self, tokens: list[int], finish: bool) -> None:
+    def run_request(self, tokens: list[int], finish: bool, evict_between: int = 0) -> None:
+        """As an admission round and its pass: restore (the copies queued), maybe evictions
+        for later requests of the round (`evict_between`, which may take restored nodes
+        again), lock, take slots, write the new tokens' KV, then issue the copies (the launch;
+        issued after the pass's own writes here, the worst order a device could run them in),
+        then check the prefix."""
         rows = self.req_pool.alloc(1)
         if rows is None:
             return
@@ -85,8 +91,10 @@ class TieredCacheMachine(RuleBasedStateMachine):
             match = self.cache.match_prefix(key)
             if sum(restored.values()):
                 assert match.restorable == 0
+            if evict_between:
+                self.cache.evict(evict_between)
+                match = self.cache.match_prefix(key)
         prefix = match.indices
-        self._check_values(prefix, tokens, 0)
         self.cache.inc_lock_ref(match.last_node)
         need = len(tokens) - prefix.numel()
         if self.allocator.available_size() < need:
@@ -95,8 +103,11 @@ class TieredCacheMachine(RuleBasedStateMachine):
         if new is None:
             self.cache.dec_lock_ref(match.last_node)
             self.req_pool.free(rows)
+            assert self.cache.take_restore() is None  # the next launch issues them (CPU: now)
             return
         self._write_kv(new, tokens, prefix.numel())
+        assert self.cache.take_restore() is None  # on the CPU the copies are done on return
+        self._check_values(prefix, tokens, 0)
         self.req_pool.write(rows[0], 0, torch.cat([prefix, new]))
         req = FakeReq(
             rows[0], tokens, kv_len=len(tokens), prefix_indices=prefix, last_node=match.last_node
@@ -190,6 +201,7 @@ def test_a_host_hit_is_restored_and_counted() -> None:
         match = machine.cache.match_prefix([1, 2, 1, 2, 1, 2, 1])
         assert match.indices.numel() == 0 and match.restorable == 7
         assert machine.cache.restore([1, 2, 1, 2, 1, 2, 1]) == {"host": 7, "disk": 0}
+        machine.cache.take_restore()
         machine._check_values(
             machine.cache.match_prefix([1, 2, 1, 2, 1, 2, 1]).indices, [1, 2, 1, 2, 1, 2, 1], 0
         )
@@ -214,6 +226,7 @@ def test_a_restart_finds_disk_blocks_and_ignores_corrupt_ones() -> None:
         raw[-1] ^= 0xFF
         path.write_bytes(bytes(raw))
         assert machine.cache.restore(key) == {"host": 0, "disk": 4}
+        machine.cache.take_restore()
         assert not path.exists()
         machine._check_values(machine.cache.match_prefix(key).indices, key, 0)
     finally:

@@ -15,6 +15,7 @@ import torch
 from radixserve.forward.mode import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.mem_cache.kv_restore import KVRestore
     from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -61,3 +62,6 @@ class ForwardBatch:
     sampling_info: SamplingBatchInfo | None = None
     return_logprob: bool = False
     top_logprobs_nums: list[int] | None = None
+    # a restore from the host KV tier still copying (an eager pass): each layer waits for its
+    # own layers' copies before it reads the pool (layers/attention/base.py); None otherwise
+    kv_restore: KVRestore | None = None

@@ -10,6 +10,7 @@ import torch
 from radixserve.forward.mode import ForwardMode
 
 if TYPE_CHECKING:
+    from radixserve.mem_cache.kv_restore import KVRestore
     from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 
 
@@ -38,3 +39,6 @@ class ModelWorkerBatch:
     # a verify step (speculative decoding) runs as a decode pass over k_i + 1 rows per request
     # (its last token, then its k_i proposed ones); k_i per request, for the acceptance
     verify_draft_lens: list[int] | None = None
+    # the KV tiers' copies of this round's restored prefixes, in flight: each layer waits for
+    # its own before reading the pool (None: nothing restored, always with the tiers off)
+    kv_restore: KVRestore | None = None

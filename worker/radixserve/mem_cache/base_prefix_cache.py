@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
+
+if TYPE_CHECKING:
+    from radixserve.mem_cache.kv_restore import KVRestore
 
 
 class PrefixNode(Protocol):
@@ -116,6 +119,11 @@ class BasePrefixCache(ABC):
         """Bring the lower-tier part of `key`'s match (`MatchResult.restorable`) onto the
         device; the tokens restored per tier. Only a tiered cache has lower tiers."""
         return {}
+
+    def take_restore(self) -> KVRestore | None:
+        """The restores this admission round queued, issued now that its pass launches: what
+        the pass waits on layer by layer (None: nothing to wait for, always without tiers)."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - most caches have nothing to finish
         """At shutdown: finish what must outlive the process (the disk tier's writes)."""

@@ -10,8 +10,11 @@ device prefix followed by host-only nodes, and then, past the tree, whole disk b
 - The host tier has its own LRU: host-only leaves that no request locks go first.
 - A match reports how many tokens beyond the device prefix the host and disk hold
   (`MatchResult.restorable`); admission calls `restore`, which reads disk blocks into the
-  host tier and copies host-resident nodes back into fresh device slots (on CUDA on a
-  separate stream, the next pass waits for it), then matches again.
+  host tier, gives host-resident nodes fresh device slots and queues their copies, then
+  matches again. The round's copies are issued when its pass launches (`take_restore`): on
+  CUDA on a separate stream, layer group by layer group, each layer of the pass waiting only
+  for its own group (host_pool.py, kv_restore.py). A node evicted again before the launch
+  takes its queued copy with it.
 - The disk tier gets every whole block of a finished request's tokens not yet stored there,
   written by its own thread (`DiskKVStore`).
 
@@ -40,6 +43,7 @@ from radixserve.mem_cache.base_prefix_cache import (
 from radixserve.mem_cache.disk_store import BLOCK_TOKENS, DiskKVStore, fingerprint_of
 from radixserve.mem_cache.host_pool import HostKVPool, kv_buffers
 from radixserve.mem_cache.kv_event_sink import KVEventSink, Medium
+from radixserve.mem_cache.kv_restore import KVRestore
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode, _common_prefix_len
 from radixserve.server_args import ServerArgs
@@ -189,7 +193,7 @@ class TieredRadixCache(RadixCache):
             for node in reversed(path):
                 part = slots[offset : offset + len(node.key)]
                 offset += len(node.key)
-                self.host_pool.restore(node.host_value, part)
+                self.host_pool.queue_restore(node.host_value, part)
                 node.value = part
                 self._protected_size += len(node.key)  # locked above
                 self._emit("stored", node, "GPU")
@@ -198,6 +202,9 @@ class TieredRadixCache(RadixCache):
             return restored
         finally:
             self.dec_lock_ref(deepest)
+
+    def take_restore(self) -> KVRestore | None:
+        return self.host_pool.issue_restores()
 
     def _restore_from_disk(self, key: Sequence[int], pos: int, parent: TreeNode) -> TreeNode:
         """Read the disk blocks past `pos` into host slots as a new host-only child of
@@ -393,7 +400,9 @@ class TieredRadixCache(RadixCache):
                 heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
         self._flush_backups()
         if freed:
-            self.token_to_kv_pool_allocator.free(torch.cat(freed))
+            slots = torch.cat(freed)
+            self.host_pool.cancel_restores(slots)
+            self.token_to_kv_pool_allocator.free(slots)
         return num_evicted
 
     def _evictable_leaves(self) -> list[TreeNode]:

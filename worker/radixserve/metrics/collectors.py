@@ -115,7 +115,7 @@ class ServerMetrics:
         )
         self._kv_restore_seconds = Histogram(
             PREFIX + "kv_restore_seconds",
-            "Time of one copy of a prefix from the host tier back to the device",
+            "Time of one admission round's copies from the host tier back to the device",
             ["model_name"],
             buckets=RESTORE_BUCKETS,
             registry=reg,

@@ -389,7 +389,10 @@ class ModelRunner:
     def forward(self, batch: ModelWorkerBatch, future: FutureSlots) -> ForwardOutput:
         """One pass; `future` holds the slots reserved for the batch's sampled tokens."""
         graphs = self.cuda_graph_runner
+        restore = batch.kv_restore
         if graphs is not None and graphs.can_run(batch):
+            if restore is not None:  # a graph cannot wait layer by layer: all of it first
+                restore.wait_all()
             if self.lora is not None:
                 self._prepare_lora(batch, graphs.padded_size(len(batch.seq_lens)))
             forward_batch = graphs.load_inputs(batch, future)
@@ -408,12 +411,17 @@ class ModelRunner:
         if self.lora is not None:
             self._prepare_lora(batch, None)
         self.attn_backend.init_forward_metadata(forward_batch)
+        forward_batch.kv_restore = restore
         logits = self.model(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        if restore is not None:  # whatever a model's layers waited for, later work waits for all
+            restore.wait_all()
         return ForwardOutput(logits, forward_batch)
 
     def pool(self, batch: ModelWorkerBatch, future: FutureSlots) -> torch.Tensor:
         """One extend pass of an embed or rerank model: its rows' pooled outputs (pooler.py)."""
         assert self.pooler is not None and batch.forward_mode.is_extend()
+        if batch.kv_restore is not None:
+            batch.kv_restore.wait_all()
         forward_batch = build_forward_batch(
             batch,
             self.req_to_token_pool,

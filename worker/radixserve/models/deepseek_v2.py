@@ -164,6 +164,8 @@ class DeepseekMLA(nn.Module):
         else:
             q_rope = self._rope_and_store(positions, q, kv_a, forward_batch)
         q_nope = q[..., : self.qk_nope]
+        if forward_batch.kv_restore is not None:  # the prefix's latents restored from the host
+            forward_batch.kv_restore.wait(self.layer_id)
         if forward_batch.forward_mode.is_decode():
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
 from radixserve.boundary import (
@@ -576,7 +576,12 @@ class Scheduler:
 
     def _launch(self, batch: ScheduleBatch) -> LaunchedBatch:
         start = time.perf_counter()
-        pending = self.worker.launch(batch.get_model_worker_batch(self.lora is not None))
+        worker_batch = batch.get_model_worker_batch(self.lora is not None)
+        # the KV tiers' restores of this admission round start now, beside the pass
+        restore = self.tree_cache.take_restore()
+        if restore is not None:
+            worker_batch = replace(worker_batch, kv_restore=restore)
+        pending = self.worker.launch(worker_batch)
         for i, req in enumerate(batch.reqs):
             if batch.forward_mode.is_decode() or req is not self.chunked_req:
                 req.future_id = pending.future.placeholder(i)

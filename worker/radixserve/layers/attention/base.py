@@ -145,7 +145,12 @@ class AttentionBackend(ABC):
         into heads; then the backend's kernel call (`run_decode` or `run_extend`), whose
         [tokens, heads, head_dim] (or [tokens, heads * head_dim]) output is joined back. This
         is the hot path (every layer of a captured decode, every layer of an extend): it makes
-        only the calls a backend would make itself."""
+        only the calls a backend would make itself; with a host-tier restore in flight, the
+        wait for this layer's copies (the KV store may go first: it writes slots no copy
+        targets)."""
+        restore = forward_batch.kv_restore
+        if restore is not None:
+            restore.wait(layer.layer_id)
         if save_kv_cache:
             self.store_kv(k, v, layer, forward_batch)
         pool = forward_batch.token_to_kv_pool
