@@ -213,7 +213,7 @@ def section_kernels(a) -> dict:
                 w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
                 base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
                 one["gemv_us"] = graph_us(base, layers)
-                epilogue = LoRAEpilogue(s, b_w, row_slots[:1], outs)
+                epilogue = LoRAEpilogue(s, b_w, row_slots[:1])
                 one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
             per[name] = {k: round(v, 1) for k, v in one.items()}
             step_total += one["shrink_us"] + one["expand_us"]

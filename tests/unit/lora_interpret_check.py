@@ -111,13 +111,13 @@ with torch.no_grad():
     unfused = layer(x)
 wrapper_rel_err = rel(fused, unfused.double())
 
-# batch 1 (one half-precision row): the adapter's expand in the base GEMV's epilogue, plain
-# (three sub-projections whose boundaries fall inside a program's rows) and gated (the MLP's
-# activation after both halves' adapter terms), for each slot and the base (-1), against the
-# torch path of the same wrapper
+# batch 1 (one half-precision row): fused q/k/v-like sub-projections through the expand
+# kernel, one projection with the adapter's expand in the base GEMV's epilogue, and gated (the
+# MLP's activation after both halves' adapter terms, in the epilogue too), for each slot and
+# the base (-1), against the torch path of the same wrapper
 epilogue = []
 batch = LoRABatch(torch.device("cpu"), 1)
-for sizes, gated in (([24, 12, 12], False), ([40, 40], True)):
+for sizes, gated in (([24, 12, 12], False), ([48], False), ([40, 40], True)):
     base = Linear(300, sum(sizes), bias=False).half()
     layer = LoRALinear(base, 300, sizes, 3, 8, batch, torch.float16)
     layer.lora_a.copy_(torch.randn(layer.lora_a.shape, generator=gen) * 0.1)

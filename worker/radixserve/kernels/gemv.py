@@ -30,17 +30,16 @@ from radixserve.kernels.triton_support import (
 
 
 class LoRAEpilogue(NamedTuple):
-    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's
-    `s` (kernels/lora.py `shrink`'s partials `[splits, 1, n_sub * rank]`), the slot-stacked B
-    `[slots, N, rank]`, the row's slot (a one-element int32 tensor, -1 for the base model:
-    read on the device, so a captured graph serves any adapter) and the widths of the fused
-    sub-projections. At batch 1 this saves the expand's launch on every projection and keeps
-    the gated epilogue (the MLP's activation) for adapters too."""
+    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue, for one
+    projection or a gated [gate; up] pair: the row's `s` (kernels/lora.py `shrink`'s partials
+    `[splits, 1, rank]`, or `2 * rank` for the pair), the slot-stacked B `[slots, N, rank]`
+    and the row's slot (a one-element int32 tensor, -1 for the base model: read on the
+    device, so a captured graph serves any adapter). At batch 1 this saves the expand's launch
+    and keeps the gated epilogue (the MLP's activation) for adapters too."""
 
     s: torch.Tensor
     b: torch.Tensor
     slot: torch.Tensor
-    sub_sizes: list[int]
 
 
 @jit
@@ -95,8 +94,6 @@ def _gemv_kernel(
     stride_wn,
     lora_splits,
     lora_rank,
-    lora_sub1,
-    lora_sub2,
     stride_ls,
     stride_lbs,
     stride_lbn,
@@ -122,8 +119,8 @@ def _gemv_kernel(
 
     LORA: the row's adapter term (`LoRAEpilogue`) is added to each rounded output, gate and up
     alike, and the sum rounded again: the values of the GEMV followed by the expand kernel.
-    Sub-projection boundaries lora_sub1 <= lora_sub2 (N past the last one) pick each row's
-    columns of s; for GATED, gate is sub-projection 0 and up 1, B's up rows at N + row.
+    One projection, or for GATED the gate (s's first rank columns) and up (the next, B's up
+    rows at N + row).
 
     NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
     chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
@@ -164,10 +161,7 @@ def _gemv_kernel(
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
     if LORA:  # after the K loop: nothing of it held in registers across the loop
-        if GATED:
-            subs = rows * 0
-        else:
-            subs = (rows >= lora_sub1).to(tl.int32) + (rows >= lora_sub2).to(tl.int32)
+        subs = rows * 0  # the projection's (or the gate's) rank columns of s
         b_lora, lora_on = _lora_b_rows(
             LoraB, LoraSlot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
         )
@@ -268,17 +262,15 @@ def gemv(
         n, block_n = n // 2, max(1, block_n // 2)
     y = torch.empty((*x.shape[:-1], n), dtype=out_dtype or x.dtype, device=x.device)
     if lora is not None:
-        sizes = lora.sub_sizes
-        if len(sizes) > 3 or sum(sizes) != weight.shape[0] or (gated and len(sizes) != 2):
-            raise ValueError(f"LoRA sub-projections {sizes} do not fit {weight.shape[0]} rows")
-        bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
+        if lora.b.shape[1] != weight.shape[0]:
+            raise ValueError(f"LoRA B {tuple(lora.b.shape)} does not fit {weight.shape[0]} rows")
         rank = lora.b.shape[2]
         s_lora, b_lora, slot = lora.s, lora.b, lora.slot
-        lora_args = (lora.s.shape[0], rank, bounds[0], bounds[1])
+        lora_args = (lora.s.shape[0], rank)
         lora_strides = (lora.s.stride(0), lora.b.stride(0), lora.b.stride(1))
     else:
         s_lora = b_lora = slot = weight
-        lora_args, lora_strides, rank = (1, 1, n, n), (0, 0, 0), 1
+        lora_args, lora_strides, rank = (1, 1), (0, 0, 0), 1
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
         weight,

@@ -47,7 +47,14 @@ _MAX_SPLITS = 8  # expand sums every split's partial, its loads all in flight at
 _BLOCK_K = 64  # a prefill shrink's K chunk
 _DECODE_BLOCK_K = 256
 _DECODE_BLOCK_R = 16  # a decode shrink's rank columns per program: more programs share A
-_BLOCK_N = 64
+_BLOCK_N = 64  # a prefill expand's output columns per program
+
+
+def _decode_expand_tile(n: int) -> tuple[int, int]:
+    """(output columns, warps) of a decode expand program. Wide tiles: a 64-row step's expand
+    of the 8B gate/up (28,672 columns) in 64-column tiles was 3,584 programs and 22 us, each
+    a short chain of loads (B, the partials of s, y) whose latency the waves paid in turn."""
+    return (256, 8) if n >= 8192 else (128, 4)
 
 
 @jit
@@ -314,7 +321,8 @@ def _expand_triton(
         return
     bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
     by_slot, grid, block_m = _layout(b.shape[0], segments, max_seg_len)
-    _expand_kernel[(*grid, triton.cdiv(n, _BLOCK_N))](
+    block_n, warps = _decode_expand_tile(n) if by_slot else (_BLOCK_N, 4)
+    _expand_kernel[(*grid, triton.cdiv(n, block_n))](
         s,
         b,
         y,
@@ -333,10 +341,11 @@ def _expand_triton(
         y.stride(0),
         BY_SLOT=by_slot,
         BLOCK_M=block_m,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
         MAX_SPLITS=triton.next_power_of_2(s.shape[0]),
         PRECISION=triton_support.dot_precision(y.dtype),
+        num_warps=warps,
         **triton_support.dependent_launch(y),
     )
 
