@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from radixserve.kernels.mla_decode import mla_decode_fwd, num_splits  # noqa: E402
+from radixserve.kernels.mla_decode import default_config, mla_decode_fwd, num_splits  # noqa: E402
 from radixserve.layers.mla import mla_decode_native  # noqa: E402
 
 
@@ -76,6 +76,7 @@ def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> d
         "seq_lens": seq_lens,
         "heads": heads,
         "splits": num_splits(bs, heads, sms),
+        "block_h": default_config(heads).block_h,
         "rel_err": float((out.double() - ref).norm() / ref.norm()),
         "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
     }
@@ -156,10 +157,12 @@ def main() -> None:
     rope_store = [rope_store_case(True), rope_store_case(False)]
     models = model_results()
     results = [
-        # several requests, heads that are not a multiple of the 16-row head block
-        case([1, 70, 200], heads=20, latent=64, rope=16, sms=8),
+        # several requests, fewer heads than the 16-row head block (padding rows masked)
+        case([1, 70, 200], heads=12, latent=64, rope=16, sms=8),
         # one long request over many splits (the GPU's split count at batch 1)
         case([1500], heads=16, latent=32, rope=8, sms=132),
+        # more than 16 heads: 64-row head blocks (V3's), the second one mostly padding
+        case([3, 130, 65], heads=70, latent=32, rope=16, sms=8),
     ]
     print(json.dumps({"decode": results, "rope_store": rope_store, "models": models}))
 
