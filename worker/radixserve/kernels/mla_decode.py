@@ -59,14 +59,18 @@ class MLADecodeConfig:
 
 
 def default_config(num_heads: int) -> MLADecodeConfig:
-    """16 heads or fewer: one 16-row block (mma.sync; 130 registers a thread on sm_90, no
-    spills). More: 64-row blocks on 8 warps (wgmma from shared memory), each warp group holding
-    half of the [64, 512] float32 accumulator (128 registers a thread: the 255 limit is
-    reached and ptxas spills a few address registers, read from L1 in the loop).
-    scripts/gpu/bench_mla.py times the alternatives beside these."""
+    """16 heads or fewer: one 16-row block (mma.sync; about 130 registers a thread on sm_90,
+    no spills). More: 64-row blocks on 8 warps (wgmma, both operands of the scores' product in
+    shared memory), each warp group holding half of the [64, 512] float32 accumulator (128
+    registers a thread). Triton gives the scores' product all 8 warps along the rows (its rule
+    for a dot that feeds another), so both warp groups compute the same [64, BLOCK_N] scores,
+    each re-reading the query from shared memory per instruction: 64-token tiles make those
+    instructions twice as wide as 32-token ones and halve that traffic, at the price of 216 KB
+    of shared memory (two stages; the limit is 227 KB) and all 255 registers (Triton 3.6 spills
+    32 bytes). scripts/gpu/bench_mla.py times the alternatives beside these."""
     if num_heads <= 16:
         return MLADecodeConfig(block_h=16, block_n=32, num_warps=8, num_stages=2)
-    return MLADecodeConfig(block_h=64, block_n=32, num_warps=8, num_stages=2)
+    return MLADecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2)
 
 
 @jit
