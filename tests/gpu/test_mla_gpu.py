@@ -36,9 +36,10 @@ def latent_case(seq_lens: list[int], heads: int, dtype=torch.bfloat16, seed: int
     g = torch.Generator(device="cuda").manual_seed(seed)
     total = sum(seq_lens)
     pool = torch.randn(total + 2, 1, LATENT + ROPE, device="cuda", generator=g).to(dtype)
-    req_to_token = torch.zeros(
-        len(seq_lens) + 1, max(seq_lens) + 8, dtype=torch.int32, device="cuda"
-    )
+    # rows a multiple of 16 wide: Triton specializes the kernel on the row stride, and one
+    # stride for every case saves a compile per case (the kernel takes any stride)
+    width = -(-(max(seq_lens) + 8) // 16) * 16
+    req_to_token = torch.zeros(len(seq_lens) + 1, width, dtype=torch.int32, device="cuda")
     order = torch.randperm(total, device="cuda", generator=g).to(torch.int32) + 1
     start = 0
     for b, n in enumerate(seq_lens):
