@@ -219,7 +219,9 @@ def main() -> None:
         for context in contexts:
             for bs in batches:
                 shape = Shape(bs, context, heads)
-                result = measure(shape, default_config(heads), bandwidth, shape.time_native())
+                result = measure(
+                    shape, default_config(heads, DTYPE), bandwidth, shape.time_native()
+                )
                 report(result, "")
                 cases.append(result)
                 shape.release()

@@ -80,7 +80,7 @@ LENGTHS = {
 @pytest.mark.parametrize("heads", [16, 128])
 @pytest.mark.parametrize("case", LENGTHS)
 def test_mla_decode_kernel_matches_reference_bf16(heads, case):
-    from radixserve.kernels.mla_decode import mla_decode_fwd, num_splits
+    from radixserve.kernels.mla_decode import default_config, mla_decode_fwd, num_splits
 
     seq_lens = LENGTHS[case]
     q, pool, req_to_token, rows, lens = latent_case(seq_lens, heads)
@@ -90,7 +90,7 @@ def test_mla_decode_kernel_matches_reference_bf16(heads, case):
     )
     assert out.shape == (len(seq_lens), heads, LATENT) and out.dtype == torch.bfloat16
     err = relative_error(out, q, pool, req_to_token, rows, lens, scale)
-    splits = num_splits(len(seq_lens), heads, sms)
+    splits = num_splits(len(seq_lens), heads, sms, default_config(heads, q.dtype).block_h)
     print(f"MLA decode bf16, {heads} heads, {case} ({splits} splits): relative error {err:.2e}")
     assert err < 1e-2
 

@@ -7,6 +7,7 @@ on the GPU)."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 
@@ -29,7 +30,7 @@ POINTERS = {
 def compiled(heads: int):
     """Stage 1 as DeepSeek's bf16 decode launches it (latent 512 + rope 64)."""
     kernel = mla_decode._mla_decode_split_kernel
-    config = mla_decode.default_config(heads)
+    config = mla_decode.default_config(heads, torch.bfloat16)
     constexprs = {
         "LATENT": 512,
         "ROPE": 64,
@@ -64,4 +65,4 @@ def test_default_tiles_compile_for_hopper_within_shared_memory(heads: int) -> No
     kernel = compiled(heads)
     assert kernel.metadata.shared <= HOPPER_SHARED_BYTES, kernel.metadata.shared
     wgmma = "ttng.warp_group_dot" in kernel.asm["ttgir"]
-    assert wgmma == (mla_decode.default_config(heads).block_h >= 64), heads
+    assert wgmma == (mla_decode.default_config(heads, torch.bfloat16).block_h >= 64), heads

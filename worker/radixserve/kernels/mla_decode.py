@@ -58,7 +58,7 @@ class MLADecodeConfig:
     num_stages: int
 
 
-def default_config(num_heads: int) -> MLADecodeConfig:
+def default_config(num_heads: int, dtype: torch.dtype) -> MLADecodeConfig:
     """16 heads or fewer: one 16-row block (mma.sync; about 130 registers a thread on sm_90,
     no spills). More: 64-row blocks on 8 warps (wgmma, both operands of the scores' product in
     shared memory), each warp group holding half of the [64, 512] float32 accumulator (128
@@ -67,8 +67,10 @@ def default_config(num_heads: int) -> MLADecodeConfig:
     each re-reading the query from shared memory per instruction: 64-token tiles make those
     instructions twice as wide as 32-token ones and halve that traffic, at the price of 216 KB
     of shared memory (two stages; the limit is 227 KB) and all 255 registers (Triton 3.6 spills
-    32 bytes). scripts/gpu/bench_mla.py times the alternatives beside these."""
-    if num_heads <= 16:
+    32 bytes). float32 (the exactness reference) keeps the 16-row tile at any head count: the
+    64-row one would need twice the shared memory there is. scripts/gpu/bench_mla.py times the
+    alternatives beside these."""
+    if num_heads <= 16 or dtype.itemsize > 2:
         return MLADecodeConfig(block_h=16, block_n=32, num_warps=8, num_stages=2)
     return MLADecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2)
 
@@ -176,11 +178,10 @@ def _mla_decode_split_kernel(
         )
 
 
-def num_splits(batch_size: int, num_heads: int, num_sms: int, block_h: int | None = None) -> int:
+def num_splits(batch_size: int, num_heads: int, num_sms: int, block_h: int) -> int:
     """Splits per request: enough (request, head block, split) programs for a few a SM (at
     batch 1 the splits alone must fill the GPU). A function of the batch and head counts,
     never of the lengths, so a captured graph stays valid for any lengths."""
-    block_h = block_h or default_config(num_heads).block_h
     programs = max(1, batch_size * triton.cdiv(num_heads, block_h))
     return max(1, min(_MAX_SPLITS, triton.cdiv(_PROGRAMS_PER_SM * num_sms, programs)))
 
@@ -209,7 +210,7 @@ def mla_decode_fwd(
     bs, num_heads, kv_lora_rank = q_latent.shape
     rope = q_rope.shape[-1]
     device = q_latent.device
-    config = config or default_config(num_heads)
+    config = config or default_config(num_heads, q_latent.dtype)
     splits = num_splits(bs, num_heads, num_sms, config.block_h)
     mid_o = torch.empty((bs, num_heads, splits, kv_lora_rank), dtype=torch.float32, device=device)
     mid_lse = torch.empty((bs, num_heads, splits), dtype=torch.float32, device=device)
