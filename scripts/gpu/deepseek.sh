@@ -13,7 +13,7 @@
 #   latency   V2-Lite shape, batch 1 and 64 decode: MBU over the bytes actually read (the
 #             experts a step routes to, the latent KV); PASS at batch 1 >= 60%; transformers
 #             (generate, batch 1) in the same run
-#   mla-attn  MLA decode attention at 4k and 32k context, 16 and 128 heads, batch 1 and 8,
+#   mla-attn  MLA decode attention at 4k and 32k context, 16 and 128 heads, batch 1, 8, 64,
 #             against the copy bandwidth (scripts/gpu/bench_mla.py), torch beside it
 #   offline   V2-Lite shape offline throughput (128 prompts), transformers (batched) beside it
 set -u

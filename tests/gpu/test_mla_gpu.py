@@ -65,8 +65,8 @@ def ragged(bs: int, longest: int, seed: int) -> list[int]:
     return torch.randint(1, longest + 1, (bs,), generator=g).tolist()
 
 
-# batch 1 to 64; lengths off every block (32-token tiles, 64-token splits) and on them; ragged
-# batches whose requests fill different numbers of splits
+# batch 1 to 64; lengths off every block (32- and 64-token tiles, 64-token splits) and on them;
+# ragged batches whose requests fill different numbers of splits
 LENGTHS = {
     "bs1-short": [1],
     "bs1-odd": [4097],
