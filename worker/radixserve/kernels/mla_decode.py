@@ -12,8 +12,8 @@ q [BLOCK_H, 576] x tile^T -> scores [BLOCK_H, BLOCK_N], then P x tile[:, :512] -
 [BLOCK_H, 512]. With 128 heads (V3) a 64-row head block puts each tile on the tensor cores'
 64-row instruction (Hopper's wgmma, operands from shared memory) and reads each tile twice
 in all instead of eight times; with 16 heads (V2-Lite) one block holds every head. At 128
-heads the kernel is compute-bound, not memory-bound: 2 x 128 x (576 + 512) FLOPs per 1,152
-bytes is 242 FLOP/byte, above an H200's ~230 (989 dense bf16 TFLOPS over 4.3 TB/s).
+heads the kernel is bound by compute as much as by memory: 2 x 128 x (576 + 512) FLOPs per
+1,152 bytes is 242 FLOP/byte, above an H200's ~230 (989 dense bf16 TFLOPS over 4.3 TB/s).
 
 Split-KV ("flash decoding"): the grid is (request, head block, split); each split covers a
 contiguous piece of the request's tokens, cut by decode_attention's `_split_bounds`, and
