@@ -8,8 +8,8 @@
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/deepseek.sh [stages...]
 # Stages (default: all, in this order):
 #   tests     tests/gpu/test_mla_gpu.py: the MLA decode kernel at 16 and 128 heads in bf16
-#             (batch 1 to 64, ragged) and in a replayed CUDA graph, tiny V3 and V2-Lite layouts on the fast path (graphs,
-#             overlap) against their torch path
+#             (batch 1 to 64, ragged) and in a replayed CUDA graph, tiny V3 and V2-Lite
+#             layouts on the fast path (graphs, overlap) against their torch path
 #   latency   V2-Lite shape, batch 1 and 64 decode: MBU over the bytes actually read (the
 #             experts a step routes to, the latent KV); PASS at batch 1 >= 60%; transformers
 #             (generate, batch 1) in the same run
