@@ -19,7 +19,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 import torch  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
-from radixserve.kernels.mla_decode import mla_decode_fwd, num_splits  # noqa: E402
+from radixserve.kernels.mla_decode import (  # noqa: E402
+    MLADecodeConfig,
+    default_config,
+    mla_decode_fwd,
+    num_splits,
+)
 from radixserve.layers.mla import mla_decode_native  # noqa: E402
 
 
@@ -45,7 +50,9 @@ def dense(q: torch.Tensor, rows: list[torch.Tensor], latent: int, scale: float) 
     return torch.stack(out)
 
 
-def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> dict:
+def case(
+    seq_lens: list[int], heads: int, latent: int, rope: int, sms: int, config: MLADecodeConfig
+) -> dict:
     generator = torch.Generator().manual_seed(sum(seq_lens) + heads)
     width = latent + rope
     slots = sum(seq_lens) + 1
@@ -66,7 +73,7 @@ def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> d
     # the two halves of the absorbed query as the model hands them over: views, not a cat
     q_latent = q[..., :latent].transpose(0, 1).contiguous().transpose(0, 1)
     out = mla_decode_fwd(
-        q_latent, q[..., latent:], pool, req_to_token, req_pool_indices, lens, scale, sms
+        q_latent, q[..., latent:], pool, req_to_token, req_pool_indices, lens, scale, sms, config
     )
     native = mla_decode_native(
         q, pool, req_to_token, req_pool_indices, lens, max(seq_lens), latent, scale
@@ -75,7 +82,8 @@ def case(seq_lens: list[int], heads: int, latent: int, rope: int, sms: int) -> d
     return {
         "seq_lens": seq_lens,
         "heads": heads,
-        "splits": num_splits(bs, heads, sms),
+        "splits": num_splits(bs, heads, sms, config.block_h),
+        "block_h": config.block_h,
         "rel_err": float((out.double() - ref).norm() / ref.norm()),
         "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
     }
@@ -155,11 +163,16 @@ def main() -> None:
     _allow_one_element_index()
     rope_store = [rope_store_case(True), rope_store_case(False)]
     models = model_results()
+    float32_tile = default_config(16, torch.float32)  # the tile this float32 check serves with
     results = [
-        # several requests, heads that are not a multiple of the 16-row head block
-        case([1, 70, 200], heads=20, latent=64, rope=16, sms=8),
+        # several requests, fewer heads than the 16-row head block (padding rows masked)
+        case([1, 70, 200], 12, latent=64, rope=16, sms=8, config=float32_tile),
         # one long request over many splits (the GPU's split count at batch 1)
-        case([1500], heads=16, latent=32, rope=8, sms=132),
+        case([1500], 16, latent=32, rope=8, sms=132, config=float32_tile),
+        # more than 16 heads: bf16's 64-row head blocks (V3's), the second one mostly padding
+        case(
+            [3, 130, 65], 70, latent=32, rope=16, sms=8, config=default_config(70, torch.bfloat16)
+        ),
     ]
     print(json.dumps({"decode": results, "rope_store": rope_store, "models": models}))
 

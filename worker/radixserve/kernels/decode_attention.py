@@ -230,13 +230,14 @@ def _decode_merge_splits_kernel(
     HAS_SINKS: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """All of a (request, head)'s filled splits merged at once. A short sequence fills few of
-    the splits (9 of 64 at 512 tokens), and a tile as tall as every split then spends its
-    registers and reductions on empty rows: up to FEW_SPLITS filled, a tile that tall merges
-    them."""
+    """All of a (request, head)'s filled splits merged at once, BLOCK_D of the head's values
+    a program (program_id(2)): a [splits, head_dim] tile of MLA's 512-wide latent would not
+    fit in registers. A short sequence fills few of the splits (9 of 64 at 512 tokens), and a
+    tile as tall as every split then spends its registers and reductions on empty rows: up to
+    FEW_SPLITS filled, a tile that tall merges them."""
     batch = tl.program_id(0)
     head = tl.program_id(1)
-    offs_d = tl.arange(0, BLOCK_D)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)  # a step input: read before the wait
     wait_for_prior_kernel(PDL)
@@ -344,7 +345,26 @@ def decode_attention_fwd(
         num_stages=2,
         **dependent_launch(q),
     )
-    _decode_merge_splits_kernel[(bs, num_heads)](
+    merge_splits(mid_o, mid_lse, o, seq_lens, num_kv_splits, block_d, sliding_window, sinks)
+
+
+def merge_splits(
+    mid_o: torch.Tensor,
+    mid_lse: torch.Tensor,
+    o: torch.Tensor,
+    seq_lens: torch.Tensor,
+    num_kv_splits: int,
+    block_d: int,
+    sliding_window: int = -1,
+    sinks: torch.Tensor | None = None,
+) -> None:
+    """Stage 2, shared by the decode kernels here and MLA's (kernels/mla_decode.py): o[b, h] =
+    the splits of (b, h) that stage 1 filled, weighted by their log-sum-exp. The splits must
+    be cut as `_split_bounds` cuts them. mid_o [>= bs, heads, >= splits, head_dim], mid_lse
+    [>= bs, heads, >= splits] float32; o [bs, heads, head_dim], any strides with a unit last
+    one. One program merges block_d values of a head (a power of two)."""
+    bs, num_heads, head_dim = o.shape
+    _decode_merge_splits_kernel[(bs, num_heads, triton.cdiv(head_dim, block_d))](
         mid_o,
         mid_lse,
         o,
@@ -365,6 +385,6 @@ def decode_attention_fwd(
         FEW_SPLITS=min(_FEW_SPLITS, triton.next_power_of_2(num_kv_splits)),
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         HAS_SINKS=sinks is not None,
-        num_warps=4 if head_dim >= 128 else 2,
-        **dependent_launch(q),
+        num_warps=4 if min(block_d, head_dim) >= 128 else 2,
+        **dependent_launch(o),
     )

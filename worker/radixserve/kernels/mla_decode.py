@@ -4,34 +4,75 @@ In decode the MLA layer folds W_UK into the query, so every head's query is
 `[q_latent (kv_lora_rank) | q_rope (rope_dim)]` and attends to one shared key per token, the
 pool's latent row `[latent | k_rope]`; the value is that row's latent part (W_UV is applied
 after). That is multi-query attention with a key of 576 and a value of 512 values (V2/V3
-sizes) that are the *same bytes*: this kernel loads each latent tile once and uses it for the
-scores and for the output, which is where MLA's bandwidth saving comes from (a generic
-K/V kernel would read the latent twice).
+sizes) that are the *same bytes*, shared by every head.
 
-Split-KV like kernels/decode_attention.py: stage 1 runs one program per (request, block of
-heads, split) and writes a partial output and its base-2 log-sum-exp; stage 2 merges the
-splits. The split count depends on the batch size only, and lengths, rows and slots are read
-on the device, so a captured CUDA graph stays valid for any lengths.
+So the heads are the M dimension of both products: a stage-1 program holds BLOCK_H heads'
+queries and, per tile of BLOCK_N tokens, reads the latent tile once and computes
+q [BLOCK_H, 576] x tile^T -> scores [BLOCK_H, BLOCK_N], then P x tile[:, :512] -> out
+[BLOCK_H, 512]. With 128 heads (V3) a 64-row head block puts each tile on the tensor cores'
+64-row instruction (Hopper's wgmma, operands from shared memory) and reads each tile twice
+in all instead of eight times; with 16 heads (V2-Lite) one block holds every head. At 128
+heads the kernel is bound by compute as much as by memory: 2 x 128 x (576 + 512) FLOPs per
+1,152 bytes is 242 FLOP/byte, above an H200's ~230 (989 dense bf16 TFLOPS over 4.3 TB/s).
+
+Split-KV ("flash decoding"): the grid is (request, head block, split); each split covers a
+contiguous piece of the request's tokens, cut by decode_attention's `_split_bounds`, and
+decode_attention's stage 2 (`merge_splits`) merges the splits. The split count depends on the
+batch and head counts only, and lengths, rows and slots are read on the device, so a captured
+CUDA graph stays valid for any lengths.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
 from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
 
-_BLOCK_N = 32
-_BLOCK_H = 16
-_MIN_SPLIT_TOKENS = 64
+if triton is not None:  # decode_attention imports Triton itself; a CPU-only install lacks it
+    from radixserve.kernels.decode_attention import (
+        _MIN_SPLIT_TOKENS,  # stage 2 recomputes the splits' bounds with it
+        _split_bounds,
+        merge_splits,
+    )
+
+# Up to twice decode_attention's: with one head block (V2-Lite) a batch-1 request has only its
+# splits to spread over the SMs. The merge's [128 splits, 128 values] float32 tile still fits
+# its 4 warps' registers (149 a thread on sm_90, no spills).
 _MAX_SPLITS = 128
+_MERGE_BLOCK_D = 128
+# Programs per SM the split count aims for, as decode_attention's: each tile is a chain of
+# two dependent gathers (slot, then row), and the SMs need several programs to hide it.
 _PROGRAMS_PER_SM = 4
 
 
-@jit
-def _mla_split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT: tl.constexpr):
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
-    start = split_len * split_id
-    return start, tl.minimum(start + split_len, seq_len)
+@dataclass(frozen=True)
+class MLADecodeConfig:
+    """Stage 1's tile shape and launch: heads a program (a power of two, >= 16 for tl.dot),
+    tokens a tile, warps and software-pipeline stages."""
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def default_config(num_heads: int, dtype: torch.dtype) -> MLADecodeConfig:
+    """16 heads or fewer: one 16-row block (mma.sync; about 130 registers a thread on sm_90,
+    no spills). More: 64-row blocks on 8 warps (wgmma, both operands of the scores' product in
+    shared memory), each warp group holding half of the [64, 512] float32 accumulator (128
+    registers a thread). Triton gives the scores' product all 8 warps along the rows (its rule
+    for a dot that feeds another), so both warp groups compute the same [64, BLOCK_N] scores,
+    each re-reading the query from shared memory per instruction: 64-token tiles make those
+    instructions twice as wide as 32-token ones and halve that traffic, at the price of 216 KB
+    of shared memory (two stages; the limit is 227 KB) and all 255 registers (Triton 3.6 spills
+    32 bytes). float32 (the exactness reference) keeps the 16-row tile at any head count: the
+    64-row one would need twice the shared memory there is. scripts/gpu/bench_mla.py times the
+    alternatives beside these."""
+    if num_heads <= 16 or dtype.itemsize > 2:
+        return MLADecodeConfig(block_h=16, block_n=32, num_warps=8, num_stages=2)
+    return MLADecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2)
 
 
 @jit
@@ -67,6 +108,10 @@ def _mla_decode_split_kernel(
     MIN_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
+    """One (request, head block, split): the split's tokens in tiles of BLOCK_N, each latent
+    tile loaded once for the scores and the output of all BLOCK_H heads. Writes the split's
+    normalised output and its base-2 log-sum-exp (nothing for an empty split: stage 2 merges
+    only the splits the request's length fills)."""
     batch = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split_id = tl.program_id(2)
@@ -78,7 +123,7 @@ def _mla_decode_split_kernel(
 
     seq_len = tl.load(Seq_lens + batch).to(tl.int32)
     slot_row = Req_to_token + tl.load(Req_pool_indices + batch).to(tl.int64) * stride_r2t
-    start, end = _mla_split_bounds(seq_len, split_id, num_kv_splits, MIN_SPLIT)
+    start, end = _split_bounds(0, seq_len, split_id, num_kv_splits, MIN_SPLIT)
     offs_n = start + tl.arange(0, BLOCK_N)
     slots = tl.load(slot_row + offs_n, mask=offs_n < end, other=0)
     if end > start:
@@ -107,16 +152,15 @@ def _mla_decode_split_kernel(
             r = tl.load(
                 rows + LATENT + offs_r[None, :], mask=mask_n[:, None] & mask_r[None, :], other=0.0
             )
-            qk = tl.dot(q_c, tl.trans(c.to(q_c.dtype)), input_precision=DOT_PRECISION)
-            qk += tl.dot(q_r, tl.trans(r.to(q_r.dtype)), input_precision=DOT_PRECISION)
+            c = c.to(q_c.dtype)
+            qk = tl.dot(q_c, tl.trans(c), input_precision=DOT_PRECISION)
+            qk = tl.dot(q_r, tl.trans(r.to(q_r.dtype)), qk, input_precision=DOT_PRECISION)
             qk = tl.where(mask_n[None, :], qk * sm_scale, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(qk, 1))
             alpha = tl.exp2(m_i - m_new)
             p = tl.exp2(qk - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, 1)
-            acc = acc * alpha[:, None] + tl.dot(
-                p.to(q_c.dtype), c.to(q_c.dtype), input_precision=DOT_PRECISION
-            )
+            acc = tl.dot(p.to(q_c.dtype), c, acc * alpha[:, None], input_precision=DOT_PRECISION)
             m_i = m_new
         tl.store(
             Mid_O
@@ -134,68 +178,11 @@ def _mla_decode_split_kernel(
         )
 
 
-@jit
-def _mla_merge_kernel(
-    Mid_O,
-    Mid_Lse,
-    Out,
-    Seq_lens,
-    num_kv_splits,
-    stride_mob,
-    stride_moh,
-    stride_mos,
-    stride_mlb,
-    stride_mlh,
-    stride_ob,
-    stride_oh,
-    LATENT: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-    SPLIT_CHUNK: tl.constexpr,
-    MIN_SPLIT: tl.constexpr,
-):
-    """One (request, head): its filled splits (those with keys) merged by their weights,
-    SPLIT_CHUNK splits a tile: a loop split by split would be a chain of one memory latency
-    each (64 of them at batch 1), and all 128 splits of LATENT floats do not fit in registers."""
-    batch = tl.program_id(0)
-    head = tl.program_id(1)
-    seq_len = tl.load(Seq_lens + batch).to(tl.int32)
-    split_len = tl.cdiv(tl.cdiv(seq_len, num_kv_splits), MIN_SPLIT) * MIN_SPLIT
-    filled = tl.cdiv(seq_len, split_len)
-    offs_s = tl.arange(0, BLOCK_S)
-    mask_s = offs_s < filled
-    offs_c = tl.arange(0, BLOCK_C)
-    mask_c = offs_c < LATENT
-    lse_row = Mid_Lse + batch * stride_mlb + head * stride_mlh
-    top = tl.max(tl.load(lse_row + offs_s, mask=mask_s, other=float("-inf")), 0)
-    out_row = Mid_O + batch * stride_mob + head * stride_moh
-    acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-    total = tl.sum(tl.zeros([SPLIT_CHUNK], dtype=tl.float32), 0)
-    for first in range(0, filled, SPLIT_CHUNK):
-        chunk = first + tl.arange(0, SPLIT_CHUNK)
-        in_chunk = chunk < filled
-        weights = tl.exp2(tl.load(lse_row + chunk, mask=in_chunk, other=float("-inf")) - top)
-        parts = tl.load(
-            out_row + chunk[:, None] * stride_mos + offs_c[None, :],
-            mask=in_chunk[:, None] & mask_c[None, :],
-            other=0.0,
-        )
-        acc += tl.sum(parts * weights[:, None], 0)
-        total += tl.sum(weights, 0)
-    out = acc / total
-    tl.store(
-        Out + batch * stride_ob + head * stride_oh + offs_c,
-        out.to(Out.dtype.element_ty),
-        mask=mask_c,
-    )
-
-
-def num_splits(batch_size: int, num_heads: int, num_sms: int) -> int:
-    """Splits per request: a few (request, head block, split) programs per SM, as many as a
-    long context at batch 1 needs to draw the whole bandwidth (one latent head block leaves
-    only the splits to fill the SMs); a function of the batch size only, so a captured graph
-    stays valid."""
-    programs = max(1, batch_size * triton.cdiv(num_heads, _BLOCK_H))
+def num_splits(batch_size: int, num_heads: int, num_sms: int, block_h: int) -> int:
+    """Splits per request: enough (request, head block, split) programs for a few a SM (at
+    batch 1 the splits alone must fill the GPU). A function of the batch and head counts,
+    never of the lengths, so a captured graph stays valid for any lengths."""
+    programs = max(1, batch_size * triton.cdiv(num_heads, block_h))
     return max(1, min(_MAX_SPLITS, triton.cdiv(_PROGRAMS_PER_SM * num_sms, programs)))
 
 
@@ -208,6 +195,7 @@ def mla_decode_fwd(
     seq_lens: torch.Tensor,
     sm_scale: float,
     num_sms: int,
+    config: MLADecodeConfig | None = None,
 ) -> torch.Tensor:
     """out[b, h] = softmax(q[b, h] . KV[b]^T * sm_scale) KV[b, :, :kv_lora_rank] over the
     first seq_lens[b] tokens of request b's slots (req_to_token[req_pool_indices[b]]), where
@@ -217,17 +205,19 @@ def mla_decode_fwd(
     unit last one (the W_UK product and the rotary kernel's output, never concatenated);
     kv_buffer: the layer's latent pool [slots, 1, kv_lora_rank + rope_dim]. Returns
     [bs, heads, kv_lora_rank] in q's dtype, a view of a head-major [heads, bs, kv_lora_rank]
-    tensor (what the W_UV product takes as it is). Every seq_len must be >= 1."""
+    tensor (what the W_UV product takes as it is). Every seq_len must be >= 1. `config`
+    overrides `default_config` (the benchmark's alternatives)."""
     bs, num_heads, kv_lora_rank = q_latent.shape
     rope = q_rope.shape[-1]
     device = q_latent.device
-    splits = num_splits(bs, num_heads, num_sms)
+    config = config or default_config(num_heads, q_latent.dtype)
+    splits = num_splits(bs, num_heads, num_sms, config.block_h)
     mid_o = torch.empty((bs, num_heads, splits, kv_lora_rank), dtype=torch.float32, device=device)
     mid_lse = torch.empty((bs, num_heads, splits), dtype=torch.float32, device=device)
     out = torch.empty((num_heads, bs, kv_lora_rank), dtype=q_latent.dtype, device=device)
     out = out.transpose(0, 1)
     block_c = triton.next_power_of_2(kv_lora_rank)
-    _mla_decode_split_kernel[(bs, triton.cdiv(num_heads, _BLOCK_H), splits)](
+    _mla_decode_split_kernel[(bs, triton.cdiv(num_heads, config.block_h), splits)](
         q_latent,
         q_rope,
         kv_buffer,
@@ -254,31 +244,12 @@ def mla_decode_fwd(
         ROPE=rope,
         BLOCK_C=block_c,
         BLOCK_R=max(16, triton.next_power_of_2(rope)),
-        BLOCK_H=_BLOCK_H,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_H=config.block_h,
+        BLOCK_N=config.block_n,
         MIN_SPLIT=_MIN_SPLIT_TOKENS,
         DOT_PRECISION=dot_precision(q_latent.dtype),
-        num_warps=4 if block_c <= 256 else 8,
-        num_stages=2,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
     )
-    _mla_merge_kernel[(bs, num_heads)](
-        mid_o,
-        mid_lse,
-        out,
-        seq_lens,
-        splits,
-        mid_o.stride(0),
-        mid_o.stride(1),
-        mid_o.stride(2),
-        mid_lse.stride(0),
-        mid_lse.stride(1),
-        out.stride(0),
-        out.stride(1),
-        LATENT=kv_lora_rank,
-        BLOCK_C=block_c,
-        BLOCK_S=triton.next_power_of_2(splits),
-        SPLIT_CHUNK=min(16, triton.next_power_of_2(splits)),
-        MIN_SPLIT=_MIN_SPLIT_TOKENS,
-        num_warps=8 if block_c >= 512 else 4,
-    )
+    merge_splits(mid_o, mid_lse, out, seq_lens, splits, min(_MERGE_BLOCK_D, block_c))
     return out
