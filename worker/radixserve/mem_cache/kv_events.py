@@ -170,15 +170,7 @@ class KVEventPublisher:
                     updates.append(self._updates.get_nowait())
                 except queue.Empty:
                     break
-            events = []
-            for update in updates:
-                if (event := self._event(update)) is not None:
-                    events.append(event)
-                # the scheduler's thread shares the GIL: an update's hashing (up to a few ms
-                # for a long session's path) would otherwise keep it waiting for the switch
-                # interval (5 ms) whenever it wants the GIL back. sleep(0) hands it over at
-                # once if it is waiting, and costs a microsecond if not.
-                time.sleep(0)
+            events = [event for u in updates if (event := self._event(u)) is not None]
             if not events:
                 continue
             batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0)
