@@ -60,7 +60,7 @@ class MLADecodeConfig:
 
 def default_config(num_heads: int, dtype: torch.dtype) -> MLADecodeConfig:
     """16 heads or fewer: one 16-row block (mma.sync; about 130 registers a thread on sm_90,
-    no spills). More: 64-row blocks on 8 warps (wgmma, both operands of the scores' product in
+    no spills; 4 warps in bf16, as measured). More: 64-row blocks on 8 warps (wgmma, both operands of the scores' product in
     shared memory), each warp group holding half of the [64, 512] float32 accumulator (128
     registers a thread). Triton gives the scores' product all 8 warps along the rows (its rule
     for a dot that feeds another), so both warp groups compute the same [64, BLOCK_N] scores,
@@ -70,7 +70,11 @@ def default_config(num_heads: int, dtype: torch.dtype) -> MLADecodeConfig:
     32 bytes). float32 (the exactness reference) keeps the 16-row tile at any head count: the
     64-row one would need twice the shared memory there is. scripts/gpu/bench_mla.py times the
     alternatives beside these."""
-    if num_heads <= 16 or dtype.itemsize > 2:
+    if num_heads <= 16 and dtype.itemsize <= 2:
+        # 4 warps: 114.9 against 145.3 us at batch 8 and 934.5 against 1,326.8 at batch 64
+        # (32k context, 16 heads, H200 2026-12-04, bench_mla.py's sweep)
+        return MLADecodeConfig(block_h=16, block_n=32, num_warps=4, num_stages=2)
+    if dtype.itemsize > 2:
         return MLADecodeConfig(block_h=16, block_n=32, num_warps=8, num_stages=2)
     return MLADecodeConfig(block_h=64, block_n=64, num_warps=8, num_stages=2)
 
