@@ -230,8 +230,10 @@ def prometheus(
         stop(process)
 
 
-def instant(prometheus_url: str, expr: str) -> dict:
-    query = urllib.parse.urlencode({"query": expr})
+def instant(prometheus_url: str, expr: str, at: float | None = None) -> dict:
+    """An instant query, at `at` (Unix seconds) or now."""
+    params = {"query": expr} if at is None else {"query": expr, "time": f"{at:.3f}"}
+    query = urllib.parse.urlencode(params)
     answer = get_json(f"{prometheus_url}/api/v1/query?{query}")
     assert answer["status"] == "success", answer
     return answer["data"]
@@ -293,10 +295,12 @@ def send_lora_traffic(worker: Worker) -> int:
 
 
 def send_spec_traffic(worker: Worker) -> int:
-    """A request whose answer copies its prompt: prompt lookup proposes, the target accepts."""
+    """A request whose answer copies its prompt: prompt lookup proposes, the target accepts.
+    Greedy: a sampled answer (the API's default temperature 1) strays from the prompt and may
+    leave nothing for prompt lookup to propose."""
     client = openai.OpenAI(base_url=f"{worker.url}/v1", api_key="unused", timeout=300)
     text = "one two three four five six seven eight nine ten " * 4
-    reply = client.completions.create(model=worker.model, prompt=text, max_tokens=32)
+    reply = client.completions.create(model=worker.model, prompt=text, max_tokens=32, temperature=0)
     assert reply.usage.completion_tokens > 0
     return 1
 
@@ -332,11 +336,15 @@ def scraped_traffic(
         "namespace": NAMESPACE,
         "model_name": worker.model,
         "__rate_interval": "1m",
+        # the end of the dashboard's time range, where Grafana evaluates its panels: now, so
+        # that however long the module's other tests take, a one-minute rate still holds the
+        # traffic (speculative decoding's acceptance ratio is NaN over an idle minute)
+        "__to": str(int(time.time() * 1000)),
     }
 
 
-def _assert_returns_data(prometheus: str, where: str, expr: str) -> None:
-    result = instant(prometheus, expr)["result"]
+def _assert_returns_data(prometheus: str, where: str, expr: str, at: float | None = None) -> None:
+    result = instant(prometheus, expr, at)["result"]
     assert result, f"{where}: no data for {expr}"
     values = [float(sample["value"][1]) for sample in result]
     assert any(math.isfinite(v) for v in values), f"{where}: only NaN/Inf {values} for {expr}"
@@ -369,7 +377,8 @@ def test_every_dashboard_panel_query_returns_data(
         # Repeated panels run once per value of their variable, as Grafana repeats them.
         for mode in modes if "$mode" in query.expr else [".*"]:
             expr = contract.substitute(query.expr, {**scraped_traffic, "mode": mode})
-            _assert_returns_data(prometheus, f"{query.where} (mode={mode})", expr)
+            at = int(scraped_traffic["__to"]) / 1000
+            _assert_returns_data(prometheus, f"{query.where} (mode={mode})", expr, at)
 
 
 def test_every_recording_rule_expression_returns_data(
