@@ -27,26 +27,38 @@ SMOLLM2_SHAPES = {
 }
 
 
-def write_smollm2_adapter(
-    directory: Path, rank: int, seed: int, in_features: int = SMOLLM2_HIDDEN
+# random:tiny-llama's (hidden 64, 2 KV heads of 16, 2 layers)
+TINY_LLAMA_SHAPES = {"q_proj": (64, 64), "v_proj": (64, 32), "o_proj": (64, 64)}
+TINY_LLAMA_LAYERS = 2
+
+
+def write_random_adapter(
+    directory: Path, rank: int, seed: int, shapes: dict[str, tuple[int, int]], layers: int
 ) -> Path:
-    """A PEFT adapter for the bundled SmolLM2 (q, v, o of every layer) with random A and B, as
-    PEFT lays it out, without loading the model; `in_features` other than the model's makes
-    one for another model."""
+    """A PEFT adapter with random A and B for the attention projections `shapes` ((in, out) by
+    module) of every layer, as PEFT lays it out, without loading the model."""
     directory.mkdir(parents=True)
     gen = torch.Generator().manual_seed(seed)
     tensors = {}
-    for layer in range(SMOLLM2_LAYERS):
-        for module, (fan_in, fan_out) in SMOLLM2_SHAPES.items():
+    for layer in range(layers):
+        for module, (fan_in, fan_out) in shapes.items():
             prefix = f"base_model.model.model.layers.{layer}.self_attn.{module}"
-            fan_in = in_features if module == "q_proj" else fan_in
             tensors[f"{prefix}.lora_A.weight"] = torch.randn(rank, fan_in, generator=gen) * 0.1
             tensors[f"{prefix}.lora_B.weight"] = torch.randn(fan_out, rank, generator=gen) * 0.1
     save_file(tensors, str(directory / "adapter_model.safetensors"))
     config = {"peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank}
-    config["target_modules"] = list(SMOLLM2_SHAPES)
+    config["target_modules"] = list(shapes)
     (directory / "adapter_config.json").write_text(json.dumps(config))
     return directory
+
+
+def write_smollm2_adapter(
+    directory: Path, rank: int, seed: int, in_features: int = SMOLLM2_HIDDEN
+) -> Path:
+    """A PEFT adapter for the bundled SmolLM2 (q, v, o of every layer) with random A and B;
+    `in_features` other than the model's makes one for another model."""
+    shapes = {**SMOLLM2_SHAPES, "q_proj": (in_features, SMOLLM2_HIDDEN)}
+    return write_random_adapter(directory, rank, seed, shapes, SMOLLM2_LAYERS)
 
 
 def save_adapter(

@@ -70,6 +70,22 @@ def test_cache_aware_routes_on_events_not_on_what_it_sent() -> None:
     assert policy.choose("key", [a, b], PROMPT) == (a, "least_loaded")
 
 
+def test_an_adapters_request_matches_that_adapters_blocks_only() -> None:
+    """A worker's blocks under the adapter "sql" hash with its name (vLLM's extra key): a
+    request for "sql" matches them, the same prompt for the base model or "poet" does not."""
+    index = KVEventIndex(port=5557, replay_port=None, block_size=BS)
+    index.workers = {"http://a": WorkerBlocks(), "http://b": WorkerBlocks()}
+    index.workers["http://a"].apply([stored(HASHES)])
+    index.workers["http://b"].apply([stored(block_hashes(PROMPT, BS, lora_name="sql"))])
+    assert index.match(PROMPT, ["http://a", "http://b"], "sql") == {"http://a": 0, "http://b": 20}
+    assert index.match(PROMPT, ["http://a", "http://b"]) == {"http://a": 20, "http://b": 0}
+    assert index.match(PROMPT, ["http://a", "http://b"], "poet") == {"http://a": 0, "http://b": 0}
+    policy = create_policy("cache_aware", PolicyConfig(), index)
+    a, b = Worker("http://a"), Worker("http://b", load=1)
+    assert policy.choose("", [a, b], PROMPT, "sql") == (b, "prefix")
+    assert policy.choose("", [a, b], PROMPT) == (a, "prefix")
+
+
 def test_the_index_follows_a_worker_and_replays_what_it_missed(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from radixserve.mem_cache.kv_events import KVEventPublisher
 

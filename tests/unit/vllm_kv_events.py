@@ -48,13 +48,18 @@ class KVEventBatch(EventBatch):
 DECODER = msgspec.msgpack.Decoder(type=KVEventBatch)
 
 
-def reference_hashes(tokens: list[int], block_size: int) -> list[int]:
+def reference_hashes(
+    tokens: list[int], block_size: int, extra_keys: list[Any] | None = None
+) -> list[int]:
     """vLLM's hash_block_tokens with sha256_cbor, written out: each block hashes
-    (parent, its tokens, extra keys); the low 64 bits go on the wire."""
+    (parent, its tokens, extra keys); the low 64 bits go on the wire. `extra_keys` are every
+    block's as `generate_block_hash_extra_keys` lists them (a LoRA request's: [lora_name]),
+    hashed as `tuple(extra_keys) or None`."""
+    extra = tuple(extra_keys) if extra_keys else None
     parent = hashlib.sha256(cbor2.dumps("0", canonical=True)).digest()
     out = []
     for i in range(len(tokens) // block_size):
         block = tuple(tokens[i * block_size : (i + 1) * block_size])
-        parent = hashlib.sha256(cbor2.dumps((parent, block, None), canonical=True)).digest()
+        parent = hashlib.sha256(cbor2.dumps((parent, block, extra), canonical=True)).digest()
         out.append(int.from_bytes(parent, "big") & ((1 << 64) - 1))
     return out

@@ -11,6 +11,11 @@ its parent's, as vLLM's `hash_block_tokens` with `sha256_cbor`: SHA-256 of the c
 of `(parent hash, block token ids, extra keys)`, the first block's parent being `NONE_HASH`
 (from a fixed seed, so every process and restart agrees); on the wire a hash is its low 64 bits
 as an unsigned integer (vLLM's `maybe_convert_block_hash`).
+
+A LoRA adapter's blocks hash as vLLM's do (`kv_cache_utils.generate_block_hash_extra_keys`):
+every block's extra keys are `(adapter name,)`, so the same tokens under another adapter, or
+under the base model (extra keys None), chain to other hashes, and a consumer that knows the
+request's adapter name computes the worker's hashes without knowing the worker.
 """
 
 from __future__ import annotations
@@ -83,15 +88,25 @@ def external_hash(block_hash: bytes) -> int:
     return int.from_bytes(block_hash, "big") & ((1 << 64) - 1)
 
 
+def lora_extra_keys(lora_name: str | None) -> tuple[str] | None:
+    """The extra keys of every block of a path under `lora_name` (None: the base model)."""
+    return None if lora_name is None else (lora_name,)
+
+
 def block_hashes(
-    token_ids: Sequence[int], block_size: int, num_blocks: int | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int | None = None,
+    lora_name: str | None = None,
 ) -> list[int]:
-    """The wire hashes of the first `num_blocks` (default: every full) blocks of a token path."""
+    """The wire hashes of the first `num_blocks` (default: every full) blocks of a token path,
+    under the LoRA adapter `lora_name` (None: the base model)."""
     tokens = tuple(token_ids)
     count = len(tokens) // block_size if num_blocks is None else num_blocks
+    extra_keys = lora_extra_keys(lora_name)
     parent = NONE_HASH
     hashes = []
     for i in range(count):
-        parent = hash_block(parent, tokens[i * block_size : (i + 1) * block_size], None)
+        parent = hash_block(parent, tokens[i * block_size : (i + 1) * block_size], extra_keys)
         hashes.append(external_hash(parent))
     return hashes

@@ -22,6 +22,7 @@ import torch
 from radixserve.layers.lora_linear import NO_ADAPTER
 from radixserve.lora.adapter import LoRALoadError, LoRAWeights, read_adapter
 from radixserve.lora.pool import LoRASlotPool
+from radixserve.mem_cache.kv_event_sink import AdapterEventSink
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LoRAManager:
         # never reuses the KV its previous weights computed)
         self.uids: dict[str, int] = {}
         self._next_uid = 1
+        self._events: AdapterEventSink | None = None  # told of every uid's name (KV events)
         self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
         self.reading: dict[str, Future[LoRAWeights]] = {}
         self.failed: dict[str, str] = {}
@@ -101,6 +103,8 @@ class LoRAManager:
         self.remove(name)
         self.paths[name] = weights.path
         self.uids[name] = self._next_uid
+        if self._events is not None:
+            self._events.adapter_registered(self._next_uid, name)
         self._next_uid += 1
         self._keep_on_host(name, weights)
 
@@ -108,7 +112,10 @@ class LoRAManager:
         """Stop serving `name`; its slot is freed once no request holds it."""
         if name not in self.paths:
             return False
-        del self.paths[name], self.uids[name]
+        del self.paths[name]
+        uid = self.uids.pop(name)
+        if self._events is not None:
+            self._events.adapter_retired(uid)
         self.host.pop(name, None)
         self.failed.pop(name, None)
         self.reading.pop(name, None)
@@ -116,6 +123,14 @@ class LoRAManager:
         if slot is not None and self.slot_users[slot] == 0:
             self.slot_names[slot] = None
         return True
+
+    def publish_names(self, sink: AdapterEventSink) -> None:
+        """Tell `sink` (the KV event publisher) the name of every uid served now and of every
+        one loaded later, and which uids are retired by an unload or a reload: the cache keys
+        paths by uid, events name adapters."""
+        self._events = sink
+        for name, uid in self.uids.items():
+            sink.adapter_registered(uid, name)
 
     def served(self) -> dict[str, str]:
         return dict(self.paths)

@@ -8,6 +8,7 @@ single code path).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -45,15 +46,29 @@ class MatchResult:
     restorable: int = 0
 
 
+# an adapter's cache keys are its tokens plus `uid << ADAPTER_SHIFT`: above any vocabulary
+ADAPTER_SHIFT = 32
+_TOKEN_MASK = (1 << ADAPTER_SHIFT) - 1
+
+
 def adapter_key(tokens: list[int], lora_uid: int) -> list[int]:
     """The cache key of `tokens` under a LoRA adapter: token ids moved above the vocabulary by
     the adapter's registration number (`lora_uid << 32`), so an adapter's prefixes only match its
     own (or, with uid 0, the base model's) and no cache learns about adapters. Whoever reads
-    keys back as tokens (KV events, disk blocks) takes `key & 0xFFFFFFFF` and `key >> 32`."""
+    keys back as tokens (KV events, disk blocks) uses `split_adapter_key`."""
     if not lora_uid:
         return tokens
-    offset = lora_uid << 32
+    offset = lora_uid << ADAPTER_SHIFT
     return [t + offset for t in tokens]
+
+
+def split_adapter_key(key: Sequence[int]) -> tuple[int, Sequence[int]]:
+    """(the adapter's uid, the token ids) of a cache key that `adapter_key` made; a base key
+    (uid 0) comes back as it is. Every token of a key carries the same uid, so the first tells."""
+    lora_uid = key[0] >> ADAPTER_SHIFT if key else 0
+    if not lora_uid:
+        return 0, key
+    return lora_uid, tuple(t & _TOKEN_MASK for t in key)
 
 
 def empty_slots() -> torch.Tensor:

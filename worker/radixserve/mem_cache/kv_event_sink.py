@@ -32,3 +32,19 @@ class KVEventSink(Protocol):
 
     def cleared(self) -> None:
         """The whole cache was flushed: every block on every medium is gone."""
+
+
+class AdapterEventSink(Protocol):
+    """What the LoRA manager tells the event sink: the name each registration number serves.
+
+    The cache keys an adapter's paths by its uid (`base_prefix_cache.adapter_key`), but events
+    name adapters as vLLM does, by their served name. A uid is registered before any request
+    runs under it and retired when its adapter is unloaded or replaced (a reload gets a new uid);
+    its paths may stay in the cache after that, but no request can match them any more.
+    """
+
+    def adapter_registered(self, lora_uid: int, name: str) -> None:
+        """Paths keyed by `lora_uid` are the adapter `name`'s."""
+
+    def adapter_retired(self, lora_uid: int) -> None:
+        """No request will run under `lora_uid` again: its blocks are useless to consumers."""

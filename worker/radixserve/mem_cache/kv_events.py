@@ -14,6 +14,19 @@ Token ranges become blocks so: the blocks a range reports are the full `block_si
 the path whose last token lies in token_ids[start:]. A node's stored range thus publishes
 each block once, when its last token arrives (a trailing partial block waits for the node
 that completes it), and a removed leaf withdraws every full block that overlapped it.
+
+LoRA adapters: the cache keys an adapter's path by its registration number (uid) above the
+vocabulary (`base_prefix_cache.adapter_key`); its events carry the raw token ids, `lora_name`
+the adapter's served name, `lora_id` its uid (radixserve's registration number: vLLM's
+`lora_int_id` is as local to one server), and the hashes and `extra_keys` of vLLM's rule
+(`(name,)` for every block, `kv_event_format`). The LoRA manager tells the publisher which name a
+uid serves (`kv_event_sink.AdapterEventSink`), in order with the cache's updates. The thread
+keeps, per served adapter, the blocks it published and has not withdrawn; when an adapter is
+unloaded or replaced its uid is retired: those blocks are withdrawn at once (no request can
+match them any more, and a reload under the same name hashes alike: the new uid's blocks would
+otherwise be withdrawn when the old ones are evicted) and later updates of that uid publish
+nothing. So the publisher holds names and blocks only of uids being served, bounded by the
+cache. Base paths (uid 0) are published as they always were: no lora fields, no extra keys.
 """
 
 from __future__ import annotations
@@ -36,7 +49,9 @@ from radixserve.kv_event_format import (
     BlockStored,
     KVEventBatch,
     block_hashes,
+    lora_extra_keys,
 )
+from radixserve.mem_cache.base_prefix_cache import split_adapter_key
 from radixserve.mem_cache.kv_event_sink import Medium
 
 logger = logging.getLogger(__name__)
@@ -53,8 +68,12 @@ MAX_UPDATES_PER_BATCH = 1024
 DROP_LOG_EVERY = 10_000
 _POLL_S = 0.02
 
-# (kind, token path, start, medium); kind "cleared" carries no range
+# (kind, token path, start, medium) of the cache's updates; "cleared" carries no range, and the
+# LoRA manager's "registered" and "retired" carry an adapter's (uid, name) in (start, medium)
 _Update = tuple[str, tuple[int, ...], int, str]
+_Event = BlockStored | BlockRemoved | AllBlocksCleared
+# a served adapter as its events name it: (lora_id, lora_name)
+Adapter = tuple[int, str]
 
 
 def binds(endpoint: str) -> bool:
@@ -63,14 +82,21 @@ def binds(endpoint: str) -> bool:
 
 
 def block_event(
-    kind: str, tokens: tuple[int, ...], start: int, medium: str, block_size: int
+    kind: str,
+    tokens: Sequence[int],
+    start: int,
+    medium: str,
+    block_size: int,
+    adapter: Adapter | None = None,
 ) -> BlockStored | BlockRemoved | None:
-    """The event for one stored or removed token range: the full blocks whose last token lies
-    in tokens[start:]; None when there is none."""
+    """The event for one stored or removed range of raw token ids (under `adapter`, None: the
+    base model): the full blocks whose last token lies in tokens[start:]; None when there is
+    none."""
     first, end = start // block_size, len(tokens) // block_size
     if first >= end:
         return None
-    chain = block_hashes(tokens, block_size, end)
+    lora_id, lora_name = adapter if adapter is not None else (None, None)
+    chain = block_hashes(tokens, block_size, end, lora_name)
     if kind == "removed":
         return BlockRemoved(block_hashes=chain[first:], medium=medium)
     return BlockStored(
@@ -78,9 +104,10 @@ def block_event(
         parent_block_hash=chain[first - 1] if first else None,
         token_ids=list(tokens[first * block_size : end * block_size]),
         block_size=block_size,
-        lora_id=None,
+        lora_id=lora_id,
         medium=medium,
-        lora_name=None,
+        lora_name=lora_name,
+        extra_keys=[lora_extra_keys(lora_name)] * (end - first) if adapter else None,
     )
 
 
@@ -101,7 +128,14 @@ class KVEventPublisher:
     ) -> None:
         self.block_size = block_size
         self._topic = topic.encode()
-        self._updates: queue.Queue[_Update] = queue.Queue(maxsize=queue_size)
+        # unbounded: the bound (queue_size) applies to the cache's updates only, so that the
+        # LoRA manager's few are never dropped (see _put)
+        self._updates: queue.Queue[_Update] = queue.Queue()
+        self._queue_size = queue_size
+        # the publisher thread's: served adapters' names, and per adapter uid and medium the
+        # blocks published and not withdrawn
+        self._adapters: dict[int, str] = {}
+        self._held: dict[int, dict[str, set[int]]] = {}
         self.dropped_updates = 0  # written by the scheduler's thread only
         self.published_events = 0  # written by the publisher thread only
         self._ctx = zmq.Context()
@@ -133,10 +167,16 @@ class KVEventPublisher:
     def cleared(self) -> None:
         self._put(("cleared", (), 0, ""))
 
+    def adapter_registered(self, lora_uid: int, name: str) -> None:
+        self._updates.put(("registered", (), lora_uid, name))
+
+    def adapter_retired(self, lora_uid: int) -> None:
+        self._updates.put(("retired", (), lora_uid, ""))
+
     def _put(self, update: _Update) -> None:
-        try:
+        if self._updates.qsize() < self._queue_size:
             self._updates.put_nowait(update)
-        except queue.Full:
+        else:
             self.dropped_updates += 1
             if self.dropped_updates % DROP_LOG_EVERY == 1:
                 logger.warning(
@@ -170,7 +210,9 @@ class KVEventPublisher:
                     updates.append(self._updates.get_nowait())
                 except queue.Empty:
                     break
-            events = [event for u in updates if (event := self._event(u)) is not None]
+            events: list[_Event] = []
+            for update in updates:
+                events += self._events(update)
             if not events:
                 continue
             batch = KVEventBatch(ts=time.time(), events=events, data_parallel_rank=0)
@@ -183,11 +225,35 @@ class KVEventPublisher:
             self._buffer.append((seq, payload))
             self.published_events += len(events)
 
-    def _event(self, update: _Update) -> BlockStored | BlockRemoved | AllBlocksCleared | None:
+    def _events(self, update: _Update) -> list[_Event]:
         kind, tokens, start, medium = update
         if kind == "cleared":
-            return AllBlocksCleared()
-        return block_event(kind, tokens, start, medium, self.block_size)
+            for held in self._held.values():
+                held.clear()
+            return [AllBlocksCleared()]
+        if kind == "registered":
+            self._adapters[start], self._held[start] = medium, {}
+            return []
+        if kind == "retired":
+            self._adapters.pop(start, None)
+            held = self._held.pop(start, {})
+            return [BlockRemoved(block_hashes=sorted(h), medium=m) for m, h in held.items() if h]
+        lora_uid, token_ids = split_adapter_key(tokens)
+        if not lora_uid:
+            event = block_event(kind, tokens, start, medium, self.block_size)
+            return [] if event is None else [event]
+        name = self._adapters.get(lora_uid)
+        if name is None:  # a retired adapter's path: its blocks were withdrawn at retirement
+            return []
+        event = block_event(kind, token_ids, start, medium, self.block_size, (lora_uid, name))
+        if event is None:
+            return []
+        held = self._held[lora_uid].setdefault(medium, set())
+        if isinstance(event, BlockStored):
+            held.update(event.block_hashes)
+        else:
+            held.difference_update(event.block_hashes)
+        return [event]
 
     def _serve_replay(self) -> None:
         """One replay request: [identity, empty, start seq] -> the kept batches from there."""

@@ -6,8 +6,9 @@ keeps, per worker and medium, the set of block hashes it holds. Where to subscri
 per worker (`Resolver`): the router asks the worker's `/get_server_info` for its
 `kv_events_endpoint` and `kv_events_replay_endpoint` (a wildcard host becomes the worker's),
 else takes `--kv-events-port` and `--kv-events-replay-port` on the worker's host. A request's prompt, tokenized as the worker tokenizes it (the worker's `POST /tokenize`,
-or `/generate`'s own `input_ids`), becomes the same hash chain; a worker's match is how many
-of its leading blocks that worker holds on any medium. That replaces the approximate tree's
+or `/generate`'s own `input_ids`), becomes the same hash chain (under a LoRA adapter, the chain
+with the adapter's name as every block's extra key, as the worker hashes that adapter's blocks);
+a worker's match is how many of its leading blocks that worker holds on any medium. That replaces the approximate tree's
 guess (what the router sent where) by what the workers hold, evictions included.
 
 A gap in a worker's sequence numbers means lost batches: with `--kv-events-replay-port` they
@@ -116,9 +117,12 @@ class KVEventIndex:
 
     # --- what the policy asks ----------------------------------------------------------------
 
-    def match(self, token_ids: Sequence[int], urls: Iterable[str]) -> dict[str, int]:
-        """Tokens of the prompt each worker holds, counted in whole blocks."""
-        hashes = block_hashes(token_ids, self.block_size)
+    def match(
+        self, token_ids: Sequence[int], urls: Iterable[str], lora_name: str | None = None
+    ) -> dict[str, int]:
+        """Tokens of the prompt (under the LoRA adapter `lora_name`, None: the base model) each
+        worker holds, counted in whole blocks."""
+        hashes = block_hashes(token_ids, self.block_size, lora_name=lora_name)
         return {
             url: self.workers[url].leading(hashes) * self.block_size
             for url in urls

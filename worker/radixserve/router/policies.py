@@ -13,7 +13,8 @@ it (the `decision` label of `radixserve_router_requests_total`).
   (`balance`). Every choice is recorded in the tree. With an event index
   (`--prefix-source events`, `kv_index.py`) a request whose prompt tokens the router has is
   matched against what each worker's KV events say it holds, in whole blocks, instead of the
-  tree (which still decides for requests without tokens and breaks load ties).
+  tree (which still decides for requests without tokens and breaks load ties); a LoRA
+  adapter's request is matched against that adapter's blocks (`lora_name`).
 - `power_of_two`: the less loaded of two workers drawn at random.
 - `round_robin`: each worker in turn.
 """
@@ -50,10 +51,15 @@ class PolicyConfig:
 
 class Policy(Protocol):
     def choose(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None = None,
+        lora_name: str | None = None,
     ) -> tuple[Candidate, str]:
         """The worker for a request with routing key `key` (and, where the policy asked for
-        them, its prompt's token ids), and the decision's name."""
+        them, its prompt's token ids and the LoRA adapter they run under), and the decision's
+        name."""
         ...
 
     def forget(self, url: str) -> None:
@@ -66,7 +72,11 @@ class RoundRobinPolicy:
         self._turn = 0
 
     def choose(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None = None,
+        lora_name: str | None = None,
     ) -> tuple[Candidate, str]:
         ordered = sorted(candidates, key=lambda c: c.url)
         chosen = ordered[self._turn % len(ordered)]
@@ -82,7 +92,11 @@ class PowerOfTwoPolicy:
         self._rng = random.Random(config.seed)
 
     def choose(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None = None,
+        lora_name: str | None = None,
     ) -> tuple[Candidate, str]:
         if len(candidates) == 1:
             return candidates[0], "power_of_two"
@@ -100,24 +114,37 @@ class CacheAwarePolicy:
         self.events = events
 
     def choose(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None = None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None = None,
+        lora_name: str | None = None,
     ) -> tuple[Candidate, str]:
-        chosen, decision = self._decide(key, candidates, token_ids)
+        chosen, decision = self._decide(key, candidates, token_ids, lora_name)
         if key:
             self.tree.insert(key, chosen.url)
         return chosen, decision
 
     def _matched(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None,
+        lora_name: str | None,
     ) -> tuple[dict[str, int], int]:
         """Each worker's match and the prompt's length: tokens held (events) or characters
         sent (the tree)."""
         if self.events is not None and token_ids:
-            return self.events.match(token_ids, (c.url for c in candidates)), len(token_ids)
+            urls = (c.url for c in candidates)
+            return self.events.match(token_ids, urls, lora_name), len(token_ids)
         return (self.tree.match(key) if key else {}), len(key)
 
     def _decide(
-        self, key: str, candidates: Sequence[Candidate], token_ids: Sequence[int] | None
+        self,
+        key: str,
+        candidates: Sequence[Candidate],
+        token_ids: Sequence[int] | None,
+        lora_name: str | None,
     ) -> tuple[Candidate, str]:
         loads = [c.load for c in candidates]
         highest, lowest = max(loads), min(loads)
@@ -126,7 +153,7 @@ class CacheAwarePolicy:
             and highest > lowest * self.config.balance_rel_threshold
         ):
             return self._least_loaded(candidates), "balance"
-        matched, length = self._matched(key, candidates, token_ids)
+        matched, length = self._matched(key, candidates, token_ids, lora_name)
         best = max(candidates, key=lambda c: (matched.get(c.url, 0), -c.load))
         if length and matched.get(best.url, 0) / length > self.config.cache_threshold:
             return best, "prefix"

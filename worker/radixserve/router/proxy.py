@@ -325,13 +325,13 @@ class Proxy:
             candidates = [u for u in ready if u.url not in tried]
             if not candidates:
                 return None
-            if self.tokenize and token_ids is None:
-                token_ids = await self._token_ids(request, body, candidates)
             adapter = self._adapter_of(body)
+            if self.tokenize and token_ids is None and self._hashable(adapter):
+                token_ids = await self._token_ids(request, body, candidates)
             if adapter is not None:
                 assert self.lora is not None
                 candidates, _ = self.lora.prefer(adapter, candidates)
-            chosen, decision = self.policy.choose(key, candidates, token_ids)
+            chosen, decision = self.policy.choose(key, candidates, token_ids, adapter)
             if adapter is not None:
                 self.lora.placed(adapter, chosen.url)
             return cast(Upstream, chosen), decision
@@ -342,6 +342,13 @@ class Proxy:
             return None
         model = requested_model(body)
         return model if self.lora.is_adapter(model) else None
+
+    def _hashable(self, adapter: str | None) -> bool:
+        """Whether the router knows how the workers hash this request's blocks: as the base
+        model's, or as an adapter's that the workers list (its name is every block's extra key).
+        A `model` that is neither (the base model's names unread behind API keys, an adapter not
+        listed yet) is matched on the tree rather than risk matching another model's blocks."""
+        return adapter is None or (self.lora is not None and adapter in self.lora.known)
 
     async def _token_ids(
         self, request: web.Request, body: bytes, candidates: list[Upstream]

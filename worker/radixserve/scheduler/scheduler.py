@@ -241,6 +241,8 @@ class Scheduler:
         """Make `publisher` the prefix cache's event sink (rank 0, --kv-events-endpoint)."""
         assert isinstance(self.tree_cache, RadixCache), "KV events need the radix cache"
         self.kv_events = publisher
+        if self.lora is not None:  # before the cache's first update under an adapter
+            self.lora.publish_names(publisher)
         self.tree_cache.event_sink = publisher
 
     # -- requests ----------------------------------------------------------------------------
