@@ -196,6 +196,8 @@ class Router:
         }
         if self.events is not None:
             described["kv_events"] = self.events.describe()
+        if self.lora.known:  # the adapters the workers list: what adapter requests can name
+            described["lora_adapters"] = sorted(self.lora.known)
         return described
 
     async def server_info(self, request: web.Request) -> web.Response:

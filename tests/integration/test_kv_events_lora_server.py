@@ -48,9 +48,12 @@ def decisions(router: ServerProcess) -> dict[str, float]:
     return found
 
 
+def router_info(router: ServerProcess) -> dict:
+    return json.loads(router.get("/get_server_info")[1])["router"]
+
+
 def router_blocks(router: ServerProcess, worker: str) -> int:
-    info = json.loads(router.get("/get_server_info")[1])
-    return info["router"]["kv_events"]["blocks"].get(worker, 0)
+    return router_info(router)["kv_events"]["blocks"].get(worker, 0)
 
 
 def wait_for(condition, what: str, timeout: float = 20.0) -> None:  # type: ignore[no-untyped-def]
@@ -86,6 +89,8 @@ def test_an_adapters_blocks_are_named_and_routed_by_the_adapter(tmp_path) -> Non
                     ),
                     "the router's subscription",
                 )
+                # and it hashes the adapter's requests once it has read the worker's models
+                wait_for(lambda: "sql" in router_info(router).get("lora_adapters", []), "sql")
                 held = router_blocks(router, url)
 
                 generate(url, PROMPT, "sql")  # behind the router's back: only events tell
