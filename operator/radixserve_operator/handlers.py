@@ -172,8 +172,9 @@ async def stop_adapter_sync(memo: kopf.Memo, **_: Any) -> None:
 
 
 async def sync_adapters(memo: kopf.Memo, namespace: str, name: str) -> None:
-    """One round for one service: spec.loras (placement all) onto its ready workers through
-    their admin endpoints, then the per-adapter status. The Kubernetes calls run in threads
+    """One round for one service: spec.loras onto its ready workers through their admin
+    endpoints (read at once, or only registered on onDemand's lazy workers), then the
+    per-adapter status. The Kubernetes calls run in threads
     and the pods are called with timeouts, so a slow service holds up only its own rounds."""
     context: OperatorContext = memo.context
     body = await asyncio.to_thread(context.api.get, *SERVICE_KIND, namespace, name)
@@ -184,12 +185,17 @@ async def sync_adapters(memo: kopf.Memo, namespace: str, name: str) -> None:
     except InvalidSpecError:
         return  # the reconcile reports it; the pods keep what they have
     workers: list[WorkerAdapters] = []
-    if spec.lora.start_up_list:
+    if spec.lora.enabled:
         pods = await asyncio.to_thread(context.api.list_pods, namespace, worker_selector(name))
         key = await asyncio.to_thread(read_admin_key, context.api, namespace, spec)
         wanted = lora_modules(spec.lora.adapters)
         workers = await sync_workers(
-            ready_workers(pods), key, wanted, memo.refused_loads, time.monotonic()
+            ready_workers(pods),
+            key,
+            wanted,
+            memo.refused_loads,
+            time.monotonic(),
+            lazy=spec.lora.on_demand,
         )
     events = await asyncio.to_thread(_patch_adapter_status, context, namespace, name, spec, workers)
     for kind, reason, message in events:

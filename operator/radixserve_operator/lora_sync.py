@@ -1,6 +1,8 @@
-"""spec.loras with placement ``all`` applied to running workers, with no pod restart.
+"""spec.loras applied to running workers, with no pod restart.
 
-New pods read the list at start (the ConfigMap ``NAME-loras``, ``--lora-modules-file``). Pods
+New pods read the list at start (the ConfigMap ``NAME-loras``, ``--lora-modules-file``): with
+placement ``all`` they read every adapter's weights, with ``onDemand`` (``--lora-load lazy``)
+they only learn each adapter's path and read it on its first request. Pods
 already running are brought to the list through their admin endpoints: every ready pod's
 adapters are read (``GET /v1/models``), the missing ones loaded, the ones no longer listed
 unloaded. The spec is the whole list: an adapter loaded by hand and not in spec.loras is
@@ -14,6 +16,9 @@ garbage-collected through their owner references).
 A refused load (the worker's 400: rank too large, a missing file) is remembered per pod and
 path and not retried for ``RETRY_REFUSED_SECONDS``: the same files would get the same answer.
 It stays reported (status ``loras[].message``, the ``LoraLoadFailed`` condition) meanwhile.
+A lazy worker's load is the same call and reads nothing (it never refuses); its failed reads
+are read back from its server info instead and reported the same way, and an adapter counts
+as held (``readyWorkers``) only where it is resident in a device slot.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from radixserve_operator.worker_api import (
     LoadRefused,
     WorkerEndpoint,
     WorkerUnreachable,
+    adapter_residency,
     load_adapter,
     served_adapters,
     unload_adapter,
@@ -145,12 +151,14 @@ class RefusedLoads:
 
 @dataclass(frozen=True)
 class WorkerAdapters:
-    """One ready pod after a round: what it serves (``None``: not reached this round) and the
-    adapters it refused (name -> its message)."""
+    """One ready pod after a round: what it serves (``None``: not reached this round), the
+    adapters it refused (name -> its message) and, on a lazy worker, those resident on its
+    device (``None``: not asked, an eager worker's adapters are all read)."""
 
     endpoint: WorkerEndpoint
     held: dict[str, str] | None
     refused: dict[str, str]
+    resident: frozenset[str] | None = None
 
 
 def ready_workers(pods: Iterable[Mapping[str, Any]]) -> list[WorkerEndpoint]:
@@ -220,13 +228,15 @@ async def sync_workers(
     wanted: Mapping[str, str],
     refused: RefusedLoads,
     now: float,
+    lazy: bool = False,
 ) -> list[WorkerAdapters]:
-    """One round over every ready pod at once; each pod's failures stay its own."""
+    """One round over every ready pod at once; each pod's failures stay its own. ``lazy``:
+    the pods read adapters on demand (their residency and failed reads are asked too)."""
     refused.keep_pods(endpoint.uid for endpoint in endpoints)
     async with aiohttp.ClientSession() as session:
         return list(
             await asyncio.gather(
-                *(_sync_pod(session, e, key, wanted, refused, now) for e in endpoints)
+                *(_sync_pod(session, e, key, wanted, refused, now, lazy) for e in endpoints)
             )
         )
 
@@ -238,8 +248,10 @@ async def _sync_pod(
     wanted: Mapping[str, str],
     refused: RefusedLoads,
     now: float,
+    lazy: bool,
 ) -> WorkerAdapters:
     refusals: dict[str, str] = {}
+    resident: frozenset[str] | None = None
     try:
         held = await served_adapters(session, endpoint, key)
         to_load, to_unload = plan(wanted, held)
@@ -262,11 +274,17 @@ async def _sync_pod(
             refused.forget(attempt)
             held[name] = path
             logger.info(f"loaded LoRA adapter {name} ({path}) on pod {endpoint.pod}")
+        if lazy:
+            residency = await adapter_residency(session, endpoint, key)
+            resident = residency.resident
+            for name, message in residency.failed.items():
+                if name in wanted:
+                    refusals.setdefault(name, f"pod {endpoint.pod}: {message}")
     except (WorkerUnreachable, LoadRefused) as error:
         ERRORS.labels("adapters").inc()
         logger.warning(f"LoRA adapters of pod {endpoint.pod} not synced this round: {error}")
         return WorkerAdapters(endpoint, None, refusals)
-    return WorkerAdapters(endpoint, held, refusals)
+    return WorkerAdapters(endpoint, held, refusals, resident)
 
 
 def adapter_status(
@@ -275,13 +293,13 @@ def adapter_status(
     """The status patch after a round (``loras`` and the conditions with ``LoraLoadFailed``)
     and the Events to post, as (type, reason, message): a Warning for each new refusal, a
     Normal one when the last is gone."""
-    paths = lora_modules(spec.lora.adapters) if spec.lora.start_up_list else {}
-    wanted = [(a.name, a.source, paths[a.name]) for a in spec.lora.adapters if a.name in paths]
+    paths = lora_modules(spec.lora.adapters)
+    wanted = [(a.name, a.source, paths[a.name]) for a in spec.lora.adapters]
     refused: dict[str, str] = {}
     for worker in workers:  # sorted by pod: the first pod's refusal of each adapter
         for name, message in worker.refused.items():
             refused.setdefault(name, message)
-    held = [worker.held for worker in workers if worker.held is not None]
+    held = [_holding(worker) for worker in workers if worker.held is not None]
     conditions = lora_conditions(previous, refused, now)
     status = {"loras": lora_status(wanted, held, refused), "conditions": conditions}
     old = _condition(previous.get("conditions"))
@@ -293,6 +311,15 @@ def adapter_status(
     elif new["status"] == "False" and old.get("status") == "True":
         events.append(("Normal", "LorasLoaded", "every worker took every adapter it was given"))
     return status, events
+
+
+def _holding(worker: WorkerAdapters) -> dict[str, str]:
+    """What a worker holds for ``readyWorkers``: every adapter it serves, or on a lazy worker
+    those of them resident in a device slot (the others are only known)."""
+    assert worker.held is not None
+    if worker.resident is None:
+        return worker.held
+    return {name: path for name, path in worker.held.items() if name in worker.resident}
 
 
 def _condition(conditions: Any) -> Mapping[str, Any]:

@@ -281,7 +281,7 @@ def _prune_unwanted(api: KubeApi, owner: Owner, spec: ServiceSpec) -> None:
     ]
     if not spec.router.enabled:
         unwanted += router_child_keys(owner)
-    if not spec.lora.start_up_list:
+    if not spec.lora.enabled:
         unwanted.append(("v1", "ConfigMap", lora_config_map_name(owner)))
     for api_version, kind, name in unwanted:
         try:

@@ -194,7 +194,9 @@ class LoRA:
     worker serves adapters at all (off, nothing of LoRA reaches the pod)."""
 
     adapters: tuple[LoRAAdapter, ...] = ()
-    placement: str = "all"  # all: every worker loads every adapter; onDemand: the router's
+    # all: every worker reads every adapter; onDemand: every worker knows every adapter and
+    # reads one on its first request (the router places them by demand)
+    placement: str = "all"
     max_loras: int | None = None  # --max-loras (device slots); the worker's default when unset
 
     @property
@@ -202,9 +204,9 @@ class LoRA:
         return bool(self.adapters) or self.placement == "onDemand" or self.max_loras is not None
 
     @property
-    def start_up_list(self) -> bool:
-        """Whether pods read the adapter list (the ConfigMap) at start: ``all`` placement."""
-        return self.enabled and self.placement == "all"
+    def on_demand(self) -> bool:
+        """Whether the workers read adapters lazily (``--lora-load lazy``): ``onDemand``."""
+        return self.enabled and self.placement == "onDemand"
 
 
 @dataclass(frozen=True)

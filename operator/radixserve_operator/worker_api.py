@@ -1,8 +1,10 @@
-"""The operator's calls to a worker pod's HTTP API, for spec.loras with placement ``all``: the
-adapters a worker serves (``GET /v1/models``: an adapter's card has ``parent``, the base
-model's name, and ``root``, its path) and the admin endpoints that change them (``POST
-/v1/load_lora_adapter {lora_name, lora_path}``, ``POST /v1/unload_lora_adapter {lora_name}``:
-vLLM's names, guarded by the admin key when the worker has one).
+"""The operator's calls to a worker pod's HTTP API, for spec.loras: the adapters a worker serves
+(``GET /v1/models``: an adapter's card has ``parent``, the base model's name, and ``root``, its
+path), the admin endpoints that change them (``POST /v1/load_lora_adapter {lora_name,
+lora_path}``, ``POST /v1/unload_lora_adapter {lora_name}``: vLLM's names, guarded by the admin
+key when the worker has one; a worker started with ``--lora-load lazy`` only registers the
+path), and, for placement ``onDemand``, which adapters are resident and which failed to read
+(``GET /get_server_info``'s ``lora_resident`` and ``lora_failed``, admin key too).
 
 Async (aiohttp, which kopf itself runs on) with a timeout per call: a slow or dead pod holds
 up only its own service's adapter sync, never the operator's event loop or other services.
@@ -55,6 +57,30 @@ async def served_adapters(
         return {card["id"]: str(card.get("root")) for card in cards if card.get("parent")}
     except (KeyError, TypeError) as error:
         raise WorkerUnreachable(f"pod {endpoint.pod}: /v1/models answered {body!r:.200}") from error
+
+
+@dataclass(frozen=True)
+class Residency:
+    """What a lazily loading worker holds: the adapters in its device slots, and those whose
+    last read failed (name -> why)."""
+
+    resident: frozenset[str]
+    failed: dict[str, str]
+
+
+async def adapter_residency(
+    session: aiohttp.ClientSession, endpoint: WorkerEndpoint, key: str | None
+) -> Residency:
+    """The worker's resident and failed adapters (its server info)."""
+    body = await _call(
+        session, "GET", endpoint, "/get_server_info", key, None, CALL_TIMEOUT_SECONDS
+    )
+    try:
+        resident = frozenset(str(name) for name in body.get("lora_resident") or [])
+        failed = {str(k): str(v) for k, v in (body.get("lora_failed") or {}).items()}
+    except (AttributeError, TypeError) as error:
+        raise WorkerUnreachable(f"pod {endpoint.pod}: /get_server_info: {error}") from error
+    return Residency(resident, failed)
 
 
 async def load_adapter(

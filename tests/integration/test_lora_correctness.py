@@ -55,6 +55,28 @@ def run(scheduler, jobs: list[tuple[str | None, list[int]]]) -> list[list[int]]:
     return [ids[f"r{i}"] for i in range(len(jobs))]
 
 
+def run_any(scheduler, jobs: list[tuple[str | None, list[int]]]) -> tuple[list, list]:
+    """As `run`, but any ending is taken: each request's tokens and finished reason."""
+    for i, (name, prompt) in enumerate(jobs):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid=f"r{i}", input_ids=prompt, sampling_params=greedy(NEW), lora_name=name
+            )
+        )
+    ids: dict[str, list[int]] = {f"r{i}": [] for i in range(len(jobs))}
+    reasons: dict[str, dict] = {}
+    for _ in range(10_000):
+        scheduler.step()
+        for out in scheduler.pop_outputs():
+            ids[out.rid].extend(out.new_token_ids)
+            if out.finished_reason is not None:
+                reasons[out.rid] = out.finished_reason
+        if not scheduler.has_work():
+            break
+    rids = [f"r{i}" for i in range(len(jobs))]
+    return [ids[r] for r in rids], [reasons[r] for r in rids]
+
+
 def lora_scheduler(source, dirs, **kw):
     modules = [f"{name}={path}" for name, path in dirs.items()]
     return make_scheduler("random:tiny-llama", source, lora_modules=modules or None, **kw)
@@ -113,6 +135,34 @@ def test_dynamic_load_unload_reload(setup):
     assert run(scheduler, [("beta", prompts[1])]) == [expected["gamma"][1]]
     assert scheduler.change_lora_adapters(LoRAAdapterReq("beta", str(dirs["beta"]))).success
     assert run(scheduler, [("beta", prompts[2])]) == [expected["beta"][2]]
+
+
+def test_lazy_adapters_are_known_unread_and_match_peft_on_first_use(setup, tmp_path):
+    """--lora-load lazy (placement onDemand): the listed adapters are served by name with
+    nothing read; each first request reads its adapter off the step loop and its output is
+    PEFT's; a listed adapter whose source is bad fails its own request with a 400-shaped error
+    (param model) and nothing else; an admin load only registers the path."""
+    source, _, dirs, prompts, expected = setup
+    listed = {**{name: str(path) for name, path in dirs.items()}, "broken": str(tmp_path / "x")}
+    scheduler = lora_scheduler(source, listed, max_loras=1, max_cpu_loras=1, lora_load="lazy")
+    lora = scheduler.lora
+    assert lora.served() == listed and lora.counters.loads == 0 and not lora.host
+    for name in dirs:
+        assert run(scheduler, [(name, prompts[0]), (None, prompts[1])]) == [
+            expected[name][0],
+            expected[None][1],
+        ]
+        assert len(lora.host) <= 1 and lora.resident() == [name]
+    assert lora.counters.loads == len(dirs)
+    ids, reasons = run_any(scheduler, [("broken", prompts[2]), ("alpha", prompts[2])])
+    assert ids[1] == expected["alpha"][2] and reasons[1]["type"] == "length"
+    assert ids[0] == [] and reasons[0]["type"] == "error" and reasons[0]["param"] == "model"
+    assert reasons[0]["code"] == "lora_load_failed" and "'broken'" in reasons[0]["message"]
+    reply = scheduler.change_lora_adapters(LoRAAdapterReq("late", str(dirs["beta"])))
+    assert reply.success and reply.adapters["late"] == str(dirs["beta"])
+    loads = lora.counters.loads
+    assert "late" not in lora.host and lora.counters.loads == loads
+    assert run(scheduler, [("late", prompts[3])]) == [expected["beta"][3]]
 
 
 def test_prefix_cache_is_per_adapter(setup):

@@ -37,3 +37,14 @@ def test_bad_lines_are_refused_like_the_flag(tmp_path: Path, lines: str) -> None
 def test_without_the_flags_lora_stays_off() -> None:
     args = parse_server_args([])
     assert args.max_loras == 0 and args.lora_module_paths() == {}
+
+
+def test_lazy_loading_keeps_the_host_bound_of_max_cpu_loras() -> None:
+    modules = [f"a{i}=/adapters/a{i}" for i in range(3)]
+    flags = [arg for module in modules for arg in ("--lora-modules", module)]
+    # eager: the flag's adapters are read at start and all stay read
+    assert parse_server_args(flags + ["--max-cpu-loras", "1"]).max_cpu_loras == 3
+    lazy = parse_server_args(flags + ["--max-cpu-loras", "1", "--lora-load", "lazy"])
+    assert lazy.lora_load == "lazy" and lazy.max_cpu_loras == 1
+    with pytest.raises(SystemExit):
+        parse_server_args(["--lora-load", "sometimes"])

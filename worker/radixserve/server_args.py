@@ -274,6 +274,14 @@ class ServerArgs:
         "LoRA adapters resident on the device at once (slots); 0: 4 when --lora-modules is "
         "given, else LoRA is off and costs nothing",
     )
+    lora_load: str = option(
+        "eager",
+        "when an adapter's weights are read: eager, when it is given (--lora-modules, the file, "
+        "the load endpoint; a bad one is refused there); lazy, on its first request (a bad one "
+        "fails that request with a 400), so every adapter of a long list is served by name "
+        "while only --max-cpu-loras are held in host memory",
+        choices=("eager", "lazy"),
+    )
     max_lora_rank: int = option(16, "the largest LoRA rank served (sizes each slot)")
     max_cpu_loras: int = option(
         16, "LoRA adapters kept in host memory (an LRU: the rest are read from disk again)"
@@ -380,8 +388,8 @@ class ServerArgs:
             raise ValueError("--max-loras >= 0, --max-lora-rank and --max-cpu-loras >= 1")
         if (self.lora_modules or self.lora_modules_file) and self.max_loras == 0:
             self.max_loras = 4
-        if len(names) > self.max_cpu_loras:
-            self.max_cpu_loras = len(names)
+        if len(names) > self.max_cpu_loras and self.lora_load == "eager":
+            self.max_cpu_loras = len(names)  # the flag's adapters, checked at start, stay read
         if self.max_loras and self.speculative_method is not None:
             raise ValueError("LoRA adapters and speculative decoding are not served together yet")
         if self.max_loras and self.kv_disk_path is not None:

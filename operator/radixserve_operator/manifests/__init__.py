@@ -49,7 +49,7 @@ def build_children(
         )
     if spec.monitoring.service_monitor:
         children.append(build_service_monitor(owner, spec.monitoring))
-    if spec.lora.start_up_list:
+    if spec.lora.enabled:
         # before the Deployment: its pods mount it
         children.append(build_lora_config_map(owner, spec.lora.adapters))
     children.append(build_deployment(owner, spec))

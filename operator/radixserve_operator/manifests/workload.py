@@ -104,13 +104,15 @@ def worker_args(spec: ServiceSpec) -> list[str]:
 
 
 def _lora_args(lora: LoRA) -> list[str]:
-    """Device slots when LoRA is on; with placement all, the ConfigMap's list, by its path (the
-    list itself is not in the pod template: changing it restarts nothing)."""
+    """Device slots and the ConfigMap's list, by its path, when LoRA is on (the list itself is
+    not in the pod template: changing it restarts nothing); with placement onDemand the list's
+    adapters are read on their first request, not at start."""
     if not lora.enabled:
         return []
     valued: list[tuple[str, object]] = [
         ("--max-loras", lora.max_loras or DEFAULT_MAX_LORAS),
-        ("--lora-modules-file", LORA_MODULES_FILE if lora.start_up_list else None),
+        ("--lora-modules-file", LORA_MODULES_FILE),
+        ("--lora-load", "lazy" if lora.on_demand else None),
     ]
     return cli_flags(valued)
 
@@ -291,7 +293,7 @@ def _volumes(owner: Owner, spec: ServiceSpec) -> list[dict[str, Any]]:
         else {"emptyDir": {}}
     )
     volumes.append({"name": "model-cache", **cache})
-    if spec.lora.start_up_list:
+    if spec.lora.enabled:
         config_map = {"name": lora_config_map_name(owner)}
         volumes.append({"name": "loras", "configMap": config_map})
     if spec.resources.gpu > 1:

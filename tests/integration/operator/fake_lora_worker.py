@@ -2,8 +2,11 @@
 lists the base model and each adapter with ``parent`` and ``root`` as the worker does, ``POST
 /v1/load_lora_adapter`` and ``/v1/unload_lora_adapter`` change them and are recorded. A path
 in ``refuse`` gets the worker's 400 with that message; with ``key`` set, every call without
-``Authorization: Bearer KEY`` gets the worker's 401. It runs on a loopback port in its own
-thread and event loop (the operator's runs in another)."""
+``Authorization: Bearer KEY`` gets the worker's 401. With ``lazy`` it plays a worker started
+with ``--lora-load lazy``: a load only registers the path (nothing is read, nothing refused),
+``GET /get_server_info`` answers ``lora_resident`` and ``lora_failed``, and ``serve(name)``
+plays a request that reads the adapter into a device slot. It runs on a loopback port in its
+own thread and event loop (the operator's runs in another)."""
 
 from __future__ import annotations
 
@@ -17,10 +20,20 @@ BASE_MODEL = "smollm2-135m"
 
 
 class FakeLoRAWorker:
-    def __init__(self, adapters: dict[str, str], *, key: str | None, refuse: dict[str, str]):
-        self.adapters = dict(adapters)  # what it read at start (the ConfigMap's list)
+    def __init__(
+        self,
+        adapters: dict[str, str],
+        *,
+        key: str | None,
+        refuse: dict[str, str],
+        lazy: bool = False,
+    ):
+        self.adapters = dict(adapters)  # what it read (or, lazy, learnt) at start
         self.key = key
         self.refuse = refuse
+        self.lazy = lazy
+        self.resident: list[str] = []  # lazy: the adapters requests have read into a slot
+        self.failed: dict[str, str] = {}  # lazy: the adapters whose read failed, and why
         self.calls: list[tuple[str, dict[str, Any]]] = []  # (path, body) of each admin call
         self.port = 0
         self._loop = asyncio.new_event_loop()
@@ -44,6 +57,7 @@ class FakeLoRAWorker:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/load_lora_adapter", self._load)
         app.router.add_post("/v1/unload_lora_adapter", self._unload)
+        app.router.add_get("/get_server_info", self._server_info)
         runner = web.AppRunner(app)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -71,7 +85,7 @@ class FakeLoRAWorker:
         body = await request.json()
         self.calls.append(("load", body))
         name, path = body["lora_name"], body["lora_path"]
-        if path in self.refuse:
+        if path in self.refuse and not self.lazy:
             return _error(400, self.refuse[path], "lora_load_failed")
         self.adapters[name] = path
         return web.json_response({"success": True, "message": f"LoRA adapter {name} loaded"})
@@ -82,6 +96,20 @@ class FakeLoRAWorker:
         if self.adapters.pop(body["lora_name"], None) is None:
             return _error(404, "not loaded", "model_not_found")
         return web.json_response({"success": True})
+
+    async def _server_info(self, request: web.Request) -> web.Response:
+        if not self.lazy:
+            return web.json_response({"lora_adapters": self.adapters})
+        info = {"lora_resident": self.resident, "lora_failed": self.failed}
+        return web.json_response({"lora_adapters": self.adapters, **info})
+
+    def serve(self, name: str) -> None:
+        """A request for `name` on a lazy worker: its path is read (a refused one fails)."""
+        path = self.adapters[name]
+        if path in self.refuse:
+            self.failed[name] = self.refuse[path]
+        elif name not in self.resident:
+            self.resident.append(name)
 
 
 def _error(status: int, message: str, code: str) -> web.Response:

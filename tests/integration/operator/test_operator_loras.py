@@ -1,6 +1,7 @@
-"""spec.loras with placement all, through the real operator and an emulated API server: the
-adapter list is the ConfigMap's, changing it leaves the worker pod template alone, and running
-workers (a fake worker's LoRA API here) get the change through their admin endpoints."""
+"""spec.loras, through the real operator and an emulated API server: the adapter list is the
+ConfigMap's, changing it leaves the worker pod template alone, and running workers (a fake
+worker's LoRA API here) get the change through their admin endpoints: read at once with
+placement all, registered to be read on first use with onDemand."""
 
 from __future__ import annotations
 
@@ -210,3 +211,50 @@ def test_a_worker_that_refuses_the_key_is_skipped_not_fatal(operator, custom_api
         assert worker.calls == [] and worker.adapters == {}
         assert _condition(custom_api, name).get("status") == "False"
     assert operator.alive
+
+
+def test_on_demand_workers_know_every_adapter_and_read_it_on_first_use(
+    operator, custom_api, apps_api
+) -> None:
+    """placement onDemand: the pods get the ConfigMap's list with --lora-load lazy; the sync
+    registers a new adapter on a running worker (a lazy load reads nothing) and never reads
+    one; readyWorkers counts the workers where a request made it resident; a failed first
+    read is LoraLoadFailed with the worker's message."""
+    name = "on-demand"
+    body = copy.deepcopy(load_example("service.yaml"))
+    body["metadata"]["name"] = name
+    body["spec"].update(
+        modelCache={"claimName": "models"}, loras=[SQL], loraPlacement="onDemand", maxLoras=2
+    )
+    custom_api.create_namespaced_custom_object(GROUP, VERSION, NS, PLURAL, body)
+    deployment = wait_for(lambda: _deployment(apps_api, name), "the worker Deployment")
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--lora-load=lazy" in args and "--max-loras=2" in args
+    assert "--lora-modules-file=/etc/radixserve/loras/modules" in args
+    assert wait_for(lambda: _modules(name), "the list") == "sql=/models/cache/adapters/sql\n"
+    started_with = {"sql": "/models/cache/adapters/sql"}
+    refuse = {"/models/cache/adapters/rank-64": RANK_REFUSAL}
+    core = kubernetes.client.CoreV1Api()
+    with FakeLoRAWorker(started_with, key=None, refuse=refuse, lazy=True) as worker:
+        _start_worker_pod(core, deployment, f"{name}-6a5b-klmno", worker.port)
+        _patch(custom_api, name, {"loras": [SQL, CHAT, BIG]})
+        wait_for(lambda: set(worker.adapters) == {"sql", "chat", "big"}, "chat and big known")
+        assert [call[0] for call in worker.calls] == ["load", "load"]  # registered, not sql
+        wait_for(
+            lambda: [e.get("readyWorkers") for e in _lora_status(custom_api, name)] == [0, 0, 0],
+            "known everywhere, resident nowhere",
+        )
+        assert worker.resident == [] and _condition(custom_api, name).get("status") == "False"
+
+        worker.serve("chat")  # a request routed here reads chat into a slot
+        wait_for(
+            lambda: [e.get("readyWorkers") for e in _lora_status(custom_api, name)] == [0, 1, 0],
+            "chat resident on the worker",
+        )
+        worker.serve("big")  # its read fails: the request's 400, the service's condition
+        wait_for(lambda: _condition(custom_api, name).get("status") == "True", "LoraLoadFailed")
+        assert RANK_REFUSAL in _condition(custom_api, name)["message"]
+        assert RANK_REFUSAL in _lora_status(custom_api, name)[2]["message"]
+        assert len(worker.calls) == 2  # nothing more asked of the worker
+    after = _deployment(apps_api, name)
+    assert after["spec"]["template"] == deployment["spec"]["template"]

@@ -102,10 +102,29 @@ def test_without_loras_nothing_of_lora_reaches_the_pod() -> None:
     assert "ConfigMap" not in kinds
 
 
-def test_on_demand_passes_slots_and_no_list() -> None:
-    args = worker_args(parsed(loraPlacement="onDemand", maxLoras=2, loras=[SQL]))
-    assert "--max-loras=2" in args
-    assert not any(arg.startswith("--lora-modules") for arg in args)
+def test_on_demand_passes_the_list_to_read_lazily(tmp_path: Path) -> None:
+    """onDemand: the same ConfigMap list as all (every worker knows every adapter by name),
+    read on each adapter's first request; all keeps reading them at start."""
+    on_demand = parsed(loraPlacement="onDemand", maxLoras=2, loras=[SQL, CHAT])
+    args = worker_args(on_demand)
+    assert "--max-loras=2" in args and "--lora-load=lazy" in args
+    assert "--lora-modules-file=/etc/radixserve/loras/modules" in args
+    assert not any(arg.startswith("--lora-load") for arg in worker_args(parsed(loras=[SQL])))
+    kinds = [child["kind"] for child in build_children(OWNER, on_demand, prometheus_address="p")]
+    assert "ConfigMap" in kinds
+    template = build_deployment(OWNER, on_demand)["spec"]["template"]["spec"]
+    assert {"name": "loras", "configMap": {"name": "svc-loras"}} in template["volumes"]
+    # the list changes no pod, as with all
+    assert build_deployment(OWNER, on_demand) == build_deployment(
+        OWNER, parsed(loraPlacement="onDemand", maxLoras=2, loras=[SQL])
+    )
+    modules = tmp_path / "modules"
+    modules.write_text(build_lora_config_map(OWNER, on_demand.lora.adapters)["data"]["modules"])
+    worker = parse_server_args(
+        [arg.replace("/etc/radixserve/loras/modules", str(modules)) for arg in args[1:]]
+    )
+    assert worker.lora_load == "lazy" and worker.max_loras == 2
+    assert set(worker.lora_module_paths()) == {"sql", "org/chat:v2"}
 
 
 def test_all_placement_changes_the_config_map_not_the_pod_template(tmp_path: Path) -> None:

@@ -152,10 +152,24 @@ def test_status_counts_ready_holders_and_a_refusal_is_a_condition_and_an_event()
     assert events == [("Normal", "LorasLoaded", recovered["conditions"][0]["message"])]
 
 
-def test_on_demand_placement_reports_no_adapters() -> None:
-    spec = parsed(loras=[SQL], loraPlacement="onDemand")
-    status, _ = adapter_status({}, spec, [], "T1")
-    assert status["loras"] == []
+def test_on_demand_counts_the_workers_an_adapter_is_resident_on() -> None:
+    """onDemand: every worker knows every adapter; readyWorkers counts those that have it in
+    a device slot, and a failed first read is reported as a refusal is."""
+    spec = parsed(loras=[SQL, CHAT], loraPlacement="onDemand")
+    known = {"sql": "/models/cache/adapters/sql", "chat": "hf://org/chat-lora@v2"}
+    failed = "pod w-2: adapter 'hf://org/chat-lora@v2': cannot get 'org/chat-lora'"
+    workers = [
+        WorkerAdapters(WorkerEndpoint("w-1", "u1", "http://w-1"), known, {}, frozenset({"sql"})),
+        WorkerAdapters(
+            WorkerEndpoint("w-2", "u2", "http://w-2"), known, {"chat": failed}, frozenset()
+        ),
+    ]
+    status, events = adapter_status({}, spec, workers, "T1")
+    assert status["loras"] == [
+        {"name": "sql", "source": "adapters/sql", "readyWorkers": 1},
+        {"name": "chat", "source": "hf://org/chat-lora@v2", "readyWorkers": 0, "message": failed},
+    ]
+    assert events[0][:2] == ("Warning", LORA_LOAD_FAILED)
 
 
 def test_the_reconcile_keeps_the_adapter_condition() -> None:

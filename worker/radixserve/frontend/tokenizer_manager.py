@@ -293,9 +293,7 @@ class TokenizerManager:
     @property
     def num_waiting_first_output(self) -> int:
         """Client requests not yet answered by the scheduler: a bound on its queue."""
-        return sum(
-            1 for s in self._states.values() if not s.got_first_output and not s.internal
-        )
+        return sum(1 for s in self._states.values() if not s.got_first_output and not s.internal)
 
     def _on_scheduler_exit(self) -> None:
         with contextlib.suppress(Exception):
@@ -563,7 +561,9 @@ class TokenizerManager:
         if reason is not None and reason["type"] == "error":
             self._count_finished(state, "error", output.prompt_tokens)
             if reason.get("param") is not None:  # refused before admission: the request's fault
-                error = InvalidParameterError(reason["message"], reason["param"])
+                error = InvalidParameterError(
+                    reason["message"], reason["param"], reason.get("code")
+                )
                 raise error.renamed(state.param_names)
             raise GenerationError(reason.get("message", "generation failed"))
         text = self._detokenize(state, output, final=reason is not None)

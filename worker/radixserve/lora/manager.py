@@ -3,7 +3,11 @@
 
 Reading an adapter from disk is the slow part and runs on the manager's own thread: a request
 whose adapter is neither on the device nor on the host waits in the queue while it is read, and
-every other request keeps running. Moving a host copy into a free slot (or the least recently
+every other request keeps running. An adapter is served either read (`add`: checked before it
+is served, --lora-load eager) or only known by its path (`register`, --lora-load lazy: read
+on its first request, so a service may list more adapters than its hosts could hold). A read
+that fails ends the requests waiting for it; the next request after `RETRY_FAILED_READ_SECONDS`
+reads again (a Hub repo that was briefly unreachable is served once it is back). Moving a host copy into a free slot (or the least recently
 used slot that no request holds) is a few queued copies, done at admission. A slot a request
 holds is never given to another adapter.
 """
@@ -25,6 +29,8 @@ from radixserve.lora.pool import LoRASlotPool
 from radixserve.mem_cache.kv_event_sink import AdapterEventSink
 
 logger = logging.getLogger(__name__)
+
+RETRY_FAILED_READ_SECONDS = 30.0
 
 
 @dataclass
@@ -68,7 +74,7 @@ class LoRAManager:
         self._events: AdapterEventSink | None = None  # told of every uid's name (KV events)
         self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
         self.reading: dict[str, Future[LoRAWeights]] = {}
-        self.failed: dict[str, str] = {}
+        self.failed: dict[str, tuple[str, float]] = {}  # name -> why its read failed, when
         self.slot_names: list[str | None] = [None] * pool.slots
         self.slot_users = [0] * pool.slots
         self.slot_of: dict[str, int] = {}
@@ -100,13 +106,19 @@ class LoRAManager:
     def add(self, name: str, weights: LoRAWeights) -> None:
         """Serve `weights` as `name` (replacing what the name served: requests holding the
         old slot finish on it)."""
+        self.register(name, weights.path)
+        self._keep_on_host(name, weights)
+
+    def register(self, name: str, path: str) -> None:
+        """Serve the adapter at `path` as `name` without reading it (replacing what the name
+        served): its first request reads it, off the step loop, as it reads any adapter the
+        host LRU dropped."""
         self.remove(name)
-        self.paths[name] = weights.path
+        self.paths[name] = path
         self.uids[name] = self._next_uid
         if self._events is not None:
             self._events.adapter_registered(self._next_uid, name)
         self._next_uid += 1
-        self._keep_on_host(name, weights)
 
     def remove(self, name: str) -> bool:
         """Stop serving `name`; its slot is freed once no request holds it."""
@@ -141,9 +153,13 @@ class LoRAManager:
     # -- slots ---------------------------------------------------------------------------
     def acquire(self, name: str) -> int | None:
         """The slot holding `name` for one more request, or None while it is being read (the
-        request waits). Raises LoRALoadError when its re-read from disk failed."""
-        if name in self.failed:
-            raise LoRALoadError(self.failed[name])
+        request waits). Raises LoRALoadError when its read failed (within the last
+        RETRY_FAILED_READ_SECONDS: later, it is read again)."""
+        failure = self.failed.get(name)
+        if failure is not None:
+            if time.monotonic() - failure[1] < RETRY_FAILED_READ_SECONDS:
+                raise LoRALoadError(failure[0])
+            del self.failed[name]
         slot = self.slot_of.get(name)
         if slot is None:
             weights = self._host_copy(name)
@@ -198,7 +214,7 @@ class LoRAManager:
         try:
             weights = future.result()
         except LoRALoadError as exc:
-            self.failed[name] = str(exc)
+            self.failed[name] = (str(exc), time.monotonic())
             raise
         self._keep_on_host(name, weights)
         return weights
@@ -248,11 +264,14 @@ class LoRAManager:
         }
 
     def info(self) -> dict:
-        """Server info: what is served and resident, and the counters."""
+        """Server info: what is served, resident and failed, and the counters."""
         c = self.counters
         return {
             "lora_adapters": self.served(),
             "lora_resident": self.resident(),
+            # adapters whose last read failed, and why (--lora-load lazy: the operator's
+            # LoraLoadFailed of an onDemand service)
+            "lora_failed": {name: message for name, (message, _) in self.failed.items()},
             "max_loras": self.pool.slots,
             "max_lora_rank": self.pool.max_rank,
             "lora_loads": c.loads,

@@ -226,10 +226,14 @@ class Scheduler:
         """--lora-modules and --lora-modules-file. A bad adapter of the flag fails the start;
         one of the file (the operator's list, which a running service's workers are also asked
         to load, where a refusal becomes the service's condition) is logged and left out, so one
-        bad adapter in spec.loras never keeps the service's new pods from starting."""
+        bad adapter in spec.loras never keeps the service's new pods from starting. With
+        --lora-load lazy nothing is read: each is registered and read on its first request."""
         flagged = {module.partition("=")[0] for module in server_args.lora_modules or []}
         for name, path in server_args.lora_module_paths().items():
             assert self.lora is not None
+            if server_args.lora_load == "lazy":
+                self.lora.register(name, path)
+                continue
             try:
                 self.lora.add(name, self.lora.read(path))
             except LoRALoadError as exc:
@@ -466,7 +470,8 @@ class Scheduler:
     ) -> LoRAAdapterReqOutput | None:
         """Load or unload an adapter (the admin endpoints). A load that cannot be served fails
         alone: nothing served changes. With `wait` False a load is read and checked on the
-        LoRA manager's thread while the steps go on: None now, its reply from `pop_replies`."""
+        LoRA manager's thread while the steps go on: None now, its reply from `pop_replies`.
+        With --lora-load lazy a load only registers the path (read on its first request)."""
         if self.lora is None:
             message = "LoRA is off: start the server with --max-loras"
             return LoRAAdapterReqOutput(False, message, req_id=msg.req_id)
@@ -474,6 +479,9 @@ class Scheduler:
             if not self.lora.remove(msg.name):
                 message = f"the LoRA adapter {msg.name!r} is not loaded"
                 return LoRAAdapterReqOutput(False, message, self.lora.served(), msg.req_id)
+            return LoRAAdapterReqOutput(True, "", self.lora.served(), msg.req_id)
+        if self.server_args.lora_load == "lazy":  # known now, read on its first request
+            self.lora.register(msg.name, msg.path)
             return LoRAAdapterReqOutput(True, "", self.lora.served(), msg.req_id)
         future = self.lora.read_async(msg.path)
         if not wait:
@@ -791,9 +799,15 @@ class Scheduler:
         try:
             slot = self.lora.acquire(req.lora_name)
         except LoRALoadError as exc:
-            # read again after the host dropped it, and the file has gone bad: the request
-            # ends at its next admission check, as an error
-            req.finished_reason = {"type": "error", "message": str(exc)}
+            # its first read (--lora-load lazy), or a read again after the host dropped it,
+            # failed: the request ends at its next admission check, a 400 naming the adapter
+            # (its source is at fault, not the server)
+            req.finished_reason = {
+                "type": "error",
+                "message": f"the LoRA adapter {req.lora_name!r} cannot be loaded: {exc}",
+                "param": "model",
+                "code": "lora_load_failed",
+            }
             return False
         if slot is None:
             return False
