@@ -15,9 +15,11 @@ import time
 import urllib.request
 
 import pytest
+import zmq
 from engine_harness import greedy, hf_greedy, make_scheduler, run_to_completion
+from tests.unit.vllm_kv_events import DECODER, BlockStored, reference_hashes
 
-from radixserve.bench.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess, free_port
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 POOL = 128  # device KV tokens
@@ -144,21 +146,69 @@ def _complete(server: ServerProcess, prompt: list[int]) -> dict:
         return json.loads(reply.read())
 
 
+def _replayed(replay_port: int, want, timeout: float = 20.0) -> list:
+    """Every event the worker published since it started (its replay socket, from sequence 0),
+    asked again until `want(events)` holds: a SUB joining a fresh worker may miss its first."""
+    ctx = zmq.Context()
+    dealer = ctx.socket(zmq.DEALER)
+    dealer.connect(f"tcp://127.0.0.1:{replay_port}")
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            dealer.send_multipart((b"", (0).to_bytes(8, "big")))
+            events = []
+            while True:
+                assert dealer.poll(5000), "no replay answer"
+                _, seq, payload = dealer.recv_multipart()
+                if int.from_bytes(seq, "big", signed=True) == -1:
+                    break
+                events += DECODER.decode(payload).events
+            if want(events) or time.monotonic() > deadline:
+                return events
+            time.sleep(0.2)
+    finally:
+        dealer.close(linger=0)
+        ctx.term()
+
+
+def _stored(events: list, medium: str) -> list[int]:
+    return [
+        h
+        for e in events
+        if isinstance(e, BlockStored) and e.medium == medium
+        for h in e.block_hashes
+    ]
+
+
 @pytest.mark.slow
 def test_a_restarted_server_answers_from_its_disk_tier(tmp_path):
+    """...and publishes its blocks as KV events: DISK once written; the restarted worker
+    announces the blocks it found (DISK) at start, then its hit stores them CPU and GPU."""
     prompt = [random.Random(3).randrange(1, 250) for _ in range(200)]
+    hashes = reference_hashes(prompt, 16)[:12]  # three whole 64-token disk blocks
     disk = tmp_path / "kv"
     args = ["--model", "random:tiny-llama", "--max-total-tokens", "512"]
     args += ["--kv-host-memory", "0.01", "--kv-disk-path", str(disk), "--kv-disk-size", "0.01"]
+    pub, replay = free_port(), free_port()
+    args += ["--kv-events-endpoint", f"tcp://*:{pub}"]
+    args += ["--kv-events-replay-endpoint", f"tcp://127.0.0.1:{replay}"]
     with ServerProcess(args, log_path=tmp_path / "first.log") as server:
         first = _complete(server, prompt)
         assert first["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
         deadline = time.monotonic() + 20
         while len(list(disk.rglob("*.kv"))) < 3 and time.monotonic() < deadline:
             time.sleep(0.1)  # the writer thread: three whole blocks of the 200 tokens
+        events = _replayed(replay, lambda ev: _stored(ev, "DISK") == hashes)
+        assert _stored(events, "DISK") == hashes
+        assert set(hashes) <= set(_stored(events, "GPU"))
     with ServerProcess(args, log_path=tmp_path / "second.log") as server:
+        announced = _replayed(replay, lambda ev: _stored(ev, "DISK") == hashes)
+        assert _stored(announced, "DISK") == hashes  # found on disk at start
         second = _complete(server, prompt)
         _, metrics = server.get("/metrics")
+        events = _replayed(replay, lambda ev: set(hashes) <= set(_stored(ev, "GPU")))
+        assert set(hashes) <= set(_stored(events, "CPU"))  # read into the host tier
+        assert set(hashes) <= set(_stored(events, "GPU"))  # and restored to the device
     assert second["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
     assert second["choices"][0]["text"] == first["choices"][0]["text"]
     assert (

@@ -362,6 +362,80 @@ def test_medium_follows_pages_between_the_gpu_and_the_host_tier(tmp_path) -> Non
         ctx.term()
 
 
+def test_medium_follows_pages_through_gpu_cpu_and_disk(tmp_path) -> None:
+    """All three tiers (--kv-host-memory, --kv-disk-path) through the publisher, as a vLLM
+    subscriber decodes them, the hashes the same on every medium: a finished prompt stored on
+    the GPU and, once the writer thread has landed its files, on DISK; evicted to the host
+    (stored CPU, removed GPU) and from there (removed CPU); a disk hit read back (stored CPU,
+    stored GPU); its files pushed out by newer blocks past the size limit (removed DISK)."""
+    from tests.unit.test_radix_cache import FakeReq
+
+    from radixserve.mem_cache.disk_store import DiskKVStore, fingerprint_of
+    from radixserve.mem_cache.host_pool import HostKVPool
+    from radixserve.mem_cache.memory_pool import TokenToKVPool
+    from radixserve.mem_cache.tiered_cache import TieredRadixCache
+
+    endpoint = f"ipc://{tmp_path}/tiers"
+    publisher = KVEventPublisher(endpoint, block_size=BS)
+    ctx = zmq.Context()
+    sub = Subscriber(ctx, endpoint, None)
+    kv_pool = TokenToKVPool(32, 1, 1, 2, torch.float32, "cpu")
+    req_pool = ReqToTokenPool(2, 32, "cpu")
+    allocator = TokenSlotAllocator(32)
+    disk = DiskKVStore(tmp_path / "disk", 1 << 20, fingerprint_of(model="t"), block_tokens=BS)
+    cache = TieredRadixCache(req_pool, allocator, HostKVPool(kv_pool, 64), "write_back", disk)
+
+    def finish(prompt: list[int]) -> None:
+        row = req_pool.alloc(1)[0]
+        req_pool.write(row, 0, allocator.alloc(len(prompt)))
+        cache.cache_finished_req(FakeReq(row, prompt, kv_len=len(prompt)))
+        disk.flush()  # the writer thread's events before the next step's
+
+    try:
+        for _ in range(100):  # until the subscription has joined
+            publisher.cleared()
+            if sub.sub.poll(50):
+                break
+        while sub.sub.poll(300):
+            sub.sub.recv_multipart()
+        cache.event_sink = publisher  # as the scheduler attaches it (the disk is empty)
+        prompt = list(range(40, 52))  # 3 blocks, each its own disk file
+        hashes = reference_hashes(prompt, BS)
+        finish(prompt)
+        disk.max_bytes = disk.used_bytes()  # room for these three files only
+        assert cache.evict(len(prompt)) == len(prompt)  # written back to the host first
+        cache._evict_host(len(prompt), None)  # and out of the host
+        assert cache.match_prefix(prompt).restorable == len(prompt)  # the disk has it all
+        assert cache.restore(prompt) == {"host": 0, "disk": len(prompt)}
+        finish(list(range(60, 72)))  # three new files push the old ones out
+        events = sub.events()
+        while sub.sub.poll(500):  # every batch there is
+            events += sub.next()[1].events
+        seen = [
+            e
+            for e in events
+            if not isinstance(e, AllBlocksCleared) and set(e.block_hashes) <= set(hashes)
+        ]
+        moves = [(type(e).__name__, e.medium, e.block_hashes) for e in seen]
+        assert moves == [
+            ("BlockStored", "GPU", hashes),
+            ("BlockStored", "DISK", hashes),  # the three files, as one range
+            ("BlockStored", "CPU", hashes),
+            ("BlockRemoved", "GPU", hashes),
+            ("BlockRemoved", "CPU", hashes),
+            ("BlockStored", "CPU", hashes),  # read from disk into the host tier
+            ("BlockStored", "GPU", hashes),  # and copied to the device
+            *[("BlockRemoved", "DISK", [h]) for h in hashes],
+        ]
+        disk_stored = [e for e in seen if isinstance(e, BlockStored) and e.medium == "DISK"]
+        assert disk_stored[0].parent_block_hash is None and disk_stored[0].token_ids == prompt
+    finally:
+        disk.close()
+        publisher.close()
+        sub.sub.close(linger=0)
+        ctx.term()
+
+
 @pytest.mark.parametrize(
     ("flags", "message"),
     [

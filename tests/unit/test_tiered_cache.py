@@ -39,6 +39,32 @@ def kv_of(prefix: list[int]) -> float:
     return float(zlib.crc32(bytes(prefix)) % (1 << 20))
 
 
+class DiskLedger:
+    """An event sink that follows the disk tier's blocks (DISK) as a consumer would: each
+    whole block of a stored range is added, each removed one dropped; a block stored twice
+    or removed while not held is an error (kept: the writer thread's exceptions are logged)."""
+
+    def __init__(self) -> None:
+        self.held: set[tuple[int, ...]] = set()
+        self.errors: list[str] = []
+
+    def stored(self, token_ids, start, medium) -> None:
+        if medium == "DISK":
+            for end in range(start + BLOCK, len(token_ids) + 1, BLOCK):
+                if tuple(token_ids[:end]) in self.held:
+                    self.errors.append(f"stored twice: {token_ids[:end]}")
+                self.held.add(tuple(token_ids[:end]))
+
+    def removed(self, token_ids, start, medium) -> None:
+        if medium == "DISK":
+            if tuple(token_ids) not in self.held:
+                self.errors.append(f"removed, not held: {token_ids}")
+            self.held.discard(tuple(token_ids))
+
+    def cleared(self) -> None:
+        self.held.clear()
+
+
 class TieredCacheMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -56,6 +82,8 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.cache = TieredRadixCache(
             self.req_pool, self.allocator, self.host, "write_back", self.disk
         )
+        self.ledger = DiskLedger()
+        self.cache.event_sink = self.ledger  # a restart reports the blocks it finds
         self.running: list[FakeReq] = []
 
     def teardown(self) -> None:
@@ -147,6 +175,15 @@ class TieredCacheMachine(RuleBasedStateMachine):
         want = torch.tensor([kv_of(tokens[: start + i + 1]) for i in range(slots.numel())])
         assert torch.equal(k[:, 0, 0], want), "a served slot holds another prefix's KV"
         assert torch.equal(v[:, 0, 1], -want)
+
+    @invariant()
+    def disk_events_match_the_files(self) -> None:
+        """Every block a consumer holds as DISK is on disk (a block whose parent went before
+        a restart is on disk but not reported: its hash needs its whole prefix)."""
+        self.disk.flush()
+        assert not self.ledger.errors
+        names = {self.disk.block_names(path)[-1] for path in self.ledger.held}
+        assert names <= set(self.disk._index)
 
     @invariant()
     def slots_add_up(self) -> None:
@@ -309,3 +346,73 @@ def test_the_event_sink_sees_pages_move_between_tiers() -> None:
         ("removed", (5, 6, 7, 8), "GPU"),
         ("stored", (5, 6, 7, 8), "GPU"),  # restored: on both tiers again
     ]
+
+
+class PathSink(RecordingSink):
+    """Keeps (kind, whole token path, start, medium): a disk block's hash needs its prefix."""
+
+    def stored(self, token_ids, start, medium) -> None:
+        self.events.append(("stored", tuple(token_ids), start, medium))  # type: ignore[arg-type]
+
+    def removed(self, token_ids, start, medium) -> None:
+        self.events.append(("removed", tuple(token_ids), start, medium))  # type: ignore[arg-type]
+
+
+def disk_events(sink: RecordingSink) -> list:
+    return [e for e in sink.events if e[-1] in ("DISK", "")]
+
+
+def test_the_disk_tier_reports_its_blocks_with_their_whole_prefix() -> None:
+    """Written: stored DISK (after the GPU's stored; a chain of blocks as one range); a restart
+    with a sink: the old blocks stored DISK; a flush: cleared, then the disk's blocks again (they stay); a
+    corrupt file: removed DISK; the size limit: the oldest block removed DISK."""
+    machine = TieredCacheMachine()
+    try:
+        sink = PathSink()
+        machine.cache.event_sink = sink
+        tokens = [0, 1, 2, 0, 1, 2, 0, 1, 2, 2]
+        machine.run_request(tokens, finish=True)  # flushes the disk writer
+        first, second = tuple(tokens[:4]), tuple(tokens[:8])
+        assert sink.events[0] == ("stored", tuple(tokens), 0, "GPU")
+        assert disk_events(sink) == [("stored", second, 0, "DISK")]
+
+        machine.restart()
+        sink = PathSink()
+        machine.cache.event_sink = sink  # as the scheduler attaches the publisher
+        machine.disk.flush()
+        assert disk_events(sink) == [("stored", second, 0, "DISK")]
+
+        sink.events.clear()
+        machine.cache.reset()  # /flush_cache: the consumer drops all, the disk keeps its blocks
+        machine.disk.flush()
+        assert sink.events == [("cleared", (), ""), ("stored", second, 0, "DISK")]
+
+        sink.events.clear()
+        key = tokens[:-1]
+        path = machine.disk.dir / f"{machine.disk.block_names(key)[1]}.kv"
+        raw = bytearray(path.read_bytes())
+        raw[-1] ^= 0xFF
+        path.write_bytes(bytes(raw))
+        assert machine.cache.restore(key) == {"host": 0, "disk": 4}
+        assert ("removed", second, 4, "DISK") in sink.events
+        assert ("stored", first, 0, "CPU") in sink.events  # read into the host tier
+
+        # the size limit: new blocks push the oldest out; per block, stored and removed
+        # alternate (a block evicted may be written again), and what stays stored is on disk
+        sink.events.clear()
+        for n in range(12):
+            machine.run_request([2, 2, 1, n % 3, 1, 0, n // 3, 2, 1], finish=True)
+        assert ("removed", first, 0, "DISK") in sink.events
+        state: dict[tuple[int, ...], bool] = {first: True}  # what the disk held before
+        for kind, path, start, _ in disk_events(sink):
+            for end in range(start + BLOCK, len(path) + 1, BLOCK):  # a stored range's blocks
+                assert state.get(path[:end], False) == (kind == "removed")
+                state[path[:end]] = kind == "stored"
+        on_disk = {path for path, stored in state.items() if stored}
+        names = {machine.disk.block_names(path)[-1] for path in on_disk}
+        assert names == set(machine.disk._index)
+        # the store keeps only reported blocks' links, and withdrawn ones while children need them
+        gone = machine.disk._reported.keys() - machine.disk._index.keys()
+        assert all(machine.disk._reported[n].children for n in gone)
+    finally:
+        machine.teardown()

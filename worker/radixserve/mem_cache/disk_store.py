@@ -12,6 +12,16 @@ metadata. A file whose checksum, fingerprint, tokens or parent does not match is
 counted dropped, never served. Files are written by one writer thread, through a temporary
 name and an atomic rename; the step loop only queues. The least recently used files go first
 when the directory outgrows `--kv-disk-size`.
+
+KV events (`event_sink`, None when off): a block is reported `stored` with medium "DISK" once
+its file is in place (on the writer thread) and `removed` when the file goes (evicted past the
+size, found corrupt or missing). The sink speaks in token paths from the root, so the store
+keeps, for the blocks it reported, each block's parent and tokens (and those of a withdrawn
+parent while a reported child still needs it for its path). Blocks an earlier worker left are
+reported when a sink is attached, and again after a flush of the cache (the consumer's
+`AllBlocksCleared` dropped them): `announce` queues that for the writer thread, which reads the
+parent and tokens from each file. A block whose parent chain is not known (a parent gone from
+the disk before it was reported) is not reported: its hash needs its whole prefix.
 """
 
 from __future__ import annotations
@@ -33,12 +43,30 @@ import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from radixserve.mem_cache.kv_event_sink import KVEventSink
+
 logger = logging.getLogger(__name__)
 
 # tokens per file: long enough that a file is worth a system call, short enough that a prefix
 # shared only in part still finds most of its blocks
 BLOCK_TOKENS = 64
 _SUFFIX = ".kv"
+# writer-queue items: report every block on disk to the event sink; send the stored run
+_ANNOUNCE = ("announce",)
+_SEND = ("send",)
+
+
+class _Reported:
+    """A block reported stored to the event sink: its parent's name, its tokens, how many
+    reported blocks name it their parent, and whether its file is still there."""
+
+    __slots__ = ("children", "on_disk", "parent", "tokens")
+
+    def __init__(self, parent: str, tokens: tuple[int, ...]) -> None:
+        self.parent = parent
+        self.tokens = tokens
+        self.children = 0
+        self.on_disk = True
 
 
 def fingerprint_of(**fields: Any) -> str:
@@ -69,6 +97,16 @@ class DiskKVStore:
         self.bytes_written = 0
         self.bytes_restored = 0
         self.bytes_dropped = 0
+        self.event_sink: KVEventSink | None = None  # set_event_sink; touched under _lock
+        self._reported: dict[str, _Reported] = {}
+        # stored blocks not sent yet: a chain (each the previous one's child) after `_run_base`,
+        # the tokens before it, sent as one range after the last block of a `submit` series
+        # (more=False), or when the chain breaks (a long prompt's blocks: one path, not one
+        # per block, which the sink would hash from the root each time)
+        self._run: list[tuple[int, ...]] = []
+        self._run_last = ""
+        self._run_base: tuple[int, ...] = ()
+        self._announce_queued = False
         self._scan()
         self._queue: queue.Queue[tuple[Any, ...] | None] = queue.Queue()
         self._writer = threading.Thread(target=self._write_loop, name="kv-disk-writer", daemon=True)
@@ -93,6 +131,135 @@ class DiskKVStore:
                 self._total >> 20,
                 self.dir,
             )
+
+    # --- KV events (every call under _lock: the sink only queues) -------------------------
+
+    def set_event_sink(self, sink: KVEventSink | None) -> None:
+        """Report to `sink` from now on, starting with the blocks already on disk."""
+        with self._lock:
+            self.event_sink = sink
+            self._reported.clear()
+            self._run.clear()
+        if sink is not None:
+            self.announce()
+
+    def announce(self) -> None:
+        """Report every block on disk again (after the sink was told the cache was cleared);
+        done by the writer thread, after what is queued before it."""
+        with self._lock:
+            if self.event_sink is None or self._announce_queued:
+                return  # one queued announce reports what is on disk when it runs
+            self._announce_queued = True
+        self._queue.put(_ANNOUNCE)
+
+    def _path(self, name: str) -> tuple[int, ...] | None:
+        """The tokens from the root to the end of a reported block, None if a link is unknown."""
+        parts = []
+        while name != self.fingerprint:
+            block = self._reported.get(name)
+            if block is None:
+                return None
+            parts.append(block.tokens)
+            name = block.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def _report_stored(self, name: str, parent: str, tokens: Sequence[int]) -> None:
+        if self.event_sink is None:
+            return
+        block = self._reported.get(name)
+        if block is not None and block.on_disk:
+            return
+        path = self._path(parent)
+        if path is None:
+            return
+        if block is not None:  # written again while kept as a reported child's link
+            block.on_disk = True
+        else:
+            self._reported[name] = _Reported(parent, tuple(tokens))
+            if parent in self._reported:
+                self._reported[parent].children += 1
+        if not self._run or parent != self._run_last:
+            self._send_run()
+            self._run_base = path
+        self._run.append(tuple(tokens))
+        self._run_last = name
+
+    def _send_run(self) -> None:
+        if self._run and self.event_sink is not None:
+            tokens = self._run_base + tuple(t for block in self._run for t in block)
+            self.event_sink.stored(tokens, len(self._run_base), "DISK")
+        self._run.clear()
+        self._run_base = ()
+
+    def _report_removed(self, name: str) -> None:
+        block = self._reported.get(name)
+        if self.event_sink is None or block is None or not block.on_disk:
+            return
+        self._send_run()  # stored before removed, even when the same block
+        path = self._path(name)  # never None: a reported block's ancestors stay while it does
+        if path is not None:
+            self.event_sink.removed(path, len(path) - len(block.tokens), "DISK")
+        block.on_disk = False
+        while block is not None and not block.on_disk and block.children == 0:
+            del self._reported[name]
+            name = block.parent
+            block = self._reported.get(name)
+            if block is not None:
+                block.children -= 1
+
+    def _announce(self) -> None:
+        """Report every block on disk, parents before children (the writer thread)."""
+        with self._lock:
+            self._announce_queued = False
+            sink = self.event_sink
+            names = list(self._index)
+            self._reported.clear()
+            self._run.clear()
+        if sink is None:
+            return
+        pending: dict[str, tuple[str, list[int]]] = {}
+        for name in names:
+            meta = self._read_meta(name)
+            if meta is not None:
+                pending[name] = meta
+        # parents before children, depth first (a chain goes out as one range); the lock is
+        # taken per block, as the step loop may be reading the store meanwhile
+        children: dict[str, list[str]] = {}
+        for name, (parent, _) in pending.items():
+            children.setdefault(parent, []).append(name)
+        stack = list(reversed(children.get(self.fingerprint, [])))
+        while stack:  # a block whose parent is not on disk is left out: its prefix is unknown
+            name = stack.pop()
+            parent, tokens = pending[name]
+            with self._lock:
+                if self.event_sink is not sink:
+                    return
+                if name in self._index:
+                    self._report_stored(name, parent, tokens)
+            stack += reversed(children.get(name, []))
+
+    def _read_meta(self, name: str) -> tuple[str, list[int]] | None:
+        """A file's parent name and tokens, from its safetensors header (the checksum is
+        checked when the block is read, not here); None if unreadable."""
+        try:
+            with open(self.dir / (name + _SUFFIX), "rb") as f:
+                f.seek(32)
+                size = int.from_bytes(f.read(8), "little")
+                if size > 1 << 20:  # a header is a few hundred bytes
+                    return None
+                header = json.loads(f.read(size))
+                base = 40 + size
+                fields = {}
+                for key in ("tokens", "meta"):
+                    begin, end = header[key]["data_offsets"]
+                    f.seek(base + begin)
+                    fields[key] = f.read(end - begin)
+            meta = json.loads(fields["meta"])
+            if meta.get("fingerprint") != self.fingerprint:
+                return None
+            return meta["parent"], array("i", fields["tokens"]).tolist()
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     # --- names -----------------------------------------------------------------------------
 
@@ -162,6 +329,7 @@ class DiskKVStore:
     def _forget(self, name: str, dropped: bool) -> None:
         with self._lock:
             size = self._index.pop(name, None)
+            self._report_removed(name)
             if size is not None:
                 self._total -= size
                 if dropped:
@@ -176,14 +344,18 @@ class DiskKVStore:
         tokens: list[int],
         data: torch.Tensor,
         ready: torch.cuda.Event | None = None,
+        more: bool = False,
     ) -> None:
         """Queue a block for writing: `data` is a CPU tensor the caller no longer touches,
-        complete once `ready` (a device-to-host copy in flight) has passed."""
+        complete once `ready` (a device-to-host copy in flight) has passed. `more`: the
+        caller's next block continues this one's chain (its KV event waits to go with it)."""
         with self._lock:
             if name in self._index or name in self._queued:
+                if not more:
+                    self._queue.put(_SEND)
                 return
             self._queued.add(name)
-        self._queue.put((name, parent, tokens, data, ready))
+        self._queue.put((name, parent, tokens, data, ready, more))
 
     def _write_loop(self) -> None:
         while True:
@@ -191,13 +363,21 @@ class DiskKVStore:
             try:
                 if item is None:
                     return
-                self._write(*item)
+                if item is _ANNOUNCE:
+                    self._announce()
+                elif item is not _SEND:
+                    self._write(*item[:5])
             except Exception:  # noqa: BLE001 - a full or broken disk loses blocks, not the worker
                 logger.exception("disk KV tier: writing a block failed")
             finally:
-                if item is not None:
+                more = False
+                if item is not None and item is not _ANNOUNCE and item is not _SEND:
+                    more = item[5]
                     with self._lock:
                         self._queued.discard(item[0])
+                if not more:  # a chain of blocks goes as one range (the last, or a lone one)
+                    with self._lock:
+                        self._send_run()
                 self._queue.task_done()
 
     def _write(
@@ -227,11 +407,13 @@ class DiskKVStore:
             self._index[name] = len(blob)
             self._total += len(blob)
             self.bytes_written += len(blob)
+            self._report_stored(name, parent, tokens)
             victims = []
             while self._total > self.max_bytes and len(self._index) > 1:
                 old, size = self._index.popitem(last=False)
                 self._total -= size
                 self.bytes_dropped += size
+                self._report_removed(old)
                 victims.append(old)
         for old in victims:
             (self.dir / (old + _SUFFIX)).unlink(missing_ok=True)

@@ -1,7 +1,8 @@
 """`--kv-events-endpoint`: the prefix cache's stores and drops, published as vLLM's KV events.
 
 `KVEventPublisher` is the radix cache's event sink (`kv_event_sink.KVEventSink`). The cache calls
-it on the scheduler's thread, where it only queues the token range (a tuple copy); a thread of
+it on the scheduler's thread (the disk tier also on its writer thread: the queue is thread-safe),
+where it only queues the token range (a tuple copy); a thread of
 its own turns the ranges into blocks and hashes (`kv_event_format`), batches what has queued
 into one `EventBatch`, and sends it on a ZMQ PUB socket as `(topic, sequence number, payload)`.
 The queue is bounded: when the thread falls behind, an update is dropped and counted, never
@@ -136,7 +137,9 @@ class KVEventPublisher:
         # blocks published and not withdrawn
         self._adapters: dict[int, str] = {}
         self._held: dict[int, dict[str, set[int]]] = {}
-        self.dropped_updates = 0  # written by the scheduler's thread only
+        # written by the threads that report (the scheduler's; the disk tier's writer)
+        self.dropped_updates = 0
+        self._drop_lock = threading.Lock()
         self.published_events = 0  # written by the publisher thread only
         self._ctx = zmq.Context()
         self._pub = self._ctx.socket(zmq.PUB)
@@ -177,11 +180,13 @@ class KVEventPublisher:
         if self._updates.qsize() < self._queue_size:
             self._updates.put_nowait(update)
         else:
-            self.dropped_updates += 1
-            if self.dropped_updates % DROP_LOG_EVERY == 1:
+            with self._drop_lock:
+                self.dropped_updates += 1
+                dropped = self.dropped_updates
+            if dropped % DROP_LOG_EVERY == 1:
                 logger.warning(
                     "kv events: dropped %d cache updates so far (the publisher's queue is full)",
-                    self.dropped_updates,
+                    dropped,
                 )
 
     def pop_counts(self) -> tuple[int, int]:

@@ -17,6 +17,9 @@ device prefix followed by host-only nodes, and then, past the tree, whole disk b
   takes its queued copy with it.
 - The disk tier gets every whole block of a finished request's tokens not yet stored there,
   written by its own thread (`DiskKVStore`).
+- KV events: nodes report `GPU` as they gain or lose device slots and `CPU` as they gain or lose
+  host slots; the disk tier reports `DISK` for its blocks (the `event_sink` setter hands it
+  the sink), from its writer thread as files land and wherever they go.
 
 Sizes: `evictable_size` and `protected_size` count device tokens only, exactly as the plain
 cache does (the scheduler budgets device slots with them); the host tier counts its slots in
@@ -102,10 +105,23 @@ class TieredRadixCache(RadixCache):
         self._disk_bytes_seen = (0, 0)  # the disk store's running totals at the last report
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, event_sink)
 
+    @property  # type: ignore[override]
+    def event_sink(self) -> KVEventSink | None:
+        return self._event_sink
+
+    @event_sink.setter
+    def event_sink(self, sink: KVEventSink | None) -> None:
+        """The disk tier reports its blocks (medium DISK) to the same sink."""
+        self._event_sink = sink
+        if self.disk is not None:
+            self.disk.set_event_sink(sink)
+
     def reset(self) -> None:
         super().reset()
         self.root_node = TieredNode([], empty_slots(), None, empty_slots())
         self.host_pool.clear()
+        if self.disk is not None:  # the sink was told everything went: the disk's blocks stay
+            self.disk.announce()
 
     def _emit(self, kind: str, node: TreeNode, medium: Medium) -> None:
         if self.event_sink is None:
@@ -345,7 +361,8 @@ class TieredRadixCache(RadixCache):
         for i in missing:
             data, ready = self.host_pool.gather(slots[i * size : (i + 1) * size])
             tokens = list(key[i * size : (i + 1) * size])
-            self.disk.submit(names[i], self.disk.parent_of(names, i), tokens, data, ready)
+            parent = self.disk.parent_of(names, i)
+            self.disk.submit(names[i], parent, tokens, data, ready, more=i != missing[-1])
 
     # --- locking: sizes count device tokens ------------------------------------------------
 
