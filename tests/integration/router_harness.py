@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,18 @@ from radixserve.api_errors import ERROR_CODE_HEADER, error_body
 from radixserve.router.args import RouterArgs
 from radixserve.router.discovery import EndpointSliceDiscovery
 from radixserve.router.server import Router, build_app
+
+
+def routing_decisions(router: Any) -> dict[str, float]:
+    """A router process's requests by routing decision (its metrics' `decision` label):
+    `router` has `.get(path)` -> (status, body), as `ServerProcess` does."""
+    text = router.get("/metrics")[1].decode()
+    found: dict[str, float] = {}
+    for labels, value in re.findall(r"radixserve_router_requests_total\{([^}]*)\} (\S+)", text):
+        decision = re.search(r'decision="([^"]+)"', labels)
+        assert decision
+        found[decision.group(1)] = found.get(decision.group(1), 0) + float(value)
+    return found
 
 
 def free_port() -> int:

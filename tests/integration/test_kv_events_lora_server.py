@@ -7,13 +7,13 @@ prompt by prefix, and the base model's request for the same prompt not."""
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.request
 
 import pytest
 import zmq
 from lora_adapters import TINY_LLAMA_LAYERS, TINY_LLAMA_SHAPES, write_random_adapter
+from router_harness import routing_decisions
 from tests.unit.vllm_kv_events import DECODER, BlockStored, reference_hashes
 
 from radixserve.bench.router import started_router
@@ -36,16 +36,6 @@ def post(url: str, path: str, body: dict) -> dict:
 def generate(url: str, input_ids: list[int], model: str | None = None) -> dict:
     body = {"input_ids": input_ids, "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
     return post(url, "/generate", body if model is None else {**body, "model": model})
-
-
-def decisions(router: ServerProcess) -> dict[str, float]:
-    text = router.get("/metrics")[1].decode()
-    found: dict[str, float] = {}
-    for labels, value in re.findall(r"radixserve_router_requests_total\{([^}]*)\} (\S+)", text):
-        decision = re.search(r'decision="([^"]+)"', labels)
-        assert decision
-        found[decision.group(1)] = found.get(decision.group(1), 0) + float(value)
-    return found
 
 
 def router_info(router: ServerProcess) -> dict:
@@ -105,9 +95,9 @@ def test_an_adapters_blocks_are_named_and_routed_by_the_adapter(tmp_path) -> Non
                 wait_for(lambda: router_blocks(router, url) >= held + 4, "the router's index")
 
                 generate(router.base_url, PROMPT, "sql")
-                assert decisions(router) == {"prefix": 1}
+                assert routing_decisions(router) == {"prefix": 1}
                 generate(router.base_url, PROMPT, base)  # the base model's blocks differ
-                assert decisions(router) == {"prefix": 1, "least_loaded": 1}
+                assert routing_decisions(router) == {"prefix": 1, "least_loaded": 1}
     finally:
         sub.close(linger=0)
         ctx.term()

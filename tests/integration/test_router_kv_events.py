@@ -9,14 +9,13 @@ the same turn is routed by load instead."""
 from __future__ import annotations
 
 import json
-import re
 import time
 import urllib.request
 
 import pytest
+from router_harness import routing_decisions
 
 from radixserve.bench.router import started_router, started_workers
-from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
 
@@ -29,16 +28,6 @@ def post(url: str, path: str, body: dict) -> tuple[dict, dict]:
     )
     with urllib.request.urlopen(request, timeout=120) as reply:
         return json.loads(reply.read()), dict(reply.headers)
-
-
-def decisions(router: ServerProcess) -> dict[str, float]:
-    text = router.get("/metrics")[1].decode()
-    found: dict[str, float] = {}
-    for labels, value in re.findall(r"radixserve_router_requests_total\{([^}]*)\} (\S+)", text):
-        decision = re.search(r'decision="([^"]+)"', labels)
-        assert decision
-        found[decision.group(1)] = found.get(decision.group(1), 0) + float(value)
-    return found
 
 
 def test_events_route_a_conversation_to_the_worker_that_holds_it(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
@@ -62,12 +51,12 @@ def test_events_route_a_conversation_to_the_worker_that_holds_it(tmp_path, monke
             time.sleep(1.5)  # the router has subscribed to both workers
             _, headers = post(router.base_url, "/v1/chat/completions", chat)
             first = headers["X-Radixserve-Worker"]
-            assert decisions(router) == {"least_loaded": 1}
+            assert routing_decisions(router) == {"least_loaded": 1}
             time.sleep(0.5)  # its KV events reach the router
             follow_up = {**chat, "messages": [*messages, {"role": "user", "content": "Fuji?"}]}
             _, headers = post(router.base_url, "/v1/chat/completions", follow_up)
             assert headers["X-Radixserve-Worker"] == first
-            assert decisions(router).get("prefix") == 1
+            assert routing_decisions(router).get("prefix") == 1
             status, body = router.get("/get_server_info")
             events = json.loads(body)["router"]["kv_events"]
             assert status == 200 and events["gaps"] == 0 and events["blocks"][first] > 0
@@ -75,5 +64,5 @@ def test_events_route_a_conversation_to_the_worker_that_holds_it(tmp_path, monke
             post(first, "/flush_cache", {})  # behind the router's back: only events tell
             time.sleep(0.5)
             post(router.base_url, "/v1/chat/completions", follow_up)
-            assert decisions(router).get("prefix") == 1  # not routed by a prefix any more
-            assert decisions(router).get("least_loaded") == 2
+            assert routing_decisions(router).get("prefix") == 1  # not routed by a prefix any more
+            assert routing_decisions(router).get("least_loaded") == 2
