@@ -74,6 +74,17 @@ class Subscriber:
             got.append((int.from_bytes(seq, "big"), DECODER.decode(payload)))
 
 
+def wait_until_joined(publisher: KVEventPublisher, sub: Subscriber) -> None:
+    """PUB drops what it sends before a SUB has joined: probe until one gets through, then
+    drain the probes."""
+    for _ in range(100):
+        publisher.cleared()
+        if sub.sub.poll(50):
+            break
+    while sub.sub.poll(300):
+        sub.sub.recv_multipart()
+
+
 @pytest.fixture
 def stream(tmp_path):  # type: ignore[no-untyped-def]
     endpoint, replay = f"ipc://{tmp_path}/events", f"ipc://{tmp_path}/replay"
@@ -336,12 +347,7 @@ def test_medium_follows_pages_between_the_gpu_and_the_host_tier(tmp_path) -> Non
         event_sink=publisher,
     )
     try:
-        for _ in range(100):  # until the subscription has joined
-            publisher.cleared()
-            if sub.sub.poll(50):
-                break
-        while sub.sub.poll(300):
-            sub.sub.recv_multipart()
+        wait_until_joined(publisher, sub)
         prompt = list(range(40, 52))  # 3 blocks
         hashes = reference_hashes(prompt, BS)
         insert(cache, prompt)
@@ -392,12 +398,7 @@ def test_medium_follows_pages_through_gpu_cpu_and_disk(tmp_path) -> None:
         disk.flush()  # the writer thread's events before the next step's
 
     try:
-        for _ in range(100):  # until the subscription has joined
-            publisher.cleared()
-            if sub.sub.poll(50):
-                break
-        while sub.sub.poll(300):
-            sub.sub.recv_multipart()
+        wait_until_joined(publisher, sub)
         cache.event_sink = publisher  # as the scheduler attaches it (the disk is empty)
         prompt = list(range(40, 52))  # 3 blocks, each its own disk file
         hashes = reference_hashes(prompt, BS)
