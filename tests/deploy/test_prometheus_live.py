@@ -10,12 +10,11 @@ value) and of each recording rule must return data with at least one finite samp
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
-import socket
 import subprocess
-import sys
 import time
 import urllib.parse
 import urllib.request
@@ -28,13 +27,12 @@ import openai
 import pytest
 import yaml
 
-from radixserve.bench.server_process import ServerProcess
+from radixserve.bench.server_process import ServerProcess, free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 NAMESPACE = "radixserve-live"
 JOB = "radixserve"
 LORA_ADAPTERS = ("sql", "poet")
-STARTUP_DEADLINE_S = 600
 SCRAPE_DEADLINE_S = 120
 SYSTEM_PROMPT = "You are a terse assistant. Answer in one short sentence. " * 4
 QUESTIONS = [
@@ -58,12 +56,6 @@ import radixserve_promql_contract as contract  # noqa: E402  (loaded by conftest
 class Worker:
     url: str
     model: str
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def get_json(url: str) -> dict:
@@ -95,35 +87,29 @@ def stop(process: subprocess.Popen) -> None:
             process.wait()
 
 
-@pytest.fixture(scope="module")
-def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
-    port = free_port()
-    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
-    radixserve = Path(sys.executable).parent / "radixserve"
-    command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--max-total-tokens", "4096", "--device", "cpu"]
-    # speculative decoding on, so that its panels have data: see send_spec_traffic
-    command += ["--speculative-method", "ngram"]
-    # the KV tiers on, so that their panels have data: see send_tier_traffic
-    disk = tmp_path_factory.mktemp("kv-disk")
-    command += ["--kv-host-memory", "1", "--kv-disk-path", str(disk), "--kv-disk-size", "1"]
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
+@contextlib.contextmanager
+def started_worker(args: list[str], log_path: Path) -> Iterator[ServerProcess]:
+    """`radixserve serve` on the CPU with a 4k-token pool and `args`, ready; its log's tail
+    printed when it does not get there."""
     try:
-        wait_until(
-            "worker ready",
-            lambda: urllib.request.urlopen(f"{url}/ready", timeout=5).status == 200,
-            process,
-            STARTUP_DEADLINE_S,
-        )
-        (model,) = [m["id"] for m in get_json(f"{url}/v1/models")["data"]]
-        yield Worker(url, model)
-    except AssertionError:
+        with ServerProcess(["--max-total-tokens", "4096", "--device", "cpu", *args], log_path) as p:
+            yield p
+    except (RuntimeError, TimeoutError):
         print(log_path.read_text()[-5000:])
         raise
-    finally:
-        stop(process)
+
+
+@pytest.fixture(scope="module")
+def worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
+    log_path = tmp_path_factory.mktemp("worker") / "worker.log"
+    # speculative decoding on, so that its panels have data: see send_spec_traffic
+    args = ["--speculative-method", "ngram"]
+    # the KV tiers on, so that their panels have data: see send_tier_traffic
+    disk = tmp_path_factory.mktemp("kv-disk")
+    args += ["--kv-host-memory", "1", "--kv-disk-path", str(disk), "--kv-disk-size", "1"]
+    with started_worker(args, log_path) as process:
+        (model,) = [m["id"] for m in get_json(f"{process.base_url}/v1/models")["data"]]
+        yield Worker(process.base_url, model)
 
 
 @pytest.fixture(scope="module")
@@ -134,32 +120,14 @@ def lora_worker(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Worker]:
     from tests.integration.lora_adapters import write_smollm2_adapter
 
     home = tmp_path_factory.mktemp("lora-worker")
-    port = free_port()
-    radixserve = Path(sys.executable).parent / "radixserve"
-    command = [str(radixserve), "serve", "--host", "127.0.0.1", "--port", str(port)]
-    command += ["--max-total-tokens", "4096", "--device", "cpu", "--max-loras", "1"]
+    args = ["--max-loras", "1"]
     for seed, name in enumerate(LORA_ADAPTERS):
         path = write_smollm2_adapter(home / name, 8, seed)
-        command += ["--lora-modules", f"{name}={path}"]
-    log_path = home / "worker.log"
-    with log_path.open("w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(
-            "LoRA worker ready",
-            lambda: urllib.request.urlopen(f"{url}/ready", timeout=5).status == 200,
-            process,
-            STARTUP_DEADLINE_S,
-        )
-        cards = get_json(f"{url}/v1/models")["data"]
+        args += ["--lora-modules", f"{name}={path}"]
+    with started_worker(args, home / "worker.log") as process:
+        cards = get_json(f"{process.base_url}/v1/models")["data"]
         (model,) = [m["id"] for m in cards if not m.get("parent")]
-        yield Worker(url, model)
-    except AssertionError:
-        print(log_path.read_text()[-5000:])
-        raise
-    finally:
-        stop(process)
+        yield Worker(process.base_url, model)
 
 
 @pytest.fixture(scope="module")
