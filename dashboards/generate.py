@@ -49,12 +49,17 @@ def _rate(metric: str, by: str, matchers: str = "") -> str:
     return f"sum by ({by}) (rate({metric}{{{selector}}}{RATE}))"
 
 
+def _legend(by: str) -> str:
+    """A series' legend: the last label of the split (the pod, or the model in the fleet)."""
+    return "{{" + by.split(", ")[-1] + "}}"
+
+
 def _quantile(q: float, histogram: str, by: str) -> str:
     return f"histogram_quantile({q}, {_rate(histogram + '_bucket', 'le, ' + by)})"
 
 
 def _latency_panel(title: str, histogram: str, by: str, description: str) -> Panel:
-    legend = "{{" + by.split(", ")[-1] + "}}"
+    legend = _legend(by)
     return Panel(
         title=title,
         description=description,
@@ -75,7 +80,7 @@ def _error_ratio(by: str) -> str:
 
 def panels(by: str) -> list[Panel]:
     """The panels of one dashboard, their series split by the label list `by`."""
-    legend = "{{" + by.split(", ")[-1] + "}}"
+    legend = _legend(by)
     return [
         Panel(
             "Request throughput",
@@ -244,7 +249,7 @@ def panels(by: str) -> list[Panel]:
 def kv_tier_panels(by: str) -> list[Panel]:
     """The cache tiers: where prefix hits came from, and the host and disk KV tiers
     (`--kv-host-memory`, `--kv-disk-path`; their series exist only where a tier is on)."""
-    legend = "{{" + by.split(", ")[-1] + "}}"
+    legend = _legend(by)
     return [
         Panel(
             "Cache tiers: prefix hits by tier",
@@ -300,7 +305,7 @@ def kv_tier_panels(by: str) -> list[Panel]:
 def spec_decode_panels(by: str) -> list[Panel]:
     """Speculative decoding (`--speculative-method`; its series exist only where it is on):
     how much of what is proposed the target keeps, per pod (per model in the fleet view)."""
-    legend = "{{" + by.split(", ")[-1] + "}}"
+    legend = _legend(by)
     accepted = _rate("radixserve_spec_decode_accepted_tokens_total", by)
     proposed = _rate("radixserve_spec_decode_proposed_tokens_total", by)
     lengths = "radixserve_spec_decode_acceptance_length"
@@ -332,7 +337,7 @@ def spec_decode_panels(by: str) -> list[Panel]:
 def lora_panels(by: str) -> list[Panel]:
     """LoRA adapters (`--lora-modules`, `--max-loras`; their series exist only on workers that
     serve adapters): traffic per adapter, what the device slots hold, and their churn."""
-    legend = "{{" + by.split(", ")[-1] + "}}"
+    legend = _legend(by)
     return [
         Panel(
             "LoRA: requests per adapter",

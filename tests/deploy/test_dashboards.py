@@ -133,10 +133,15 @@ def test_panels_do_not_overlap(filename: str) -> None:
         occupied |= cells
 
 
+def row(filename: str, prefix: str) -> tuple[list[dict], str]:
+    """A dashboard's panels whose titles start with `prefix`, and their queries joined."""
+    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith(prefix)]
+    return panels, " ".join(t["expr"] for p in panels for t in p["targets"])
+
+
 @pytest.mark.parametrize("filename", sorted(DOCUMENTS))
 def test_dashboard_shows_the_router(filename: str) -> None:
-    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("Router: ")]
-    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    panels, exprs = row(filename, "Router: ")
     for series in (
         "radixserve_router_requests_total",
         "radixserve_router_retries_total",
@@ -165,8 +170,7 @@ def test_dashboard_shows_speculative_acceptance_per_pod(filename: str) -> None:
 
 @pytest.mark.parametrize("filename", sorted(DOCUMENTS))
 def test_dashboard_has_the_cache_tiers_row(filename: str) -> None:
-    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("Cache tiers: ")]
-    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    _, exprs = row(filename, "Cache tiers: ")
     for series in (
         "radixserve_prefix_cache_hits_tokens_total",
         "radixserve_kv_tier_usage_ratio",
@@ -179,8 +183,7 @@ def test_dashboard_has_the_cache_tiers_row(filename: str) -> None:
 
 @pytest.mark.parametrize("filename", sorted(DOCUMENTS))
 def test_dashboard_has_the_lora_row(filename: str) -> None:
-    panels = [p for p in DOCUMENTS[filename]["panels"] if p["title"].startswith("LoRA: ")]
-    exprs = " ".join(t["expr"] for p in panels for t in p["targets"])
+    _, exprs = row(filename, "LoRA: ")
     for series in (
         "radixserve_lora_requests_total",
         "radixserve_lora_prompt_tokens_total",
