@@ -53,6 +53,17 @@ def condition(service: dict, kind: str) -> dict:
     )
 
 
+def wait_for_invalid_spec(api: kubernetes.client.CustomObjectsApi, name: str) -> dict:
+    """The service's Degraded condition, once its reason is InvalidSpec."""
+    return wait_for(
+        lambda: (
+            condition(get_service(api, name), "Degraded").get("reason") == "InvalidSpec"
+            and condition(get_service(api, name), "Degraded")
+        ),
+        f"{name}: Degraded InvalidSpec",
+    )
+
+
 def events_for(api_server: ApiServer, name: str) -> list[dict]:
     core = kubernetes.client.CoreV1Api()
     events = core.list_namespaced_event(NS).items
@@ -213,14 +224,7 @@ def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
     body["metadata"]["name"] = "host-tier"
     body["spec"].setdefault("engine", {}).update({"kvHostMemory": 32, "radixCache": False})
     create_service(custom_api, body)
-    degraded = wait_for(
-        lambda: (
-            condition(get_service(custom_api, "host-tier"), "Degraded").get("reason")
-            == "InvalidSpec"
-            and condition(get_service(custom_api, "host-tier"), "Degraded")
-        ),
-        "Degraded InvalidSpec",
-    )
+    degraded = wait_for_invalid_spec(custom_api, "host-tier")
     assert "kvHostMemory" in degraded["message"]
     custom_api.patch_namespaced_custom_object(
         GROUP, VERSION, NS, PLURAL, "host-tier", {"spec": {"engine": {"radixCache": True}}}
@@ -261,14 +265,7 @@ def test_speculative_decoding_reaches_the_worker(
     body["metadata"]["name"] = "speculative"
     body["spec"].setdefault("engine", {})["speculative"] = {"method": "medusa", "numTokens": 5}
     create_service(custom_api, body)
-    degraded = wait_for(
-        lambda: (
-            condition(get_service(custom_api, "speculative"), "Degraded").get("reason")
-            == "InvalidSpec"
-            and condition(get_service(custom_api, "speculative"), "Degraded")
-        ),
-        "Degraded InvalidSpec",
-    )
+    degraded = wait_for_invalid_spec(custom_api, "speculative")
     assert "method" in degraded["message"]
     custom_api.patch_namespaced_custom_object(
         GROUP,
