@@ -107,9 +107,7 @@ class LoRALinear(nn.Module):
         batch = self.batch
         if not batch.active:
             return self.base(x)
-        shrunk = lora_kernels.shrink(
-            x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
-        )
+        shrunk = self._shrink(x)
         # batch 1: a single projection's expand in the GEMV's epilogue (o 0 us against 3.0 us
         # for the expand kernel, down 4.0 against 4.1, H200 2026-12-04); fused q/k/v keep the
         # kernel (their epilogue cost 7.1 us a layer against 3.7)
@@ -135,11 +133,15 @@ class LoRALinear(nn.Module):
         if not batch.active:
             return self.base.silu_and_mul(x)
         if uses_gemv(x, self.base.weight):
-            shrunk = lora_kernels.shrink(
-                x, self.lora_a, batch.seg_starts, batch.seg_slots, 1, batch.token_slots
-            )
-            return self._gemv(x, shrunk, gated=True)
+            return self._gemv(x, self._shrink(x), gated=True)
         return silu_and_mul(self.forward(x))
+
+    def _shrink(self, x: torch.Tensor) -> torch.Tensor:
+        """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums."""
+        batch = self.batch
+        return lora_kernels.shrink(
+            x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
+        )
 
     def _gemv(self, x: torch.Tensor, shrunk: torch.Tensor, gated: bool) -> torch.Tensor:
         """The base's batch-1 GEMV (plain or FP8, as its own forward would launch it) with the
