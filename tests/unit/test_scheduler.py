@@ -176,3 +176,29 @@ def test_any_workload_gives_the_reference_outputs_and_returns_memory(
         assert run.outputs.get(rid, []) == expected_output(ids, n), rid
         assert run.finish[rid]["type"] == "length"
     assert_memory_returned(scheduler)
+
+
+def test_an_adapter_read_ending_while_its_replies_are_collected_is_answered():
+    """pop_replies looks at each read once: a read that ends between two looks (done to the
+    second, not to the first) was once dropped from both lists, and its admin call never got
+    an answer."""
+    from types import SimpleNamespace
+
+    from radixserve.scheduler.scheduler import Scheduler
+
+    class EndsWhileLookedAt:
+        def __init__(self) -> None:
+            self.looks = 0
+
+        def done(self) -> bool:
+            self.looks += 1
+            return self.looks > 1
+
+    finished: list[str] = []
+    fake = SimpleNamespace(
+        _lora_loads=[("load beta", EndsWhileLookedAt())],
+        _finish_lora_load=lambda msg, future: finished.append(msg) or msg,
+    )
+    answered = Scheduler.pop_replies(fake)  # type: ignore[arg-type]
+    answered += Scheduler.pop_replies(fake)  # type: ignore[arg-type]
+    assert answered == ["load beta"] and finished == ["load beta"] and fake._lora_loads == []

@@ -504,8 +504,11 @@ class Scheduler:
         """The replies of adapter loads whose read has ended (never waits)."""
         if not self._lora_loads:
             return []
-        done = [(m, f) for m, f in self._lora_loads if f.done()]
-        self._lora_loads = [(m, f) for m, f in self._lora_loads if not f.done()]
+        # one look at each future: one that ends between two looks would be in neither list
+        done, reading = [], []
+        for load in self._lora_loads:
+            (done if load[1].done() else reading).append(load)
+        self._lora_loads = reading
         return [self._finish_lora_load(m, f) for m, f in done]
 
     def kv_usage(self) -> float:
