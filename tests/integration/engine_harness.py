@@ -25,13 +25,16 @@ def run_to_completion(
     prompts: list[list[int]],
     params: SamplingParams | list[SamplingParams],
     max_steps: int = 100_000,
+    lora_names: list[str | None] | None = None,
 ) -> dict[str, dict]:
-    """Submit every prompt, step until idle; returns rid -> {"ids", "finish", "cached"}."""
+    """Submit every prompt (under its LoRA adapter, if named), step until idle; returns
+    rid -> {"ids", "finish", "cached"}."""
     if isinstance(params, SamplingParams):
         params = [params] * len(prompts)
-    for i, (ids, p) in enumerate(zip(prompts, params, strict=True)):
+    names = lora_names or [None] * len(prompts)
+    for i, (ids, p, name) in enumerate(zip(prompts, params, names, strict=True)):
         scheduler.handle_generate_request(
-            TokenizedGenerateReqInput(rid=f"r{i}", input_ids=ids, sampling_params=p)
+            TokenizedGenerateReqInput(rid=f"r{i}", input_ids=ids, sampling_params=p, lora_name=name)
         )
     results: dict[str, dict] = {}
     for _ in range(max_steps):

@@ -17,6 +17,7 @@ import urllib.request
 import pytest
 import zmq
 from engine_harness import greedy, hf_greedy, make_scheduler, run_to_completion
+from lora_adapters import TINY_LLAMA_SHAPES, write_random_adapter
 from tests.unit.vllm_kv_events import DECODER, BlockStored, reference_hashes
 
 from radixserve.bench.server_process import ServerProcess, free_port
@@ -133,6 +134,36 @@ def test_disk_tier_survives_a_restart_in_process(tiny_llama, tmp_path):
     assert after["ids"] == before["ids"]
     assert after["cached"] == 128  # two whole 64-token blocks of the 149 matched
     assert second.get_server_info()["prefix_cache_hit_tokens_by_tier"]["disk"] == 128
+
+
+def test_an_adapters_disk_blocks_survive_a_restart(tiny_llama, tmp_path):
+    """A LoRA adapter's prefixes on the disk tier are named by its weights: a restarted worker
+    (new uids) serves them to the same adapter, with the same output, and never to another
+    adapter or the base model on the same tokens."""
+    source, _ = tiny_llama
+    rng = random.Random(11)
+    prompt = [rng.randrange(source.config.vocab_size) for _ in range(150)]
+    modules = [
+        f"{name}={write_random_adapter(tmp_path / name, 4, seed, TINY_LLAMA_SHAPES, 2)}"
+        for seed, name in enumerate(("a", "b"))
+    ]
+    tiers = {"kv_host_memory": 0.01, "kv_disk_path": str(tmp_path / "kv"), "kv_disk_size": 0.01}
+
+    def start():
+        return make_scheduler(
+            "random:tiny-llama", source, max_total_tokens=POOL * 4, lora_modules=modules, **tiers
+        )
+
+    first = start()
+    before = run_to_completion(first, [prompt], greedy(NEW), lora_names=["a"])["r0"]
+    first.tree_cache.disk.close()
+    second = start()
+    others = run_to_completion(second, [prompt, prompt], greedy(NEW), lora_names=["b", None])
+    after = run_to_completion(second, [prompt], greedy(NEW), lora_names=["a"])["r0"]
+    second.tree_cache.disk.close()
+    assert [others["r0"]["cached"], others["r1"]["cached"]] == [0, 0]
+    assert after["ids"] == before["ids"]
+    assert after["cached"] == 128  # two whole 64-token blocks of the 149 matched
 
 
 def _complete(server: ServerProcess, prompt: list[int]) -> dict:

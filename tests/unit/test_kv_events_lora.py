@@ -168,7 +168,7 @@ class NameLog:
 def test_the_lora_manager_names_every_uid_and_retires_unloaded_and_replaced_ones() -> None:
     pool = SimpleNamespace(max_rank=8, slots=2, batch=SimpleNamespace(device=torch.device("cpu")))
     manager = LoRAManager(pool, max_cpu_loras=4, num_layers=1, shapes={}, dtype=torch.float32)  # type: ignore[arg-type]
-    weights = SimpleNamespace(path="/adapters/sql")
+    weights = SimpleNamespace(path="/adapters/sql", digest=b"sql-weights")
     manager.add("sql", weights)  # type: ignore[arg-type]
     log = NameLog()
     manager.publish_names(log)  # adapters loaded before events were on

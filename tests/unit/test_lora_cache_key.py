@@ -3,7 +3,6 @@ under one adapter (or the base model) is matched only under the same one."""
 
 from __future__ import annotations
 
-import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -12,7 +11,6 @@ from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.base_prefix_cache import adapter_key
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.mem_cache.radix_cache import RadixCache
-from radixserve.server_args import ServerArgs
 
 VOCAB = 1 << 20  # token ids up to a large vocabulary
 tokens = st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=12)
@@ -45,10 +43,3 @@ def test_a_prefix_is_matched_only_under_its_own_adapter(inserted, uid, probe):
 def test_the_base_key_is_the_tokens():
     assert adapter_key([1, 2, 3], 0) == [1, 2, 3]
     assert adapter_key([1, 2], 3) == [(3 << 32) + 1, (3 << 32) + 2]
-
-
-def test_the_disk_tier_is_refused_with_adapters():
-    """Its block names and files hold 32-bit token ids: an adapter's keys do not fit them."""
-    with pytest.raises(ValueError, match="kv-disk-path"):
-        ServerArgs(max_loras=2, kv_host_memory=1.0, kv_disk_path="/tmp/kv")
-    ServerArgs(max_loras=2, kv_host_memory=1.0)  # the host tier keys by the tree: served

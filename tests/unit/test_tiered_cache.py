@@ -22,7 +22,8 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from tests.unit.test_radix_cache import FakeReq
 
 from radixserve.mem_cache.allocator import TokenSlotAllocator
-from radixserve.mem_cache.disk_store import DiskKVStore, fingerprint_of
+from radixserve.mem_cache.base_prefix_cache import adapter_key, split_adapter_key
+from radixserve.mem_cache.disk_store import DiskBlock, DiskKVStore, fingerprint_of
 from radixserve.mem_cache.host_pool import HostKVPool
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixserve.mem_cache.tiered_cache import TieredRadixCache
@@ -34,9 +35,16 @@ CONTEXT = 24
 BLOCK = 4
 
 
-def kv_of(prefix: list[int]) -> float:
-    """The 'KV' of the last token of `prefix`: a function of the whole prefix, exact in fp32."""
-    return float(zlib.crc32(bytes(prefix)) % (1 << 20))
+# the adapters the machine's requests may run under, by uid: 7 and 8 are the same weights
+# (a reload), 9 other weights; 10's weights are not read yet (no identity: no disk)
+IDENTITIES = {7: b"weights-a", 8: b"weights-a", 9: b"weights-b"}
+
+
+def kv_of(prefix: list[int], lora_uid: int = 0) -> float:
+    """The 'KV' of the last token of `prefix` under an adapter: a function of the whole prefix
+    and of the adapter's weights, exact in fp32."""
+    weights = IDENTITIES.get(lora_uid, str(lora_uid).encode()) if lora_uid else b""
+    return float(zlib.crc32(bytes(prefix) + weights) % (1 << 20))
 
 
 class DiskLedger:
@@ -82,6 +90,7 @@ class TieredCacheMachine(RuleBasedStateMachine):
         self.cache = TieredRadixCache(
             self.req_pool, self.allocator, self.host, "write_back", self.disk
         )
+        self.cache.adapter_identity = IDENTITIES.get
         self.ledger = DiskLedger()
         self.cache.event_sink = self.ledger  # a restart reports the blocks it finds
         self.running: list[FakeReq] = []
@@ -92,8 +101,8 @@ class TieredCacheMachine(RuleBasedStateMachine):
 
     # --- the scheduler's steps ---------------------------------------------------------------
 
-    def _write_kv(self, slots: torch.Tensor, tokens: list[int], start: int) -> None:
-        values = torch.tensor([kv_of(tokens[: start + i + 1]) for i in range(slots.numel())])
+    def _write_kv(self, slots: torch.Tensor, tokens: list[int], start: int, uid: int) -> None:
+        values = torch.tensor([kv_of(tokens[: start + i + 1], uid) for i in range(slots.numel())])
         k = values.view(-1, 1, 1).expand(-1, 1, 2).contiguous()
         self.kv_pool.set_kv_buffer(0, slots, k, -k)
 
@@ -101,17 +110,20 @@ class TieredCacheMachine(RuleBasedStateMachine):
         tokens=st.lists(st.integers(0, 2), min_size=2, max_size=CONTEXT),
         finish=st.booleans(),
         evict_between=st.integers(0, DEVICE_SLOTS),
+        lora_uid=st.sampled_from([0, 0, 7, 8, 9, 10]),
     )
-    def run_request(self, tokens: list[int], finish: bool, evict_between: int = 0) -> None:
+    def run_request(
+        self, tokens: list[int], finish: bool, evict_between: int = 0, lora_uid: int = 0
+    ) -> None:
         """As an admission round and its pass: restore (the copies queued), maybe evictions
         for later requests of the round (`evict_between`, which may take restored nodes
         again), lock, take slots, write the new tokens' KV, then issue the copies (the launch;
         issued after the pass's own writes here, the worst order a device could run them in),
-        then check the prefix."""
+        then check the prefix. Under an adapter (`lora_uid`) the keys and the KV are its own."""
         rows = self.req_pool.alloc(1)
         if rows is None:
             return
-        key = tokens[:-1]
+        key = adapter_key(tokens[:-1], lora_uid)
         match = self.cache.match_prefix(key)
         if match.restorable:
             restored = self.cache.restore(key)
@@ -133,12 +145,17 @@ class TieredCacheMachine(RuleBasedStateMachine):
             self.req_pool.free(rows)
             assert self.cache.take_restore() is None  # the next launch issues them (CPU: now)
             return
-        self._write_kv(new, tokens, prefix.numel())
+        self._write_kv(new, tokens, prefix.numel(), lora_uid)
         assert self.cache.take_restore() is None  # on the CPU the copies are done on return
-        self._check_values(prefix, tokens, 0)
+        self._check_values(prefix, tokens, 0, lora_uid)
         self.req_pool.write(rows[0], 0, torch.cat([prefix, new]))
         req = FakeReq(
-            rows[0], tokens, kv_len=len(tokens), prefix_indices=prefix, last_node=match.last_node
+            rows[0],
+            tokens,
+            kv_len=len(tokens),
+            prefix_indices=prefix,
+            last_node=match.last_node,
+            lora_uid=lora_uid,
         )
         if finish:
             self.cache.cache_finished_req(req)
@@ -168,11 +185,15 @@ class TieredCacheMachine(RuleBasedStateMachine):
 
     # --- invariants ------------------------------------------------------------------------
 
-    def _check_values(self, slots: torch.Tensor, tokens: list[int], start: int) -> None:
+    def _check_values(
+        self, slots: torch.Tensor, tokens: list[int], start: int, lora_uid: int = 0
+    ) -> None:
         if slots.numel() == 0:
             return
         k, v = self.kv_pool.read_kv(0, slots, torch.float32)
-        want = torch.tensor([kv_of(tokens[: start + i + 1]) for i in range(slots.numel())])
+        want = torch.tensor(
+            [kv_of(tokens[: start + i + 1], lora_uid) for i in range(slots.numel())]
+        )
         assert torch.equal(k[:, 0, 0], want), "a served slot holds another prefix's KV"
         assert torch.equal(v[:, 0, 1], -want)
 
@@ -182,7 +203,10 @@ class TieredCacheMachine(RuleBasedStateMachine):
         a restart is on disk but not reported: its hash needs its whole prefix)."""
         self.disk.flush()
         assert not self.ledger.errors
-        names = {self.disk.block_names(path)[-1] for path in self.ledger.held}
+        names = set()
+        for path in self.ledger.held:
+            lora_uid, tokens = split_adapter_key(path)
+            names.add(self.disk.block_names(tokens, IDENTITIES.get(lora_uid, b""))[-1])
         assert names <= set(self.disk._index)
 
     @invariant()
@@ -211,15 +235,18 @@ class TieredCacheMachine(RuleBasedStateMachine):
             node, above = stack.pop()
             path = above + node.key
             start = len(above)
+            lora_uid, tokens = split_adapter_key(path)
             assert node.value is not None or node.host_value is not None, "a node with no KV"
             if node.value is not None:
                 assert node.parent is cache.root_node or node.parent.value is not None
-                self._check_values(node.value, path, start)
+                self._check_values(node.value, list(tokens), start, lora_uid)
                 if node.lock_ref:
                     protected += len(node.key)
             if node.host_value is not None:
                 data = self.host.read(node.host_value).view(torch.float32)
-                want = torch.tensor([kv_of(path[: start + i + 1]) for i in range(len(node.key))])
+                want = torch.tensor(
+                    [kv_of(list(tokens[: start + i + 1]), lora_uid) for i in range(len(node.key))]
+                )
                 assert torch.equal(data[:, 0], want), "a host copy holds another prefix's KV"
             stack.extend((c, path) for c in node.children.values())
         assert protected == cache.protected_size()
@@ -275,7 +302,7 @@ def test_a_foreign_fingerprint_is_not_served(tmp_path) -> None:
     data = torch.zeros((BLOCK, HostKVPool(pool, 4).bytes_per_token), dtype=torch.uint8)
     mine = DiskKVStore(tmp_path, 1 << 20, fingerprint_of(model="a"), block_tokens=BLOCK)
     names = mine.block_names([1, 2, 3, 4])
-    mine.submit(names[0], mine.fingerprint, [1, 2, 3, 4], data)
+    mine.submit(DiskBlock(names[0], mine.fingerprint, [1, 2, 3, 4]), data)
     mine.close()
     other = DiskKVStore(tmp_path, 1 << 20, fingerprint_of(model="b"), block_tokens=BLOCK)
     assert not other.contains(names[0])
@@ -414,5 +441,29 @@ def test_the_disk_tier_reports_its_blocks_with_their_whole_prefix() -> None:
         # the store keeps only reported blocks' links, and withdrawn ones while children need them
         gone = machine.disk._reported.keys() - machine.disk._index.keys()
         assert all(machine.disk._reported[n].children for n in gone)
+    finally:
+        machine.teardown()
+
+
+def test_an_adapters_disk_blocks_are_found_by_its_weights_after_a_restart() -> None:
+    """The disk names an adapter's blocks by the digest of its weights: after a restart (new
+    uids) the same weights find them, other weights and the base model do not, and an adapter
+    whose weights are not read yet neither reads nor writes the disk."""
+    machine = TieredCacheMachine()
+    try:
+        tokens = [0, 1, 2, 0, 1, 2, 0, 1, 2, 2]
+        machine.run_request(tokens, finish=True, lora_uid=7)
+        machine.run_request(tokens, finish=True, lora_uid=10)  # no identity: not written
+        assert len(machine.disk._index) == 2
+        machine.restart()
+        key = tokens[:-1]
+        assert machine.cache.match_prefix(adapter_key(key, 8)).restorable == 8  # same weights
+        assert machine.cache.match_prefix(adapter_key(key, 9)).restorable == 0
+        assert machine.cache.match_prefix(key).restorable == 0
+        assert machine.cache.match_prefix(adapter_key(key, 10)).restorable == 0
+        assert machine.cache.restore(adapter_key(key, 8)) == {"host": 0, "disk": 8}
+        machine.cache.take_restore()
+        restored = machine.cache.match_prefix(adapter_key(key, 8)).indices
+        machine._check_values(restored, key, 0, 8)
     finally:
         machine.teardown()

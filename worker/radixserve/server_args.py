@@ -392,9 +392,6 @@ class ServerArgs:
             self.max_cpu_loras = len(names)  # the flag's adapters, checked at start, stay read
         if self.max_loras and self.speculative_method is not None:
             raise ValueError("LoRA adapters and speculative decoding are not served together yet")
-        if self.max_loras and self.kv_disk_path is not None:
-            # its block names and files hold 32-bit token ids, not an adapter's cache keys
-            raise ValueError("--kv-disk-path does not serve LoRA adapters yet")
 
     def _check_speculative(self) -> None:
         """The speculative flags agree with each other (method, its model, its bounds)."""

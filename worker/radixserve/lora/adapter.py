@@ -9,6 +9,7 @@ the pool copies tensors and multiplies nothing.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file
+from safetensors.torch import load as load_safetensors
 
 from radixserve.catalog.hub import resolve_hub_model
 
@@ -34,11 +35,14 @@ class LoRALoadError(ValueError):
 
 @dataclass
 class LoRAWeights:
-    """An adapter's tensors on the host: (layer, projection) -> (A [r, in], B·scaling [out, r])."""
+    """An adapter's tensors on the host: (layer, projection) -> (A [r, in], B·scaling [out, r]).
+    `digest`: SHA-256 of its config and weights files, what the disk KV tier names its blocks
+    by (the same weights under any name or load share them; other weights never do)."""
 
     path: str
     rank: int
     tensors: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]
+    digest: bytes = b""
 
     @property
     def nbytes(self) -> int:
@@ -71,7 +75,7 @@ def read_adapter(
     """The adapter at `path`, checked against the model: `shapes` maps each projection of
     TARGETS to its full (in, out) features, which every A and B must match."""
     directory = resolve_adapter_dir(path)
-    config = _read_config(directory)
+    config, config_bytes = _read_config(directory)
     rank = config.get("r")
     if not isinstance(rank, int) or rank < 1:
         raise LoRALoadError(f"adapter_config.json: r must be a positive integer, got {rank!r}")
@@ -95,24 +99,26 @@ def read_adapter(
         )
     alpha = config.get("lora_alpha", rank)
     scaling = alpha / math.sqrt(rank) if config.get("use_rslora") else alpha / rank
-    return LoRAWeights(
-        str(path), rank, _read_tensors(directory, rank, scaling, num_layers, shapes, dtype)
-    )
+    digest = hashlib.sha256(config_bytes)
+    tensors = _read_tensors(directory, rank, scaling, num_layers, shapes, dtype, digest)
+    return LoRAWeights(str(path), rank, tensors, digest.digest())
 
 
-def _read_config(directory: Path) -> dict:
+def _read_config(directory: Path) -> tuple[dict, bytes]:
+    """The adapter's config, and the file's bytes (part of its digest)."""
     config_file = directory / "adapter_config.json"
     if not config_file.is_file():
         raise LoRALoadError(f"{config_file} not found")
     try:
-        config = json.loads(config_file.read_text())
+        data = config_file.read_bytes()
+        config = json.loads(data)
     except (OSError, ValueError) as exc:
         raise LoRALoadError(f"{config_file} is not valid JSON: {exc}") from None
     if not isinstance(config, dict):
         raise LoRALoadError(f"{config_file} is not a JSON object")
     if config.get("peft_type", "LORA") != "LORA":
         raise LoRALoadError(f"peft_type {config['peft_type']!r} is not LoRA")
-    return config
+    return config, data
 
 
 def _read_tensors(
@@ -122,12 +128,16 @@ def _read_tensors(
     num_layers: int,
     shapes: dict[str, tuple[int, int]],
     dtype: torch.dtype,
+    digest: hashlib._Hash,
 ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """The A/B pairs, checked against the model's shapes; the file's bytes go into `digest`."""
     weights_file = directory / "adapter_model.safetensors"
     if not weights_file.is_file():
         raise LoRALoadError(f"{weights_file} not found")
     try:
-        raw = load_file(str(weights_file))
+        data = weights_file.read_bytes()
+        digest.update(data)
+        raw = load_safetensors(data)
     except (SafetensorError, OSError, ValueError) as exc:
         raise LoRALoadError(f"{weights_file} is not a readable safetensors file: {exc}") from None
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}

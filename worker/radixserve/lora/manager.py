@@ -70,6 +70,8 @@ class LoRAManager:
         # a name's registration number: the prefix cache's namespace (a reloaded adapter
         # never reuses the KV its previous weights computed)
         self.uids: dict[str, int] = {}
+        # a served uid's weights digest, once read: the disk KV tier's name for the adapter
+        self._digests: dict[int, bytes] = {}
         self._next_uid = 1
         self._events: AdapterEventSink | None = None  # told of every uid's name (KV events)
         self.host: OrderedDict[str, LoRAWeights] = OrderedDict()
@@ -108,6 +110,7 @@ class LoRAManager:
         old slot finish on it)."""
         self.register(name, weights.path)
         self._keep_on_host(name, weights)
+        self._digests[self.uids[name]] = weights.digest
 
     def register(self, name: str, path: str) -> None:
         """Serve the adapter at `path` as `name` without reading it (replacing what the name
@@ -126,6 +129,7 @@ class LoRAManager:
             return False
         del self.paths[name]
         uid = self.uids.pop(name)
+        self._digests.pop(uid, None)
         if self._events is not None:
             self._events.adapter_retired(uid)
         self.host.pop(name, None)
@@ -149,6 +153,11 @@ class LoRAManager:
 
     def uid(self, name: str | None) -> int:
         return 0 if name is None else self.uids[name]
+
+    def identity(self, uid: int) -> bytes | None:
+        """The digest of the weights a served uid stands for, None before they are read (the
+        disk KV tier's key: stable across restarts and reloads, unlike the uid)."""
+        return self._digests.get(uid)
 
     # -- slots ---------------------------------------------------------------------------
     def acquire(self, name: str) -> int | None:
@@ -217,6 +226,7 @@ class LoRAManager:
             self.failed[name] = (str(exc), time.monotonic())
             raise
         self._keep_on_host(name, weights)
+        self._digests[self.uids[name]] = weights.digest
         return weights
 
     def _keep_on_host(self, name: str, weights: LoRAWeights) -> None:

@@ -1,10 +1,11 @@
 """The disk KV tier: fixed-size token blocks in files named by a hash of the token prefix.
 
-A block is `block_tokens` tokens (`BLOCK_TOKENS` by default); its name chains SHA-256 over the previous block's name, an
-extra key (the adapter, once adapters exist; empty today) and the block's tokens, starting from
-the fingerprint of what the bytes mean (model, dtype, KV layout, block size). So a block's name
-stands for its whole prefix, a restarted worker with the same model and settings finds the
-blocks an earlier one wrote, and a worker with other settings looks in another directory.
+A block is `block_tokens` tokens (`BLOCK_TOKENS` by default); its name chains SHA-256 over the
+previous block's name, an extra key (a LoRA adapter's identity, the digest of its weights;
+empty for the base model) and the block's raw tokens, starting from the fingerprint of what the
+bytes mean (model, dtype, KV layout, block size). So a block's name stands for its whole prefix
+under its adapter, a restarted worker with the same model and settings finds the blocks an
+earlier one wrote, and a worker with other settings looks in another directory.
 
 Each file is a SHA-256 of the rest, then a safetensors payload: the block's raw KV bytes (the
 host tier's token layout), its tokens and its parent's name, with the fingerprint in the
@@ -17,11 +18,14 @@ KV events (`event_sink`, None when off): a block is reported `stored` with mediu
 its file is in place (on the writer thread) and `removed` when the file goes (evicted past the
 size, found corrupt or missing). The sink speaks in token paths from the root, so the store
 keeps, for the blocks it reported, each block's parent and tokens (and those of a withdrawn
-parent while a reported child still needs it for its path). Blocks an earlier worker left are
-reported when a sink is attached, and again after a flush of the cache (the consumer's
-`AllBlocksCleared` dropped them): `announce` queues that for the writer thread, which reads the
-parent and tokens from each file. A block whose parent chain is not known (a parent gone from
-the disk before it was reported) is not reported: its hash needs its whole prefix.
+parent while a reported child still needs it for its path). An adapter's blocks are reported
+under its cache keys (the uid that wrote them), as the GPU and host tiers report theirs. Blocks
+an earlier worker left are reported when a sink is attached, and again after a flush of the
+cache (the consumer's `AllBlocksCleared` dropped them): `announce` queues that for the writer
+thread, which reads the parent and tokens from each file. Not reported that way: a block whose
+parent chain is not known (a parent gone from the disk before it was reported: its hash needs
+its whole prefix), and an adapter's block (the file knows the weights' digest, not the name
+events carry); both are still served.
 """
 
 from __future__ import annotations
@@ -37,12 +41,13 @@ from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 
+from radixserve.mem_cache.base_prefix_cache import adapter_key
 from radixserve.mem_cache.kv_event_sink import KVEventSink
 
 logger = logging.getLogger(__name__)
@@ -54,6 +59,26 @@ _SUFFIX = ".kv"
 # writer-queue items: report every block on disk to the event sink; send the stored run
 _ANNOUNCE = ("announce",)
 _SEND = ("send",)
+
+
+class DiskKey(NamedTuple):
+    """A cache key as the disk tier names it: the raw token ids, the adapter's identity
+    (b"" for the base model) and the uid its cache keys carry (0 for the base model)."""
+
+    tokens: Sequence[int]
+    adapter: bytes
+    lora_uid: int
+
+
+class DiskBlock(NamedTuple):
+    """A block to write: its name, its parent's, its raw tokens, and its adapter (identity
+    and uid, as in DiskKey)."""
+
+    name: str
+    parent: str
+    tokens: list[int]
+    adapter: bytes = b""
+    lora_uid: int = 0
 
 
 class _Reported:
@@ -220,8 +245,8 @@ class DiskKVStore:
         pending: dict[str, tuple[str, list[int]]] = {}
         for name in names:
             meta = self._read_meta(name)
-            if meta is not None:
-                pending[name] = meta
+            if meta is not None and not meta[2]:  # an adapter's block: its name is unknown
+                pending[name] = meta[:2]
         # parents before children, depth first (a chain goes out as one range); the lock is
         # taken per block, as the step loop may be reading the store meanwhile
         children: dict[str, list[str]] = {}
@@ -238,9 +263,10 @@ class DiskKVStore:
                     self._report_stored(name, parent, tokens)
             stack += reversed(children.get(name, []))
 
-    def _read_meta(self, name: str) -> tuple[str, list[int]] | None:
-        """A file's parent name and tokens, from its safetensors header (the checksum is
-        checked when the block is read, not here); None if unreadable."""
+    def _read_meta(self, name: str) -> tuple[str, list[int], str] | None:
+        """A file's parent name, tokens and adapter identity (hex, "" for the base model),
+        from its safetensors header (the checksum is checked when the block is read, not
+        here); None if unreadable."""
         try:
             with open(self.dir / (name + _SUFFIX), "rb") as f:
                 f.seek(32)
@@ -257,7 +283,7 @@ class DiskKVStore:
             meta = json.loads(fields["meta"])
             if meta.get("fingerprint") != self.fingerprint:
                 return None
-            return meta["parent"], array("i", fields["tokens"]).tolist()
+            return meta["parent"], array("i", fields["tokens"]).tolist(), meta.get("adapter", "")
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
@@ -339,9 +365,7 @@ class DiskKVStore:
 
     def submit(
         self,
-        name: str,
-        parent: str,
-        tokens: list[int],
+        block: DiskBlock,
         data: torch.Tensor,
         ready: torch.cuda.Event | None = None,
         more: bool = False,
@@ -350,12 +374,12 @@ class DiskKVStore:
         complete once `ready` (a device-to-host copy in flight) has passed. `more`: the
         caller's next block continues this one's chain (its KV event waits to go with it)."""
         with self._lock:
-            if name in self._index or name in self._queued:
+            if block.name in self._index or block.name in self._queued:
                 if not more:
                     self._queue.put(_SEND)
                 return
-            self._queued.add(name)
-        self._queue.put((name, parent, tokens, data, ready, more))
+            self._queued.add(block.name)
+        self._queue.put((block, data, ready, more))
 
     def _write_loop(self) -> None:
         while True:
@@ -366,35 +390,32 @@ class DiskKVStore:
                 if item is _ANNOUNCE:
                     self._announce()
                 elif item is not _SEND:
-                    self._write(*item[:5])
+                    self._write(*item[:3])
             except Exception:  # noqa: BLE001 - a full or broken disk loses blocks, not the worker
                 logger.exception("disk KV tier: writing a block failed")
             finally:
                 more = False
                 if item is not None and item is not _ANNOUNCE and item is not _SEND:
-                    more = item[5]
+                    more = item[3]
                     with self._lock:
-                        self._queued.discard(item[0])
+                        self._queued.discard(item[0].name)
                 if not more:  # a chain of blocks goes as one range (the last, or a lone one)
                     with self._lock:
                         self._send_run()
                 self._queue.task_done()
 
-    def _write(
-        self,
-        name: str,
-        parent: str,
-        tokens: list[int],
-        data: torch.Tensor,
-        ready: torch.cuda.Event | None,
-    ) -> None:
+    def _write(self, block: DiskBlock, data: torch.Tensor, ready: torch.cuda.Event | None) -> None:
         if ready is not None:
             ready.synchronize()
-        meta = json.dumps({"fingerprint": self.fingerprint, "parent": parent}).encode()
+        name, parent = block.name, block.parent
+        fields = {"fingerprint": self.fingerprint, "parent": parent}
+        if block.adapter:
+            fields["adapter"] = block.adapter.hex()
+        meta = json.dumps(fields).encode()
         payload = st_save(
             {
                 "kv": data.contiguous(),
-                "tokens": torch.tensor(tokens, dtype=torch.int32),
+                "tokens": torch.tensor(block.tokens, dtype=torch.int32),
                 "meta": torch.frombuffer(bytearray(meta), dtype=torch.uint8),
             }
         )
@@ -407,7 +428,7 @@ class DiskKVStore:
             self._index[name] = len(blob)
             self._total += len(blob)
             self.bytes_written += len(blob)
-            self._report_stored(name, parent, tokens)
+            self._report_stored(name, parent, adapter_key(block.tokens, block.lora_uid))
             victims = []
             while self._total > self.max_bytes and len(self._index) > 1:
                 old, size = self._index.popitem(last=False)

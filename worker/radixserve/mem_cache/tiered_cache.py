@@ -16,7 +16,10 @@ device prefix followed by host-only nodes, and then, past the tree, whole disk b
   for its own group (host_pool.py, kv_restore.py). A node evicted again before the launch
   takes its queued copy with it.
 - The disk tier gets every whole block of a finished request's tokens not yet stored there,
-  written by its own thread (`DiskKVStore`).
+  written by its own thread (`DiskKVStore`). An adapter's blocks are named by its raw tokens
+  and the digest of its weights (`adapter_identity`), not by the uid its cache keys carry: a
+  restarted worker, or a reload of the same weights, finds them again, and other weights
+  under the same name do not. A path whose adapter has no digest yet skips the disk.
 - KV events: nodes report `GPU` as they gain or lose device slots and `CPU` as they gain or lose
   host slots; the disk tier reports `DISK` for its blocks (the `event_sink` setter hands it
   the sink), from its writer thread as files land and wherever they go.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -42,8 +45,15 @@ from radixserve.mem_cache.base_prefix_cache import (
     MatchResult,
     adapter_key,
     empty_slots,
+    split_adapter_key,
 )
-from radixserve.mem_cache.disk_store import BLOCK_TOKENS, DiskKVStore, fingerprint_of
+from radixserve.mem_cache.disk_store import (
+    BLOCK_TOKENS,
+    DiskBlock,
+    DiskKey,
+    DiskKVStore,
+    fingerprint_of,
+)
 from radixserve.mem_cache.host_pool import HostKVPool, kv_buffers
 from radixserve.mem_cache.kv_event_sink import KVEventSink, Medium
 from radixserve.mem_cache.kv_restore import KVRestore
@@ -103,6 +113,9 @@ class TieredRadixCache(RadixCache):
         self.counters = TierCounters()
         self._queued_backups: list[tuple[torch.Tensor, torch.Tensor]] = []  # (device, host)
         self._disk_bytes_seen = (0, 0)  # the disk store's running totals at the last report
+        # an adapter uid's identity for the disk tier (the LoRA manager's `identity`; None
+        # without adapters): its blocks are named by it, so a restart finds them again
+        self.adapter_identity: Callable[[int], bytes | None] | None = None
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, event_sink)
 
     @property  # type: ignore[override]
@@ -162,12 +175,25 @@ class TieredRadixCache(RadixCache):
         indices = torch.cat(device) if device else empty_slots()
         return MatchResult(indices=indices, last_node=device_node, restorable=restorable)
 
+    def _disk_key(self, key: Sequence[int]) -> DiskKey | None:
+        """The disk tier's view of a cache key: the raw tokens and the adapter's identity (its
+        weights' digest, stable across restarts, where the uid is not). None for an adapter
+        whose identity is not known (its weights not read yet): that path skips the disk."""
+        lora_uid, tokens = split_adapter_key(key)
+        if not lora_uid:
+            return DiskKey(tokens, b"", 0)
+        identity = self.adapter_identity(lora_uid) if self.adapter_identity else None
+        return DiskKey(tokens, identity, lora_uid) if identity else None
+
     def _disk_run(self, key: Sequence[int], pos: int) -> tuple[list[str], int]:
         """The block names of `key` and how many tokens past `pos` its consecutive disk blocks
         (from the one holding `pos`) cover."""
         assert self.disk is not None
+        disk_key = self._disk_key(key)
+        if disk_key is None:
+            return [], 0
         size = self.disk.block_tokens
-        names = self.disk.block_names(key)
+        names = self.disk.block_names(disk_key.tokens, disk_key.adapter)
         end = pos
         for i in range(pos // size, len(names)):
             if not self.disk.contains(names[i]):
@@ -230,10 +256,11 @@ class TieredRadixCache(RadixCache):
         if covered == 0:
             return parent
         size = self.disk.block_tokens
+        raw = split_adapter_key(key)[1]
         first = pos // size
         blocks = []
         for i in range(first, (pos + covered) // size):
-            tokens = list(key[i * size : (i + 1) * size])
+            tokens = list(raw[i * size : (i + 1) * size])
             data = self.disk.read(names[i], self.disk.parent_of(names, i), tokens)
             if data is None or data.shape != (size, self.host_pool.bytes_per_token):
                 break
@@ -352,7 +379,10 @@ class TieredRadixCache(RadixCache):
     def _write_disk(self, key: Sequence[int], path: list[TreeNode]) -> None:
         """Queue the whole blocks of `key` the disk tier lacks (gathered from the device)."""
         assert self.disk is not None
-        names = self.disk.block_names(key)
+        disk_key = self._disk_key(key)
+        if disk_key is None:
+            return
+        names = self.disk.block_names(disk_key.tokens, disk_key.adapter)
         missing = [i for i, name in enumerate(names) if not self.disk.known(name)]
         if not missing:
             return
@@ -360,9 +390,14 @@ class TieredRadixCache(RadixCache):
         slots = torch.cat([n.value for n in path])  # all on the device: just inserted
         for i in missing:
             data, ready = self.host_pool.gather(slots[i * size : (i + 1) * size])
-            tokens = list(key[i * size : (i + 1) * size])
-            parent = self.disk.parent_of(names, i)
-            self.disk.submit(names[i], parent, tokens, data, ready, more=i != missing[-1])
+            block = DiskBlock(
+                names[i],
+                self.disk.parent_of(names, i),
+                list(disk_key.tokens[i * size : (i + 1) * size]),
+                disk_key.adapter,
+                disk_key.lora_uid,
+            )
+            self.disk.submit(block, data, ready, more=i != missing[-1])
 
     # --- locking: sizes count device tokens ------------------------------------------------
 

@@ -56,7 +56,7 @@ from radixserve.lora.adapter import LoRALoadError
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.mem_cache.radix_cache import RadixCache
-from radixserve.mem_cache.tiered_cache import build_tiered_cache
+from radixserve.mem_cache.tiered_cache import TieredRadixCache, build_tiered_cache
 from radixserve.model_executor.pooler import finish_embedding
 from radixserve.scheduler.schedule_batch import NO_LORA_SLOT, Req, ScheduleBatch
 from radixserve.scheduler.schedule_policy import AddResult, PrefillAdder, SchedulePolicy
@@ -218,6 +218,8 @@ class Scheduler:
         )
         self.kv_events: KVEventPublisher | None = None
         self.lora: LoRAManager | None = getattr(worker, "lora", None)
+        if self.lora is not None and isinstance(self.tree_cache, TieredRadixCache):
+            self.tree_cache.adapter_identity = self.lora.identity  # disk blocks by weights
         # admin loads being read on the LoRA manager's thread (pop_replies answers them)
         self._lora_loads: list[tuple[LoRAAdapterReq, concurrent.futures.Future]] = []
         self._load_start_up_adapters(server_args)
