@@ -47,6 +47,10 @@ KV_HOST_MEMORY_NEEDS_RADIX_CACHE = (
     "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache"
     " evicts"
 )
+KV_DISK_NEEDS_HOST_MEMORY = (
+    "engine.kvDiskSize needs engine.kvHostMemory: disk blocks are read back through the host tier"
+)
+KV_DISK_NEEDS_ONE_GPU = "engine.kvDiskSize needs engine.tensorParallelSize 1"
 _PVC_URI = re.compile(r"^pvc://(?P<claim>[a-z0-9]([-a-z0-9]*[a-z0-9])?)(?P<path>/.*)?$")
 _HF_URI = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.-]*(/[\w.-]+)?)$")
 # spec.loras: names are model names in the API (the CRD's pattern); a source is a Hub repo
@@ -129,6 +133,7 @@ class Engine:
     overlap_schedule: bool = True
     schedule_policy: str = "lpm"
     kv_host_memory: float | None = None  # GB of host memory for the host KV tier
+    kv_disk_size: float | None = None  # GB of the disk KV tier on the model-cache volume
     speculative: Speculative | None = None
     kv_events: KVEvents | None = None  # None: no KV events
     extra_args: tuple[str, ...] = ()
@@ -440,6 +445,13 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         raise InvalidSpecError("spec.engine.kvHostMemory must be a positive number of GB")
     if host_memory is not None and not raw.get("radixCache", True):
         raise InvalidSpecError(KV_HOST_MEMORY_NEEDS_RADIX_CACHE)
+    disk_size = raw.get("kvDiskSize")
+    if disk_size is not None and not float(disk_size) > 0:
+        raise InvalidSpecError("spec.engine.kvDiskSize must be a positive number of GB")
+    if disk_size is not None and host_memory is None:
+        raise InvalidSpecError(KV_DISK_NEEDS_HOST_MEMORY)
+    if disk_size is not None and raw.get("tensorParallelSize", 1) != 1:
+        raise InvalidSpecError(KV_DISK_NEEDS_ONE_GPU)
     return Engine(
         tensor_parallel_size=_optional_int(raw, "tensorParallelSize", minimum=1),
         attention_backend=_choice(raw, "attentionBackend", ATTENTION_BACKENDS),
@@ -454,6 +466,7 @@ def _parse_engine(raw: Mapping[str, Any]) -> Engine:
         overlap_schedule=bool(raw.get("overlapSchedule", True)),
         schedule_policy=_choice(raw, "schedulePolicy", SCHEDULE_POLICIES),
         kv_host_memory=None if host_memory is None else float(host_memory),
+        kv_disk_size=None if disk_size is None else float(disk_size),
         speculative=_parse_speculative(raw),
         kv_events=_parse_kv_events(raw),
         extra_args=tuple(extra),

@@ -10,8 +10,10 @@ copy holds the right values; device nodes form a subtree from the root; sizes ad
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
+import time
 import zlib
 
 import pytest
@@ -23,7 +25,12 @@ from tests.unit.test_radix_cache import FakeReq
 
 from radixserve.mem_cache.allocator import TokenSlotAllocator
 from radixserve.mem_cache.base_prefix_cache import adapter_key, split_adapter_key
-from radixserve.mem_cache.disk_store import DiskBlock, DiskKVStore, fingerprint_of
+from radixserve.mem_cache.disk_store import (
+    STALE_TMP_SECONDS,
+    DiskBlock,
+    DiskKVStore,
+    fingerprint_of,
+)
 from radixserve.mem_cache.host_pool import HostKVPool
 from radixserve.mem_cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixserve.mem_cache.tiered_cache import TieredRadixCache
@@ -467,3 +474,26 @@ def test_an_adapters_disk_blocks_are_found_by_its_weights_after_a_restart() -> N
         machine._check_values(restored, key, 0, 8)
     finally:
         machine.teardown()
+
+
+def test_workers_may_share_a_disk_directory(tmp_path) -> None:
+    """Two stores over one directory (pods on one model-cache claim): a block one writes, the
+    other finds at its start; a crashed writer's old temporary file goes, a live one's stays."""
+    pool = TokenToKVPool(8, 1, 1, 2, torch.float32, "cpu")
+    data = torch.arange(BLOCK * HostKVPool(pool, 4).bytes_per_token, dtype=torch.uint8)
+    fp = fingerprint_of(model="a")
+    first = DiskKVStore(tmp_path, 1 << 20, fp, block_tokens=BLOCK)
+    stale, live = first.dir / "crashed.tmp", first.dir / "writing.tmp"
+    stale.write_bytes(b"x")
+    live.write_bytes(b"y")
+    old = time.time() - STALE_TMP_SECONDS - 1
+    os.utime(stale, (old, old))
+    name = first.block_names([1, 2, 3, 4])[0]
+    first.submit(DiskBlock(name, fp, [1, 2, 3, 4]), data.view(BLOCK, -1))
+    first.flush()
+    second = DiskKVStore(tmp_path, 1 << 20, fp, block_tokens=BLOCK)
+    assert second.contains(name)
+    assert torch.equal(second.read(name, fp, [1, 2, 3, 4]).flatten(), data)
+    assert not stale.exists() and live.exists()
+    first.close()
+    second.close()

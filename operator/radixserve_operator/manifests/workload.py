@@ -54,6 +54,9 @@ CACHE_ENV = {
     # Anything else that writes under $HOME lands on the scratch volume.
     "HOME": SCRATCH_MOUNT,
 }
+# The disk KV tier (engine.kvDiskSize): on a claim it outlives the pod, so a rolled-out worker
+# starts with the prefixes its predecessors wrote (they share it: blocks are content-named).
+KV_DISK_DIR = f"{MODEL_CACHE_MOUNT}/kv-cache"
 STARTUP_PROBE_PERIOD_SECONDS = 10
 # Time the kubelet gives after preStop + drain before SIGKILL: process exit and log flush.
 GRACE_MARGIN_SECONDS = 10
@@ -129,6 +132,8 @@ def _engine_args(engine: Engine) -> list[str]:
         ("--mem-fraction-static", engine.mem_fraction_static),
         ("--schedule-policy", engine.schedule_policy),
         ("--kv-host-memory", engine.kv_host_memory),
+        ("--kv-disk-path", engine.kv_disk_size and KV_DISK_DIR),
+        ("--kv-disk-size", engine.kv_disk_size),
         ("--speculative-method", engine.speculative and engine.speculative.method),
         ("--speculative-num-tokens", engine.speculative and engine.speculative.num_tokens),
         ("--speculative-draft-model", _draft_model_argument(engine)),

@@ -218,11 +218,13 @@ def test_invalid_spec_is_degraded_not_crashing(operator, api_server, custom_api,
 def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
     operator, api_server, custom_api, apps_api
 ) -> None:
-    """spec.engine.kvHostMemory becomes --kv-host-memory; without the radix cache it is an
-    invalid spec (Degraded, no Deployment) until the tier or the cache is fixed."""
+    """spec.engine.kvHostMemory becomes --kv-host-memory and kvDiskSize the disk tier on the
+    model-cache volume; without the radix cache it is an invalid spec (Degraded, no
+    Deployment) until the tier or the cache is fixed."""
     body = copy.deepcopy(load_example("service.yaml"))
     body["metadata"]["name"] = "host-tier"
-    body["spec"].setdefault("engine", {}).update({"kvHostMemory": 32, "radixCache": False})
+    engine = {"kvHostMemory": 32, "kvDiskSize": 100, "radixCache": False}
+    body["spec"].setdefault("engine", {}).update(engine)
     create_service(custom_api, body)
     degraded = wait_for_invalid_spec(custom_api, "host-tier")
     assert "kvHostMemory" in degraded["message"]
@@ -232,6 +234,7 @@ def test_host_kv_tier_reaches_the_worker_and_needs_the_radix_cache(
     deployment = wait_for(lambda: read_deployment(apps_api, "host-tier"), "the Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--kv-host-memory=32.0" in args
+    assert "--kv-disk-path=/models/cache/kv-cache" in args and "--kv-disk-size=100.0" in args
     assert "--disable-radix-cache" not in args
     assert operator.alive
 

@@ -95,6 +95,14 @@ INVALID_SPECS = {
         {"engine": {"kvHostMemory": 64, "radixCache": False}},
         "engine.kvHostMemory needs engine.radixCache: the host KV tier keeps what the radix cache evicts",
     ),
+    "disk KV tier without the host tier": (
+        {"engine": {"kvDiskSize": 100}},
+        "engine.kvDiskSize needs engine.kvHostMemory: disk blocks are read back through the host tier",
+    ),
+    "disk KV tier with tensor parallelism": (
+        {"engine": {"kvHostMemory": 64, "kvDiskSize": 100, "tensorParallelSize": 2}},
+        "engine.kvDiskSize needs engine.tensorParallelSize 1",
+    ),
 }
 
 
@@ -131,6 +139,7 @@ def test_replicas_may_join_autoscaling_after_create() -> None:
         {"model": {"uri": "builtin:smollm2-135m"}, "replicas": -1},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"memFractionStatic": 1.0}},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvHostMemory": 0}},
+        {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"kvHostMemory": 1, "kvDiskSize": 0}},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"speculative": {"numTokens": 4}}},
         {"model": {"uri": "builtin:smollm2-135m"}, "engine": {"speculative": {"method": "eagle"}}},
         {

@@ -272,6 +272,17 @@ def test_the_host_kv_tier_is_a_worker_flag() -> None:
     assert not any(arg.startswith("--kv-host-memory") for arg in plain)
 
 
+def test_the_disk_kv_tier_lives_on_the_model_cache_volume() -> None:
+    model = {"uri": "builtin:smollm2-135m"}
+    spec = {"model": model, "engine": {"kvHostMemory": 64, "kvDiskSize": 200}}
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert arg_value(args, "--kv-disk-path") == "/models/cache/kv-cache"
+    assert arg_value(args, "--kv-disk-size") == "200.0"
+    spec["engine"] = {"kvHostMemory": 64}
+    args = worker_args(parse_spec(spec, name="svc", default_image="img"))
+    assert not any(arg.startswith("--kv-disk") for arg in args)
+
+
 def test_speculative_decoding_is_worker_flags() -> None:
     model = {"uri": "builtin:smollm2-135m"}
     spec = {"model": model, "engine": {"speculative": {"method": "ngram", "numTokens": 6}}}

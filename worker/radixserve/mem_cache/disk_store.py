@@ -11,7 +11,9 @@ Each file is a SHA-256 of the rest, then a safetensors payload: the block's raw 
 host tier's token layout), its tokens and its parent's name, with the fingerprint in the
 metadata. A file whose checksum, fingerprint, tokens or parent does not match is deleted and
 counted dropped, never served. Files are written by one writer thread, through a temporary
-name and an atomic rename; the step loop only queues. The least recently used files go first
+file of its own and an atomic rename, so workers may share a directory (the operator's
+model-cache claim: a rolled-out pod finds its predecessors' blocks); the step loop only
+queues. The least recently used files go first
 when the directory outgrows `--kv-disk-size`.
 
 KV events (`event_sink`, None when off): a block is reported `stored` with medium "DISK" once
@@ -35,6 +37,7 @@ import json
 import logging
 import os
 import queue
+import tempfile
 import threading
 import time
 from array import array
@@ -56,6 +59,8 @@ logger = logging.getLogger(__name__)
 # shared only in part still finds most of its blocks
 BLOCK_TOKENS = 64
 _SUFFIX = ".kv"
+# a temporary file older than this is a crashed writer's (a block is written in well under it)
+STALE_TMP_SECONDS = 600
 # writer-queue items: report every block on disk to the event sink; send the stored run
 _ANNOUNCE = ("announce",)
 _SEND = ("send",)
@@ -138,11 +143,14 @@ class DiskKVStore:
         self._writer.start()
 
     def _scan(self) -> None:
-        """Index the files an earlier worker left, oldest first; leftovers of a crash go."""
+        """Index the files an earlier worker left, oldest first; leftovers of a crash go (a
+        temporary file untouched for STALE_TMP_SECONDS: a live peer's is younger)."""
         entries = []
+        now = time.time()
         for entry in os.scandir(self.dir):
             if entry.name.endswith(".tmp"):
-                os.unlink(entry.path)
+                if now - entry.stat().st_mtime > STALE_TMP_SECONDS:
+                    Path(entry.path).unlink(missing_ok=True)
             elif entry.name.endswith(_SUFFIX):
                 stat = entry.stat()
                 entries.append((stat.st_mtime, entry.name[: -len(_SUFFIX)], stat.st_size))
@@ -421,8 +429,10 @@ class DiskKVStore:
         )
         blob = hashlib.sha256(payload).digest() + payload
         final = self.dir / (name + _SUFFIX)
-        tmp = self.dir / (name + ".tmp")
-        tmp.write_bytes(blob)
+        # a name of its own: workers sharing the directory may write the same block at once
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=name, suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
         os.replace(tmp, final)
         with self._lock:
             self._index[name] = len(blob)
