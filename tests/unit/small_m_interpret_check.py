@@ -31,13 +31,14 @@ def rel_err(y: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 cases = []
-# (N, K, config): ragged N and K against the blocks, 32 rows a program, a chunk longer than K,
-# two stages
+# (N, K, config (rows, chunk, warps = the chunk's parts, stages)): ragged N and K against the
+# blocks, 32 rows a program, K a multiple of the chunk (no K mask), a chunk longer than K, one,
+# two and four parts, two stages
 for n, k, config in [
     (37, 300, (16, 128, 4, 1)),
     (64, 256, (32, 128, 4, 2)),
-    (5, 1000, (16, 512, 4, 1)),
-    (33, 96, (16, 1024, 4, 1)),
+    (5, 1000, (16, 512, 2, 1)),
+    (33, 96, (16, 1024, 1, 1)),
 ]:
     for dtype in (torch.float32, torch.float16):
         w = torch.randn(n, k).to(dtype)
@@ -77,7 +78,7 @@ gated = []
 for n, k, config in [
     (74, 300, (16, 128, 4, 1)),
     (66, 96, (32, 1024, 4, 2)),
-    (10, 1000, (16, 512, 4, 1)),
+    (10, 1024, (16, 512, 2, 1)),
 ]:
     for m in (2, 5, 16):
         b = torch.randn(n).to(torch.float16) if m != 2 else None
