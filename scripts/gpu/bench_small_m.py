@@ -2,7 +2,7 @@
 shipped tiles) against cuBLAS (F.linear; for gate_up F.linear then the activation kernel, what
 the model ran before) and the bf16 bandwidth floor, at M = 2, 4, 8, 16; a tile sweep at M = 8
 that proposes small_m.block_config's tiles; FP8 at M = 8 (weight-only small-M against the
-per-token quantization + torch._scaled_mm it replaced). Each timed as CUDA graph replays with
+per-token quantization + torch._scaled_mm it replaced) and an FP8 tile sweep. Each timed as CUDA graph replays with
 the weights coming from DRAM (l2_cold.py), as in a decode step; percentages are of the measured
 copy bandwidth, as bench_gemv.py's.
 
@@ -37,6 +37,8 @@ BANDWIDTH = 4.25e12  # measured copy bandwidth of the H200 (docs/benchmarks.md)
 # is Hopper's wgmma (the dot's M at a warpgroup's 64)
 SWEEP = [(rows, chunk, 4, 4) for rows in (16, 32, 64) for chunk in (128, 256, 512)]
 SWEEP += [(16, 256, 4, 3), (32, 256, 4, 3), (16, 256, 8, 4), (16, 256, 2, 4), (16, 512, 4, 1)]
+FP8_SWEEP = [(16, 512, 4, 4), (16, 1024, 4, 3), (16, 512, 2, 4), (32, 512, 4, 4), (16, 512, 8, 4)]
+FP8_SWEEP += [(16, 256, 4, 4)]
 
 
 def scaled_mm(x, values, scale, gated):
@@ -77,6 +79,9 @@ def measure(n: int, k: int, gated: bool) -> dict:
             "small_m_pct": percent(floor, ours),
             "cublas_pct": percent(floor, theirs),
         }
+        if gated:  # the product alone, without the activation's launch
+            product = microseconds(lambda w, x=x: F.linear(x, w), weights)
+            row["by_rows"][m]["cublas_product_us"] = product
     if n < 65536:  # the LM head stays bf16 under --quantization fp8
         del weights
         values, scale = quantize_rows(w)
@@ -92,23 +97,43 @@ def measure(n: int, k: int, gated: bool) -> dict:
     return row
 
 
-def sweep(n: int, k: int, gated: bool) -> dict:
-    """Every tile of SWEEP at M = 8 (the shipped one first), and the best."""
-    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
-    weights = copies(w)
-    x = torch.randn(8, k, dtype=torch.bfloat16, device="cuda")
+def best_tile(run, configs, floor: float) -> dict:
+    """`run(config)`'s time for each config (those whose stages fit in shared memory), and the
+    best: [config, us, % of the copy bandwidth]."""
     tiles = {}
-    for config in dict.fromkeys([block_config(n // 2 if gated else n, k), *SWEEP]):
-        run = lambda w, c=config: small_m(x, w, gated=gated, config=c)  # noqa: E731
+    for config in dict.fromkeys(configs):
         try:
-            tiles[str(config)] = microseconds(run, weights)
-        except triton.runtime.errors.OutOfResources:  # its stages' shared memory
+            tiles[str(config)] = run(config)
+        except triton.runtime.errors.OutOfResources:
             continue
     best = min(tiles, key=tiles.get)
-    return {
-        "us": tiles,
-        "best": [best, tiles[best], percent(n * k * 2 / BANDWIDTH * 1e6, tiles[best])],
+    return {"us": tiles, "best": [best, tiles[best], percent(floor, tiles[best])]}
+
+
+def sweep(n: int, k: int, gated: bool) -> dict:
+    """SWEEP's tiles at M = 8 (the shipped one first), and FP8_SWEEP's for the FP8 weight."""
+    w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
+    x = torch.randn(8, k, dtype=torch.bfloat16, device="cuda")
+    width, floor = n // 2 if gated else n, n * k * 2 / BANDWIDTH * 1e6
+    weights = copies(w)
+    result = {
+        "bf16": best_tile(
+            lambda c: microseconds(lambda w: small_m(x, w, gated=gated, config=c), weights),
+            [block_config(width, k), *SWEEP],
+            floor,
+        )
     }
+    if n < 65536:
+        del weights
+        fp8_weights = copies(*quantize_rows(w))
+        result["fp8"] = best_tile(
+            lambda c: microseconds(
+                lambda v, s: small_m(x, v, gated=gated, scale=s, config=c), fp8_weights
+            ),
+            [block_config(width, k, fp8=True), *FP8_SWEEP],
+            floor / 2,
+        )
+    return result
 
 
 def main() -> None:
@@ -128,7 +153,8 @@ def main() -> None:
             print(
                 f"{name:11s} M={m:<2d} floor {row['floor_us']:6.1f} us  small_m "
                 f"{r['small_m_us']:6.1f} ({r['small_m_pct']:5.1f}%)  cublas {r['cublas_us']:6.1f} "
-                f"({r['cublas_pct']:5.1f}%)",
+                f"({r['cublas_pct']:5.1f}%)"
+                + (f"  (product alone {r['cublas_product_us']:6.1f})" if gated else ""),
                 flush=True,
             )
         if "fp8_m8" in row:
@@ -152,7 +178,10 @@ def main() -> None:
         results[name]["sweep_m8"] = tiles = sweep(n, k, gated)
         torch.cuda.empty_cache()
         save()
-        print(f"{name:11s} M=8  tiles: shipped {results[name]['shipped']}, best {tiles['best']}")
+        fp8 = f", fp8 best {tiles['fp8']['best']}" if "fp8" in tiles else ""
+        print(
+            f"{name:11s} M=8  tiles: shipped {results[name]['shipped']}, best {tiles['bf16']['best']}{fp8}"
+        )
 
 
 if __name__ == "__main__":
