@@ -1,10 +1,10 @@
 """Projections of 2-16 rows, Llama-3-8B shapes: the small-M kernel (kernels/small_m.py, its
 shipped tiles) against cuBLAS (F.linear; for gate_up F.linear then the activation kernel, what
-the model ran before) and the bf16 bandwidth floor, at M = 2, 4, 8, 16; a tile sweep at M = 8
-that proposes small_m.block_config's tiles; FP8 at M = 8 (weight-only small-M against the
-per-token quantization + torch._scaled_mm it replaced) and an FP8 tile sweep. Each timed as CUDA graph replays with
-the weights coming from DRAM (l2_cold.py), as in a decode step; percentages are of the measured
-copy bandwidth, as bench_gemv.py's.
+the model ran before) and the bf16 bandwidth floor, at M = 2, 4, 8, 16; FP8 at M = 8
+(weight-only small-M against the per-token quantization + torch._scaled_mm it replaced); then
+bf16 and FP8 tile sweeps at M = 8 that propose small_m.block_config's tiles. Each timed as CUDA
+graph replays with the weights coming from DRAM (l2_cold.py), as in a decode step; percentages
+are of the measured copy bandwidth, as bench_gemv.py's.
 
 PASS: the shipped tiles beat cuBLAS at M = 8 on every projection (the verify step's graph).
 The verdict and its figures are printed and written first, the sweep after (OUT.json again
