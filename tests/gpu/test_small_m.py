@@ -79,9 +79,9 @@ def test_fp8_is_the_dequantized_product(n, k, gated):
     with torch.device("cuda"):
         layer = Fp8Linear(k, n, bias=True)
     values, scale = quantize_rows(torch.randn(n, k, generator=gen).cuda() / k**0.5)
-    layer.weight.copy_(values)
-    layer.weight_scale.copy_(scale)
-    layer.bias.copy_(torch.randn(n, generator=gen).cuda().to(layer.bias.dtype))
+    layer.load_rows("weight", 0, n, values)
+    layer.load_rows("weight_scale", 0, n, scale)
+    layer.load_rows("bias", 0, n, torch.randn(n, generator=gen).cuda().to(torch.bfloat16))
     dense = dequantize_rows(values, scale, torch.float64)
     for m in ROWS:
         x = torch.randn(m, k, generator=gen).cuda().to(torch.bfloat16)
@@ -171,6 +171,7 @@ def test_an_8b_shaped_decode_takes_it_at_batch_2_to_16(tmp_path, monkeypatch):
         model=model,
         device="cuda",
         dtype="bfloat16",
+        attention_backend="triton",  # nothing to JIT-compile (FlashInfer builds at first use)
         mem_fraction_static=0.3,
         max_running_requests=16,
         cuda_graph_max_bs=16,
