@@ -1,6 +1,7 @@
 """LoRA adapters on the GPU fast path: the Triton shrink/expand kernels inside captured decode
 graphs, overlap on, float32, a tiny random Llama with three PEFT adapters of ranks 4, 8 and 16
-and the base mixed in one batch: greedy output identical to PEFT's (CPU) for every row."""
+and the base mixed in one batch: greedy output identical to PEFT's (CPU) for every row; base
+rows alone replay the graphs captured without the LoRA kernels."""
 
 from __future__ import annotations
 
@@ -61,8 +62,34 @@ def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
         lora_modules=[f"{n}={p}" for n, p in dirs.items()],
         max_loras=3,
     )
-    assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    assert graphs is not None and scheduler.overlap
+    replays = {True: count_replays(graphs.lora_graphs), False: count_replays(graphs.graphs)}
     assert run(scheduler, jobs) == expected
+    assert sum(replays[True].values()) > 0
+    # base rows alone replay the graphs captured without any LoRA kernel, and stay PEFT's
+    base_jobs = [(None, p) for p in prompts]
+    used = {k: sum(v.values()) for k, v in replays.items()}
+    assert run(scheduler, base_jobs) == [peft_greedy(hf, None, p, NEW) for _, p in base_jobs]
+    assert sum(replays[True].values()) == used[True]
+    assert sum(replays[False].values()) > used[False]
+
+
+def count_replays(graphs: dict) -> dict[int, int]:
+    """Wrap each graph of `graphs` (by size) so its replays are counted: the counts."""
+    counts = dict.fromkeys(graphs, 0)
+
+    class Counted:
+        def __init__(self, bs, graph):
+            self.bs, self.graph = bs, graph
+
+        def replay(self):
+            counts[self.bs] += 1
+            self.graph.replay()
+
+    for bs, graph in list(graphs.items()):
+        graphs[bs] = Counted(bs, graph)
+    return counts
 
 
 def epilogue_reference(x, weight, layer, sizes, gated, slot) -> torch.Tensor:
