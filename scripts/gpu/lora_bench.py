@@ -169,6 +169,18 @@ def graph_us(fn, layers: int) -> float:
     return begin.elapsed_time(end) * 1e3 / 10
 
 
+def decode_layout(row_slots: list[int], slots: int, device: str) -> lora_kernels.Layout:
+    """A decode pass's kernel layout, rows grouped by slot, as LoRABatch writes it."""
+    rows = len(row_slots)
+    table = torch.tensor(lora_kernels.decode_blocks(row_slots, slots), dtype=torch.int32)
+    return lora_kernels.Layout(
+        seg_starts=torch.arange(rows + 1, dtype=torch.int32, device=device),
+        seg_slots=torch.tensor(row_slots, dtype=torch.int32, device=device),
+        max_seg_len=1,
+        blocks=table.view(-1, 1 + lora_kernels.DECODE_BLOCK_M).to(device),
+    )
+
+
 def section_kernels(a) -> dict:
     """The LoRA kernels of one decode step (all layers), graph-timed: the whole step's at
     `a.batch` rows over the slots, then each kernel alone per projection at that batch and at
@@ -197,23 +209,22 @@ def section_kernels(a) -> dict:
     if device != "cuda":
         return result
     for rows in (a.batch, 1):
-        starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
-        row_slots = torch.arange(rows, dtype=torch.int32, device=device) % slots
+        layout = decode_layout([i % slots for i in range(rows)], slots, device)
         per: dict = {}
         step_total = 0.0
         for name, (a_w, b_w, fan_in, outs) in weights.items():
             x = torch.randn(rows, fan_in, device=device, dtype=dtype)
             y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
-            s = lora_kernels.shrink(x, a_w, starts, row_slots, 1)
+            s = lora_kernels.shrink(x, a_w, layout)
 
-            shrink = partial(lora_kernels.shrink, x, a_w, starts, row_slots, 1)
-            expand = partial(lora_kernels.expand, y, s, b_w, starts, row_slots, 1, None, outs)
+            shrink = partial(lora_kernels.shrink, x, a_w, layout)
+            expand = partial(lora_kernels.expand, y, s, b_w, layout, outs)
             one = {"shrink_us": graph_us(shrink, layers), "expand_us": graph_us(expand, layers)}
             if rows == 1:
                 w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
                 base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
                 one["gemv_us"] = graph_us(base, layers)
-                epilogue = LoRAEpilogue(s, b_w, row_slots[:1])
+                epilogue = LoRAEpilogue(s, b_w, layout.seg_slots[:1])
                 one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
             per[name] = {k: round(v, 1) for k, v in one.items()}
             step_total += one["shrink_us"] + one["expand_us"]

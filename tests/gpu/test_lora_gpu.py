@@ -121,7 +121,7 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
     from radixserve.layers.lora_linear import LoRABatch, LoRALinear
 
     torch.manual_seed(0)
-    batch = LoRABatch(torch.device("cuda"), 8)
+    batch = LoRABatch(torch.device("cuda"), 8, 3)
     k = 4096
     base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
     layer = LoRALinear(base, k, sizes, 3, 16, batch, torch.bfloat16)

@@ -78,7 +78,7 @@ def recording(name, fn):
 
 @pytest.fixture
 def runner():
-    batch = LoRABatch(torch.device("cpu"), 8)
+    batch = LoRABatch(torch.device("cpu"), 8, 2)
     model = TinyModel(batch)
     with (
         mock.patch.object(torch.cuda, "CUDAGraph", FakeGraph),
