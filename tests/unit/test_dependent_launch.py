@@ -151,13 +151,14 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
+    "gemv (bf16, gated, LoRA)": {"LoraSlot"},  # the row's adapter slot, a step input
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
-    # the pass's adapter layout (its segments, or its decode block table)
+    # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
-    "lora expand (decode)": {"Blocks"},
+    "lora expand (decode)": {"Blocks", "B"},
     "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }
 # kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next

@@ -216,19 +216,22 @@ def _expand_kernel(
     PDL: tl.constexpr,
 ):
     slot, rows, live = _program_rows(SegStart, SegSlot, Blocks, GROUPED, BLOCK_M)
-    wait_for_prior_kernel(PDL)
     any_live = tl.max(live.to(tl.int32), axis=0) > 0
+    n0 = tl.program_id(2) * BLOCK_N
+    ns = n0 + tl.arange(0, BLOCK_N)
+    n_ok = ns < N
+    rs = tl.arange(0, BLOCK_R)
+    r_ok = rs < rank
+    # the adapter's B is a constant of the step: read before the wait too, it streams while
+    # the kernel before ends (nothing is held across a loop)
+    cols_read = n_ok & (ns * 0 + any_live.to(tl.int32) > 0)  # (vector-shaped: the interpreter)
+    b = tl.load(
+        B + tl.maximum(slot, 0) * stride_bs + ns[None, :].to(tl.int64) * stride_bn + rs[:, None],
+        mask=cols_read[None, :] & r_ok[:, None],
+        other=0.0,
+    )
+    wait_for_prior_kernel(PDL)
     if any_live:
-        n0 = tl.program_id(2) * BLOCK_N
-        ns = n0 + tl.arange(0, BLOCK_N)
-        n_ok = ns < N
-        rs = tl.arange(0, BLOCK_R)
-        r_ok = rs < rank
-        b = tl.load(
-            B + slot * stride_bs + ns[None, :].to(tl.int64) * stride_bn + rs[:, None],
-            mask=n_ok[None, :] & r_ok[:, None],
-            other=0.0,
-        )
         # each column's sub-projection (boundaries sub1 <= sub2, N past the last one): its
         # rank columns of s are the sub-projection's
         col_sub = (ns >= sub1).to(tl.int32) + (ns >= sub2).to(tl.int32)
