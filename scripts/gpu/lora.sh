@@ -20,7 +20,7 @@
 # Result: $OUT/lora-{decode,kernels}.json, the PASS/FAIL lines.
 set -u
 . "$(dirname "$0")/device_env.sh"
-BUDGET_S=${BUDGET_S:-350}
+BUDGET_S=${BUDGET_S:-400}
 DEVICE=${DEVICE:-cuda}
 MODEL=${MODEL:-random:llama-3-8b}
 COMMON="--model $MODEL --device $DEVICE --adapters ${ADAPTERS:-8} --rank ${RANK:-16}"
@@ -40,7 +40,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 
 echo "=== kernels $(date +%T)"
-timeout "$(limit 60)" $BENCH kernels $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-kernels.json" \
+timeout "$(limit 90)" $BENCH kernels $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-kernels.json" \
   2>&1 | grep -E "^kernels|Error|error" | tail -3
 
 echo "=== decode $(date +%T)"
@@ -68,11 +68,15 @@ for name, target in (("batch", 0.85), ("single", 0.90)):
           f" server's base rows replay graphs without LoRA kernels; want >= 0.97)")
 try:
     kernels = json.loads((out / "lora-kernels.json").read_text())
-    print(f"kernels: {kernels['us_per_step']} us a 64-row step over {kernels['slots']} adapters,"
-          f" {kernels['rows1_shrink_expand_us']} us at batch 1; bandwidth floor"
+    batch = next(k for k in kernels if k.endswith("_one_adapter")).removesuffix("_one_adapter")
+    print(f"kernels: {kernels['us_per_step']} us a step at {batch} over {kernels['slots']} adapters"
+          f" ({kernels[batch + '_one_adapter_shrink_expand_us']} us all of one adapter),"
+          f" {kernels['rows1_shrink_expand_us']} us at batch 1; the adapters' bytes take"
           f" {kernels['bandwidth_limit_us']} us")
-except (OSError, ValueError, KeyError) as error:
-    print(f"kernels: no result ({error})")
+    for config, totals in kernels["shrink_split_sweep"].items():
+        print(f"kernels shrink {config}: {totals}")
+except (OSError, ValueError, KeyError, StopIteration) as error:
+    print(f"kernels: no result ({error!r})")
 PY
 
 echo "fp8-base SKIP: FP8 base weights with bf16 adapters wrap like any base, not measured yet"
