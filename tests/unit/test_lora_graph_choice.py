@@ -43,14 +43,17 @@ def fake_capture(graph: FakeGraph, pool=None, stream=None):
 
 
 class FakeBackend:
+    def __init__(self) -> None:
+        self.captured: list[int] = []  # the sizes whose metadata a capture asked for
+
     def init_cuda_graph_state(self, max_bs: int) -> None:
         pass
 
     def get_cuda_graph_seq_len_fill_value(self) -> int:
         return 1
 
-    def init_forward_metadata_capture_cuda_graph(self, *args) -> None:
-        pass
+    def init_forward_metadata_capture_cuda_graph(self, bs, *args) -> None:
+        self.captured.append(bs)
 
     def init_forward_metadata_replay_cuda_graph(self, *args) -> None:
         pass
@@ -106,6 +109,9 @@ def test_each_size_is_captured_with_and_without_the_lora_kernels(runner):
         assert runner.lora_graphs[bs].launches == ["shrink", "expand"], bs
         assert runner.graphs[bs].launches == [], bs  # not one LoRA launch
         assert runner.outputs[bs][0] is not runner.lora_outputs[bs][0]
+    # one attention metadata a size, read by both variants: a backend that builds new state a
+    # call (FlashInfer's wrappers) would otherwise leave one variant on state no replay plans
+    assert sorted(runner.backend.captured) == [1, 2, 4]
 
 
 @pytest.mark.parametrize(

@@ -129,13 +129,16 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream()
         # largest first, so smaller graphs fit in the memory the largest one reserved
         for bs in reversed(self.capture_bs):
+            fb = self._capture_batch(bs)
+            # once a size: both variants read the same attention metadata, which each replay
+            # refills (FlashInfer's capture makes new wrappers a call: a second call would leave
+            # the first variant's graph reading wrappers that replays no longer plan)
+            self.backend.init_forward_metadata_capture_cuda_graph(
+                bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
+            )
             for adapters in (True, False) if self.lora_batch is not None else (False,):
-                fb = self._capture_batch(bs)
                 if self.lora_batch is not None:  # the wrappers read `active` as they capture
                     self.lora_batch.prepare([-1] * bs, [1] * bs, always=adapters)
-                self.backend.init_forward_metadata_capture_cuda_graph(
-                    bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
-                )
                 with torch.cuda.stream(stream):  # one warm-up pass: Triton's compiles and
                     self._run_model(fb)  # autotuning, cuBLAS's lazy loads stay out of the graph
                 stream.synchronize()
