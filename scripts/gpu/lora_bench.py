@@ -23,6 +23,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from unittest import mock
@@ -130,6 +131,23 @@ def section_plain(a) -> dict:
     return result
 
 
+def count_replays(scheduler) -> Counter:
+    """Counts the decode graph replays from now on by variant: "lora" (with the LoRA kernels)
+    or "plain" (without: the steps whose rows all use the base model)."""
+    counts: Counter = Counter()
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    if graphs is None:
+        return counts
+    replay = graphs.replay
+
+    def counted(forward_batch, raw_bs):
+        counts["lora" if graphs.uses_adapters() else "plain"] += 1
+        return replay(forward_batch, raw_bs)
+
+    graphs.replay = counted
+    return counts
+
+
 def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
     runner = scheduler.worker.model_runner
     graphs = runner.cuda_graph_runner is not None
@@ -138,8 +156,12 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
     decode_tok_s(scheduler, [None] * batch, a.prompt_len, 4)  # warm-up: both paths
     decode_tok_s(scheduler, lora_rows, a.prompt_len, 4)
     base, lora = [], []
+    replays = count_replays(scheduler)
+    base_replays: Counter = Counter()
     for _ in range(a.rounds):
+        before = Counter(replays)
         base.append(decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens))
+        base_replays += replays - before
         lora.append(decode_tok_s(scheduler, lora_rows, a.prompt_len, a.tokens))
     ratio = statistics.median(lora) / statistics.median(base)
     return {
@@ -150,6 +172,9 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
         "ratio": ratio,
         "cuda_graphs": graphs,
         "overlap": scheduler.overlap,
+        # the base rows' steps: every replay should be of the graphs without LoRA kernels
+        "base_replays": dict(base_replays),
+        "lora_replays": dict(replays - base_replays),
     }
 
 
@@ -318,7 +343,7 @@ def main() -> None:
                 f"(target >= {target}; base {statistics.median(one['base_tok_s']):.0f}, "
                 f"lora {statistics.median(one['lora_tok_s']):.0f}; batch {batch}, "
                 f"{one['adapters']} adapters; graphs {one['cuda_graphs']}, "
-                f"overlap {one['overlap']})",
+                f"overlap {one['overlap']}; base rows' replays {one['base_replays']})",
                 flush=True,
             )
     if a.json:
