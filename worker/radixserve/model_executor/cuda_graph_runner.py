@@ -149,11 +149,16 @@ class CudaGraphRunner:
                 (self.lora_graphs if adapters else self.graphs)[bs] = graph
                 (self.lora_outputs if adapters else self.outputs)[bs] = out
         torch.cuda.synchronize()
-        logger.info(
-            "captured CUDA graphs for decode batch sizes %s%s",
-            self.capture_bs,
-            ", each with and without the LoRA kernels" if self.lora_batch is not None else "",
-        )
+        if self.lora_batch is None:
+            logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_bs)
+        else:
+            second = sum(t.nbytes for out in self.outputs.values() for t in out)
+            logger.info(
+                "captured CUDA graphs for decode batch sizes %s, each with and without the LoRA "
+                "kernels (the second set's outputs: %.0f MiB)",
+                self.capture_bs,
+                second / 2**20,
+            )
 
     def uses_adapters(self) -> bool:
         """Whether the next replay takes the graphs with the LoRA kernels: some row of the step
