@@ -33,7 +33,7 @@ if [ "$DEVICE" = cuda ]; then
   timeout "$(limit 90)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_lora_gpu.py \
     >"$OUT/lora-correctness.log" 2>&1
   tail -3 "$OUT/lora-correctness.log"
-  if grep -q "4 passed" "$OUT/lora-correctness.log"; then verdict=PASS
+  if grep -q "7 passed" "$OUT/lora-correctness.log"; then verdict=PASS
   elif grep -q "skipped" "$OUT/lora-correctness.log"; then verdict="SKIP (peft not importable here: carry its wheel)"
   else verdict=FAIL; fi
   echo "correctness $verdict: PEFT's greedy tokens, adapters mixed in CUDA graphs"
