@@ -75,7 +75,8 @@ try:
     print(f"kernels: {kernels['us_per_step']} us a step at {batch} over {kernels['slots']} adapters"
           f" ({kernels[batch + '_one_adapter_shrink_expand_us']} us all of one adapter),"
           f" {kernels['rows1_shrink_expand_us']} us at batch 1; the adapters' bytes take"
-          f" {kernels['bandwidth_limit_us']} us")
+          f" {kernels['bandwidth_limit_us']} us; a launch that does nothing, {kernels['layers']}"
+          f" a step: {kernels['empty_shrink_us']} us")
     for config, totals in kernels["shrink_split_sweep"].items():
         print(f"kernels shrink {config}: {totals}")
 except (OSError, ValueError, KeyError, StopIteration) as error:

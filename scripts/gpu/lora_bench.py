@@ -299,6 +299,12 @@ def section_kernels(a) -> dict:
                 for key in (f"rows{a.batch}", "rows1")
             }
     result["shrink_split_sweep"] = sweep
+    # the floor: a shrink with no adapter row (its one block empty) loads nothing, so its time
+    # a step is the launches' and the dependency waits'
+    a_w, _, fan_in, _ = weights["o"]
+    x = torch.randn(1, fan_in, device=device, dtype=dtype)
+    empty = partial(lora_kernels.shrink, x, a_w, decode_layout([-1], slots, device))
+    result["empty_shrink_us"] = round(graph_us(empty, layers), 1)
     limit = result["bytes_per_step"] / HBM_BYTES_PER_S
     result["bandwidth_limit_us"] = round(limit * 1e6, 1)
     result["us_per_step"] = result[f"rows{a.batch}_shrink_expand_us"]
