@@ -7,8 +7,9 @@
 - plain: the base model on a server without LoRA, batch 64 and 1: the adapters' rows against
   it too (lora.sh prints both ratios).
 - kernels: the LoRA kernels alone for one decode step of the model (every layer's q/k/v, o,
-  gate/up, down shrink + expand, 64 rows over 8 slots), captured in a CUDA graph and replayed:
-  device time per step against the time the adapters' bytes take at the HBM bandwidth.
+  gate/up, down shrink + expand; 64 rows over 8 slots, 64 rows of one adapter, one row),
+  captured in a CUDA graph and replayed: device time per step against the time the adapters'
+  bytes take at the HBM bandwidth, and the step's totals for finer shrink K splits.
 
 The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
 under /tmp). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
@@ -22,8 +23,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from functools import partial
 from pathlib import Path
+from unittest import mock
 
 import torch
 from safetensors.torch import save_file
@@ -128,6 +131,23 @@ def section_plain(a) -> dict:
     return result
 
 
+def count_replays(scheduler) -> Counter:
+    """Counts the decode graph replays from now on by variant: "lora" (with the LoRA kernels)
+    or "plain" (without: the steps whose rows all use the base model)."""
+    counts: Counter = Counter()
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    if graphs is None:
+        return counts
+    replay = graphs.replay
+
+    def counted(forward_batch, raw_bs):
+        counts["lora" if graphs.uses_adapters() else "plain"] += 1
+        return replay(forward_batch, raw_bs)
+
+    graphs.replay = counted
+    return counts
+
+
 def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
     runner = scheduler.worker.model_runner
     graphs = runner.cuda_graph_runner is not None
@@ -136,8 +156,12 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
     decode_tok_s(scheduler, [None] * batch, a.prompt_len, 4)  # warm-up: both paths
     decode_tok_s(scheduler, lora_rows, a.prompt_len, 4)
     base, lora = [], []
+    replays = count_replays(scheduler)
+    base_replays: Counter = Counter()
     for _ in range(a.rounds):
+        before = Counter(replays)
         base.append(decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens))
+        base_replays += replays - before
         lora.append(decode_tok_s(scheduler, lora_rows, a.prompt_len, a.tokens))
     ratio = statistics.median(lora) / statistics.median(base)
     return {
@@ -148,6 +172,9 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
         "ratio": ratio,
         "cuda_graphs": graphs,
         "overlap": scheduler.overlap,
+        # the base rows' steps: every replay should be of the graphs without LoRA kernels
+        "base_replays": dict(base_replays),
+        "lora_replays": dict(replays - base_replays),
     }
 
 
@@ -169,13 +196,68 @@ def graph_us(fn, layers: int) -> float:
     return begin.elapsed_time(end) * 1e3 / 10
 
 
-def section_kernels(a) -> dict:
-    """The LoRA kernels of one decode step (all layers), graph-timed: the whole step's at
-    `a.batch` rows over the slots, then each kernel alone per projection at that batch and at
-    batch 1 (one adapter), and at batch 1 the base GEMV with and without the adapter's expand
-    in its epilogue: where a step's LoRA time goes."""
+def decode_layout(row_slots: list[int], slots: int, device: str) -> lora_kernels.Layout:
+    """A decode pass's kernel layout, rows grouped by slot, as LoRABatch writes it."""
+    rows = len(row_slots)
+    table = torch.tensor(lora_kernels.decode_blocks(row_slots, slots), dtype=torch.int32)
+    return lora_kernels.Layout(
+        seg_starts=torch.arange(rows + 1, dtype=torch.int32, device=device),
+        seg_slots=torch.tensor(row_slots, dtype=torch.int32, device=device),
+        max_seg_len=1,
+        blocks=table.view(-1, 1 + lora_kernels.DECODE_BLOCK_M).to(device),
+    )
+
+
+# a decode shrink's (K per program, K chunk): the default first, then finer K splits (more
+# programs, each one a shorter chain of loads; the expand sums more partials)
+SHRINK_SPLITS = ((1024, 256), (512, 256), (256, 256))
+
+
+def kernel_times(weights: dict, row_slots: list[int], slots: int, layers: int) -> dict:
+    """Each projection's shrink and expand (at one row: the base GEMV alone and with the
+    adapter's expand in its epilogue too) over `row_slots`, graph-timed over `layers` calls:
+    us a step per kernel."""
     from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv
 
+    device, dtype, rows = "cuda", torch.bfloat16, len(row_slots)
+    layout = decode_layout(row_slots, slots, device)
+    per: dict = {}
+    for name, (a_w, b_w, fan_in, outs) in weights.items():
+        x = torch.randn(rows, fan_in, device=device, dtype=dtype)
+        y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
+        s = lora_kernels.shrink(x, a_w, layout)
+        shrink = partial(lora_kernels.shrink, x, a_w, layout)
+        expand = partial(lora_kernels.expand, y, s, b_w, layout, outs)
+        one = {"shrink_us": graph_us(shrink, layers), "expand_us": graph_us(expand, layers)}
+        if rows == 1:
+            w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
+            base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
+            one["gemv_us"] = graph_us(base, layers)
+            epilogue = LoRAEpilogue(s, b_w, layout.seg_slots[:1])
+            one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
+        per[name] = {k: round(v, 1) for k, v in one.items()}
+    return per
+
+
+def lora_step_us(per: dict) -> float:
+    """The LoRA kernels' us of a step as the layers launch them: at one row o, gate/up and down
+    add their expand in the GEMV's epilogue (its cost over the plain GEMV), q/k/v the kernel."""
+    total = 0.0
+    for name, one in per.items():
+        total += one["shrink_us"]
+        if "gemv_us" in one and name != "qkv":
+            total += one["gemv_lora_us"] - one["gemv_us"]
+        else:
+            total += one["expand_us"]
+    return round(total, 1)
+
+
+def section_kernels(a) -> dict:
+    """The LoRA kernels of one decode step (all layers), graph-timed, each kernel alone per
+    projection: at `a.batch` rows over every slot (rows grouped by slot), at that batch all of
+    one adapter, and at batch 1 (one adapter, with the base GEMV alone and with the adapter's
+    expand in its epilogue); then the step's totals for finer K splits of the shrink
+    (`SHRINK_SPLITS`): where a step's LoRA time goes."""
     config = random_hf_config(a.model.removeprefix("random:"))
     shapes = projection_shapes(config)
     device, dtype, slots, rank = a.device, torch.bfloat16, a.adapters, a.rank
@@ -196,29 +278,33 @@ def section_kernels(a) -> dict:
     result["bytes_per_step"] = adapter_bytes * layers  # every slot used
     if device != "cuda":
         return result
-    for rows in (a.batch, 1):
-        starts = torch.arange(rows + 1, dtype=torch.int32, device=device)
-        row_slots = torch.arange(rows, dtype=torch.int32, device=device) % slots
-        per: dict = {}
-        step_total = 0.0
-        for name, (a_w, b_w, fan_in, outs) in weights.items():
-            x = torch.randn(rows, fan_in, device=device, dtype=dtype)
-            y = torch.zeros(rows, sum(outs), device=device, dtype=dtype)
-            s = lora_kernels.shrink(x, a_w, starts, row_slots, 1)
-
-            shrink = partial(lora_kernels.shrink, x, a_w, starts, row_slots, 1)
-            expand = partial(lora_kernels.expand, y, s, b_w, starts, row_slots, 1, None, outs)
-            one = {"shrink_us": graph_us(shrink, layers), "expand_us": graph_us(expand, layers)}
-            if rows == 1:
-                w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
-                base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
-                one["gemv_us"] = graph_us(base, layers)
-                epilogue = LoRAEpilogue(s, b_w, row_slots[:1])
-                one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
-            per[name] = {k: round(v, 1) for k, v in one.items()}
-            step_total += one["shrink_us"] + one["expand_us"]
-        result[f"rows{rows}"] = per
-        result[f"rows{rows}_shrink_expand_us"] = round(step_total, 1)
+    cases = {
+        f"rows{a.batch}": [i % slots for i in range(a.batch)],
+        f"rows{a.batch}_one_adapter": [0] * a.batch,
+        "rows1": [0],
+    }
+    for key, row_slots in cases.items():
+        per = kernel_times(weights, row_slots, slots, layers)
+        result[key] = per
+        result[f"{key}_shrink_expand_us"] = lora_step_us(per)
+    sweep = {}
+    for per_split, block_k in SHRINK_SPLITS[1:]:
+        with (
+            mock.patch.object(lora_kernels, "_DECODE_K_PER_SPLIT", per_split),
+            mock.patch.object(lora_kernels, "_DECODE_BLOCK_K", block_k),
+            mock.patch.object(lora_kernels, "_MAX_SPLITS", 16),
+        ):
+            sweep[f"k{per_split}_chunk{block_k}"] = {
+                key: lora_step_us(kernel_times(weights, cases[key], slots, layers))
+                for key in (f"rows{a.batch}", "rows1")
+            }
+    result["shrink_split_sweep"] = sweep
+    # the floor: a shrink with no adapter row (its one block empty) loads nothing, so its time
+    # a step is the launches' and the dependency waits'
+    a_w, _, fan_in, _ = weights["o"]
+    x = torch.randn(1, fan_in, device=device, dtype=dtype)
+    empty = partial(lora_kernels.shrink, x, a_w, decode_layout([-1], slots, device))
+    result["empty_shrink_us"] = round(graph_us(empty, layers), 1)
     limit = result["bytes_per_step"] / HBM_BYTES_PER_S
     result["bandwidth_limit_us"] = round(limit * 1e6, 1)
     result["us_per_step"] = result[f"rows{a.batch}_shrink_expand_us"]
@@ -263,7 +349,7 @@ def main() -> None:
                 f"(target >= {target}; base {statistics.median(one['base_tok_s']):.0f}, "
                 f"lora {statistics.median(one['lora_tok_s']):.0f}; batch {batch}, "
                 f"{one['adapters']} adapters; graphs {one['cuda_graphs']}, "
-                f"overlap {one['overlap']})",
+                f"overlap {one['overlap']}; base rows' replays {one['base_replays']})",
                 flush=True,
             )
     if a.json:

@@ -1,6 +1,7 @@
 """LoRA adapters on the GPU fast path: the Triton shrink/expand kernels inside captured decode
 graphs, overlap on, float32, a tiny random Llama with three PEFT adapters of ranks 4, 8 and 16
-and the base mixed in one batch: greedy output identical to PEFT's (CPU) for every row."""
+and the base mixed in one batch: greedy output identical to PEFT's (CPU) for every row; base
+rows alone replay the graphs captured without the LoRA kernels."""
 
 from __future__ import annotations
 
@@ -61,8 +62,34 @@ def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
         lora_modules=[f"{n}={p}" for n, p in dirs.items()],
         max_loras=3,
     )
-    assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    assert graphs is not None and scheduler.overlap
+    replays = {True: count_replays(graphs.lora_graphs), False: count_replays(graphs.graphs)}
     assert run(scheduler, jobs) == expected
+    assert sum(replays[True].values()) > 0
+    # base rows alone replay the graphs captured without any LoRA kernel, and stay PEFT's
+    base_jobs = [(None, p) for p in prompts]
+    used = {k: sum(v.values()) for k, v in replays.items()}
+    assert run(scheduler, base_jobs) == [peft_greedy(hf, None, p, NEW) for _, p in base_jobs]
+    assert sum(replays[True].values()) == used[True]
+    assert sum(replays[False].values()) > used[False]
+
+
+def count_replays(graphs: dict) -> dict[int, int]:
+    """Wrap each graph of `graphs` (by size) so its replays are counted: the counts."""
+    counts = dict.fromkeys(graphs, 0)
+
+    class Counted:
+        def __init__(self, bs, graph):
+            self.bs, self.graph = bs, graph
+
+        def replay(self):
+            counts[self.bs] += 1
+            self.graph.replay()
+
+    for bs, graph in list(graphs.items()):
+        graphs[bs] = Counted(bs, graph)
+    return counts
 
 
 def epilogue_reference(x, weight, layer, sizes, gated, slot) -> torch.Tensor:
@@ -94,7 +121,7 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
     from radixserve.layers.lora_linear import LoRABatch, LoRALinear
 
     torch.manual_seed(0)
-    batch = LoRABatch(torch.device("cuda"), 8)
+    batch = LoRABatch(torch.device("cuda"), 8, 3)
     k = 4096
     base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
     layer = LoRALinear(base, k, sizes, 3, 16, batch, torch.bfloat16)
@@ -120,3 +147,47 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
             assert rel(out, slot) < 1e-2, slot
         # the adapter term is far above bf16 rounding: a result without it fails the check
         assert rel(out, -1) > 0.05
+
+
+@pytest.mark.parametrize("pattern", ["random", "one_adapter", "each_its_own"])
+def test_grouped_decode_kernels_at_8b_shapes(pattern):
+    """The decode shrink and expand on 64 bf16 rows grouped by slot (16-row blocks, the 8B
+    gate/up's 28,672 columns on 256-column tiles, K 4096 over four splits) against float64:
+    random slots with base rows, every row one adapter, every row its own adapter (64 slots)."""
+    from radixserve.kernels import lora as lora_kernels
+
+    gen = torch.Generator().manual_seed(1)
+    rows, k, sizes, rank = 64, 4096, [14336, 14336], 16
+    slots = 64 if pattern == "each_its_own" else 8
+    row_slots = {
+        "random": torch.randint(-1, slots, (rows,), generator=gen).tolist(),
+        "one_adapter": [3] * rows,
+        "each_its_own": torch.randperm(rows, generator=gen).tolist(),
+    }[pattern]
+    table = torch.tensor(lora_kernels.decode_blocks(row_slots, slots), dtype=torch.int32)
+    layout = lora_kernels.Layout(
+        seg_starts=torch.arange(rows + 1, dtype=torch.int32, device="cuda"),
+        seg_slots=torch.tensor(row_slots, dtype=torch.int32, device="cuda"),
+        max_seg_len=1,
+        blocks=table.view(-1, 1 + lora_kernels.DECODE_BLOCK_M).cuda(),
+    )
+    x = torch.randn(rows, k, generator=gen).bfloat16().cuda()
+    a = (torch.randn(slots, 2 * rank, k, generator=gen) * 0.02).bfloat16().cuda()
+    b = (torch.randn(slots, sum(sizes), rank, generator=gen) * 0.02).bfloat16().cuda()
+    # small: y's bf16 rounding stays well below the adapters' terms (~0.1)
+    base = (torch.randn(rows, sum(sizes), generator=gen) * 0.05).bfloat16().cuda()
+    y = base.clone()
+    s = lora_kernels.shrink(x, a, layout)
+    lora_kernels.expand(y, s, b, layout, sizes)
+    want = base.double()
+    for row, slot in enumerate(row_slots):
+        if slot >= 0:
+            for i, (start, size) in enumerate(((0, sizes[0]), (sizes[0], sizes[1]))):
+                a_i = a[slot, i * rank : (i + 1) * rank].double()
+                b_i = b[slot, start : start + size].double()
+                want[row, start : start + size] += (x[row].double() @ a_i.t()) @ b_i.t()
+    delta = y.double() - base.double()
+    want_delta = want - base.double()
+    assert float((delta - want_delta).norm() / want_delta.norm()) < 1e-2
+    base_rows = torch.tensor([s < 0 for s in row_slots], device="cuda")
+    assert torch.equal(y[base_rows], base[base_rows])

@@ -7,12 +7,14 @@ adapter's KV to another; and the refusals of bad adapters."""
 from __future__ import annotations
 
 import json
+from unittest import mock
 
 import pytest
 from engine_harness import greedy, make_scheduler, random_prompts
 from lora_adapters import ADAPTERS, peft_greedy, save_adapter
 
 from radixserve.boundary import LoRAAdapterReq, TokenizedGenerateReqInput
+from radixserve.kernels import lora as lora_kernels
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 pytest.importorskip("peft")
@@ -94,6 +96,34 @@ def test_each_adapter_alone_and_all_mixed_match_peft(setup):
     jobs = [(name, p) for p in prompts[:2] for name in expected]
     got = run(lora_scheduler(source, dirs, max_loras=3, disable_radix_cache=True), jobs)
     assert got == [expected[name][prompts.index(p)] for name, p in jobs]
+
+
+def test_base_rows_alone_run_no_lora_product_and_a_mixed_batch_matches_peft(setup):
+    """On a LoRA server a batch whose rows all use the base model runs no LoRA product (the
+    eager path here; tests/unit/test_lora_graph_choice.py and tests/gpu the graphs), and a
+    mixed batch after it runs them and matches PEFT."""
+    source, _, dirs, prompts, expected = setup
+    scheduler = lora_scheduler(source, dirs, max_loras=3)
+    calls = []
+
+    def counted(fn):
+        def run_kernel(*args, **kwargs):
+            calls.append(fn.__name__)
+            return fn(*args, **kwargs)
+
+        return run_kernel
+
+    with (
+        mock.patch.object(lora_kernels, "shrink", counted(lora_kernels.shrink)),
+        mock.patch.object(lora_kernels, "expand", counted(lora_kernels.expand)),
+    ):
+        base_jobs = [(None, p) for p in prompts]
+        assert run(scheduler, base_jobs) == expected[None]
+        assert calls == []
+        name = next(iter(dirs))
+        jobs = [(None, prompts[0]), (name, prompts[1])]
+        assert run(scheduler, jobs) == [expected[None][0], expected[name][1]]
+        assert "shrink" in calls and "expand" in calls
 
 
 def test_more_adapters_than_slots_wait_and_stay_correct(setup):

@@ -26,11 +26,19 @@ _allow_one_element_index()
 gen = torch.Generator().manual_seed(0)
 
 
-def segments(lens: list[int], slots: list[int]):
+def segments(lens: list[int], slots: list[int], n_slots: int) -> lora_kernels.Layout:
+    """The kernels' layout of segments `lens` using `slots`, as LoRABatch writes it: a decode
+    pass (one-row segments) with its rows grouped by slot."""
     starts = torch.zeros(len(lens) + 1, dtype=torch.int32)
     starts[1:] = torch.cumsum(torch.tensor(lens), 0)
     seg_slots = torch.tensor(slots, dtype=torch.int32)
-    return starts, seg_slots, torch.repeat_interleave(seg_slots, torch.tensor(lens))
+    width = 1 + lora_kernels.DECODE_BLOCK_M
+    blocks = torch.zeros(0, width, dtype=torch.int32)
+    if max(lens) == 1:
+        blocks = torch.tensor(lora_kernels.decode_blocks(slots, n_slots), dtype=torch.int32)
+        blocks = blocks.view(-1, width)
+    token_slots = torch.repeat_interleave(seg_slots, torch.tensor(lens))
+    return lora_kernels.Layout(starts, seg_slots, max(lens), blocks, token_slots)
 
 
 def reference(x, a, b, token_slots, sizes, rank):
@@ -53,38 +61,44 @@ def rel(x, y) -> float:
     return float((x.double() - y).norm() / y.norm().clamp(min=1e-12))
 
 
-# (segment lengths, their slots, K, sub-projection widths, rank): a prefill mix with the base
-# in the middle and a segment longer than a block, decode rows (one token each, by slot) with
-# padding rows, a rank below 16, more decode rows than one program takes, a decode pass whose K
-# splits over programs (2100: three splits, the last one short) with three fused
-# sub-projections whose boundaries fall inside column blocks, a base-only decode pass
+# (segment lengths, their slots, K, sub-projection widths, rank, slots in the pool): a prefill
+# mix with the base in the middle and a segment longer than a block, decode rows (one token
+# each, grouped by slot) with padding rows, a rank below 16, decode rows over several blocks, a
+# decode pass whose K splits over programs (2100: three splits, the last one short) with three
+# fused sub-projections whose boundaries fall inside column blocks, a base-only decode pass;
+# then grouped decode patterns: random slots with base rows, every row one adapter (three
+# blocks, the last partial), every row a different adapter (a pool of 6 slots)
 CASES = [
-    ([20, 3, 17], [1, -1, 0], 96, [80], 16),
-    ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8),
-    ([5], [-1], 32, [40], 16),
-    ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, [40], 8),  # two blocks of decode rows
-    ([1] * 5, [0, 2, -1, 0, 1], 2100, [80, 40, 40], 8),
-    ([17, 4], [2, 0], 700, [70, 30], 16),
-    ([1] * 3, [-1, -1, -1], 700, [40], 16),
+    ([20, 3, 17], [1, -1, 0], 96, [80], 16, 3),
+    ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8, 3),
+    ([5], [-1], 32, [40], 16, 3),
+    ([1] * 70, [(i * 7) % 4 - 1 for i in range(70)], 32, [40], 8, 3),
+    ([1] * 5, [0, 2, -1, 0, 1], 2100, [80, 40, 40], 8, 3),
+    ([17, 4], [2, 0], 700, [70, 30], 16, 3),
+    ([1] * 3, [-1, -1, -1], 700, [40], 16, 3),
+    ([1] * 45, torch.randint(-1, 5, (45,), generator=gen).tolist(), 96, [48, 16], 16, 5),
+    ([1] * 37, [1] * 37, 64, [40], 8, 3),
+    ([1] * 6, [5, 0, 3, 1, 4, 2], 64, [24, 8, 8], 16, 6),
 ]
 results = []
 with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x: True):
-    for lens, slots, k, sizes, rank in CASES:
+    for lens, slots, k, sizes, rank, n_slots in CASES:
         n = sum(sizes)
         for dtype in (torch.float32, torch.float16):
-            starts, seg_slots, token_slots = segments(lens, slots)
+            layout = segments(lens, slots, n_slots)
+            token_slots = layout.token_slots
             tokens = sum(lens)
             x = torch.randn(tokens, k, generator=gen).to(dtype)
-            a = (torch.randn(3, len(sizes) * rank, k, generator=gen) * 0.1).to(dtype)
-            b = (torch.randn(3, n, rank, generator=gen) * 0.1).to(dtype)
+            a = (torch.randn(n_slots, len(sizes) * rank, k, generator=gen) * 0.1).to(dtype)
+            b = (torch.randn(n_slots, n, rank, generator=gen) * 0.1).to(dtype)
             base = torch.randn(tokens, n, generator=gen).to(dtype)
-            s = lora_kernels.shrink(x, a, starts, seg_slots, max(lens))
+            s = lora_kernels.shrink(x, a, layout)
             y = base.clone()
-            lora_kernels.expand(y, s, b, starts, seg_slots, max(lens), sub_sizes=sizes)
+            lora_kernels.expand(y, s, b, layout, sub_sizes=sizes)
             y_torch = base.clone()
             with mock.patch.object(triton_support, "enabled_for", lambda x: False):
-                s_torch = lora_kernels.shrink(x, a, starts, seg_slots, max(lens), token_slots)
-                lora_kernels.expand(y_torch, s_torch, b, starts, seg_slots, 1, token_slots, sizes)
+                s_torch = lora_kernels.shrink(x, a, layout)
+                lora_kernels.expand(y_torch, s_torch, b, layout, sizes)
             want = base.double() + reference(x, a, b, token_slots, sizes, rank)
             base_rows = token_slots < 0
             results.append(
@@ -99,7 +113,7 @@ with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x:
             )
     # the wrapper over a fused q/k/v-like projection: column slices of y, B and the shrink
     # output go to the kernels as strided views; the same wrapper through the torch path
-    batch = LoRABatch(torch.device("cpu"), 8)
+    batch = LoRABatch(torch.device("cpu"), 8, 3)
     base = torch.nn.Linear(48, 24 + 8 + 8, bias=False)
     layer = LoRALinear(base, 48, [24, 8, 8], 3, 16, batch, torch.float32)
     layer.lora_a.copy_(torch.randn(layer.lora_a.shape, generator=gen) * 0.1)
@@ -107,16 +121,22 @@ with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x:
     batch.prepare([0, -1, 2, 1], [7, 2, 1, 18])
     x = torch.randn(28, 48, generator=gen)
     fused = layer(x)
-with torch.no_grad():
-    unfused = layer(x)
-wrapper_rel_err = rel(fused, unfused.double())
+    with mock.patch.object(triton_support, "enabled_for", lambda x: False):
+        unfused = layer(x)
+    # a decode pass through the batch's own block table (rows grouped by slot)
+    batch.prepare([1, -1, 0, 1, 2, 1], [1] * 6)
+    x_decode = torch.randn(6, 48, generator=gen)
+    fused_decode = layer(x_decode)
+    with mock.patch.object(triton_support, "enabled_for", lambda x: False):
+        unfused_decode = layer(x_decode)
+wrapper_rel_err = max(rel(fused, unfused.double()), rel(fused_decode, unfused_decode.double()))
 
 # batch 1 (one half-precision row): fused q/k/v-like sub-projections through the expand
 # kernel, one projection with the adapter's expand in the base GEMV's epilogue, and gated (the
 # MLP's activation after both halves' adapter terms, in the epilogue too), for each slot and
 # the base (-1), against the torch path of the same wrapper
 epilogue = []
-batch = LoRABatch(torch.device("cpu"), 1)
+batch = LoRABatch(torch.device("cpu"), 1, 3)
 for sizes, gated in (([24, 12, 12], False), ([48], False), ([40, 40], True)):
     base = Linear(300, sum(sizes), bias=False).half()
     layer = LoRALinear(base, 300, sizes, 3, 8, batch, torch.float16)

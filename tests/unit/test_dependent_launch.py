@@ -159,22 +159,28 @@ KERNELS = {
     ),
     "lora shrink (decode)": (
         lora._shrink_kernel,
-        {"Out": "fp32", "SegStart": "i32", "SegSlot": "i32"},
+        {"Out": "fp32", "SegStart": "i32", "SegSlot": "i32", "Blocks": "i32"},
         set(),
-        {"BY_SLOT": True, "BLOCK_M": 64, "BLOCK_R": 64, "BLOCK_K": 256, "PRECISION": "tf32"},
+        {"GROUPED": True, "BLOCK_M": 16, "BLOCK_R": 16, "BLOCK_K": 256, "PRECISION": "tf32"},
     ),
     "lora expand (decode)": (
         lora._expand_kernel,
-        {"S": "fp32", "SegStart": "i32", "SegSlot": "i32"},
+        {"S": "fp32", "SegStart": "i32", "SegSlot": "i32", "Blocks": "i32"},
         set(),
         {
-            "BY_SLOT": True,
-            "BLOCK_M": 64,
-            "BLOCK_N": 64,
+            "GROUPED": True,
+            "BLOCK_M": 16,
+            "BLOCK_N": 256,
             "BLOCK_R": 16,
             "MAX_SPLITS": 16,
             "PRECISION": "tf32",
         },
+    ),
+    "lora shrink (prefill)": (
+        lora._shrink_kernel,
+        {"Out": "fp32", "SegStart": "i32", "SegSlot": "i32", "Blocks": "i32"},
+        set(),
+        {"GROUPED": False, "BLOCK_M": 16, "BLOCK_R": 64, "BLOCK_K": 64, "PRECISION": "tf32"},
     ),
 }
 
@@ -184,10 +190,15 @@ EARLY_READS = {
     "gemv (bf16)": {"Bias"},
     "small_m (FP8, gated)": {"Scale"},
     "small_m (bf16)": {"Bias"},
+    "gemv (bf16, gated, LoRA)": {"LoraSlot"},  # the row's adapter slot, a step input
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
+    # the pass's adapter layout (its segments, or its decode block table); the expand's B
+    "lora shrink (decode)": {"Blocks"},
+    "lora expand (decode)": {"Blocks", "B"},
+    "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }
 # kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next
 # one may then start while the one before still runs

@@ -13,7 +13,7 @@ def test_lora_kernels_match_float64_reference():
     pytest.importorskip("triton")
     result = run_interpreted("lora_interpret_check.py")
     cases = result["cases"]
-    assert len(cases) == 14
+    assert len(cases) == 20
     for case in cases:
         assert case["rel_err"] < TOLERANCE[case["dtype"]], case
         assert case["torch_rel_err"] < TOLERANCE[case["dtype"]], case

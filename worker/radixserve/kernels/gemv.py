@@ -43,10 +43,9 @@ class LoRAEpilogue(NamedTuple):
 
 
 @jit
-def _lora_b_rows(B, LoraSlot, b_rows, row_ok, rank, stride_bs, stride_bn, BLOCK_R: tl.constexpr):
+def _lora_b_rows(B, slot, b_rows, row_ok, rank, stride_bs, stride_bn, BLOCK_R: tl.constexpr):
     """B[slot, b_row, :rank] for each row (zeros for the base model's slot -1), and whether the
     row takes an adapter."""
-    slot = tl.load(LoraSlot).to(tl.int64)
     rows_on = row_ok & (b_rows * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
     rs = tl.arange(0, BLOCK_R)
     b = tl.load(
@@ -137,6 +136,8 @@ def _gemv_kernel(
         bias = tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
+    if LORA:  # the row's adapter slot is a step input: one scalar, its round trip off the tail
+        lora_slot = tl.load(LoraSlot).to(tl.int64)
     wait_for_prior_kernel(PDL)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -163,7 +164,7 @@ def _gemv_kernel(
     if LORA:  # after the K loop: nothing of it held in registers across the loop
         subs = rows * 0  # the projection's (or the gate's) rank columns of s
         b_lora, lora_on = _lora_b_rows(
-            LoraB, LoraSlot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+            LoraB, lora_slot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
         )
         s_lora = _lora_s_rows(
             LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
@@ -180,7 +181,7 @@ def _gemv_kernel(
         up = up.to(X.dtype.element_ty)
         if LORA:
             b_lora_up, _ = _lora_b_rows(
-                LoraB, LoraSlot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+                LoraB, lora_slot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
             )
             s_lora_up = _lora_s_rows(
                 LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,

@@ -5,12 +5,17 @@ different adapters, in one launch each whatever the mix.
 A batch is cut into segments of consecutive tokens that share one adapter slot: a request's
 extend tokens, or one decode row. With longer segments a program takes a block of one
 segment's tokens and the slot's A or B, so a prefill reads each adapter's weights once per
-token block, not once per token. A decode pass (one-row segments) goes by slot instead: a
-program per slot takes a block of up to 64 rows and keeps those that use its slot, so a step
-reads each resident adapter's weights once per 64 rows, whatever the mix (a decode step is
-bound by reading weights). Slot -1 is the base model: nothing is loaded or added for it, and a
-program whose slot no row uses touches no memory at all (a base-only decode step of a
-LoRA-enabled graph pays launches, not loops).
+token block, not once per token. A decode pass (one-row segments) goes by groups instead: the
+host sorts the rows by slot and cuts each slot's rows into blocks of at most 16
+(`decode_blocks`: a step input, each block its slot and its rows' indices, -1 for an empty
+lane), and a program takes one block: its tiles are dense (every row of a tile uses the tile's
+adapter), it gathers its rows' x and s by index and adds into their rows of y in place (no
+scatter pass). The block table has a fixed length for a given row count (`max_decode_blocks`:
+blocks of 16 over the rows, plus one partial block per further adapter), so a captured graph
+replays any mix. The previous layout, a program per slot over a block of 64 rows keeping those
+of its slot, ran 8 live rows in a 64-row tile at batch 64 over 8 adapters (the gate/up expand
+19 us a layer, H200) and a program per slot even for slots no row used. Slot -1 is the base
+model: nothing is loaded or added for it, and a block without rows touches no memory.
 
 A decode shrink also splits K (the hidden width, 4096-14336) over programs: an adapter's A is a
 few hundred KB per projection, and one program walking all of K serially is a chain of
@@ -34,6 +39,7 @@ over adapters either.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -41,13 +47,59 @@ from radixserve.kernels import triton_support
 from radixserve.kernels.triton_support import jit, tl, triton, wait_for_prior_kernel
 
 _BLOCK_M = 16  # tokens per program of a segment (tl.dot's smallest tile)
-_DECODE_BLOCK_M = 64  # decode rows per program by slot
+DECODE_BLOCK_M = 16  # a decode block's rows, all of one adapter (tl.dot's smallest tile)
 _DECODE_K_PER_SPLIT = 1024  # a decode shrink's K per program, at most
 _MAX_SPLITS = 8  # expand sums every split's partial, its loads all in flight at once
 _BLOCK_K = 64  # a prefill shrink's K chunk
 _DECODE_BLOCK_K = 256
 _DECODE_BLOCK_R = 16  # a decode shrink's rank columns per program: more programs share A
 _BLOCK_N = 64  # a prefill expand's output columns per program
+
+
+class Layout(NamedTuple):
+    """A pass's rows by adapter slot, as the kernels read them (layers/lora_linear.LoRABatch
+    writes it into fixed device buffers each pass). `seg_starts` `[segments + 1]` and
+    `seg_slots` `[segments]` cut the tokens into runs of one slot; `max_seg_len` 1 (a decode
+    pass) runs the kernels by `blocks` (`decode_blocks`, `[max_decode_blocks, 1 +
+    DECODE_BLOCK_M]`); `token_slots` `[T]`, a slot per token, is what the torch path reads.
+    All int32 on the pass's device."""
+
+    seg_starts: torch.Tensor
+    seg_slots: torch.Tensor
+    max_seg_len: int
+    blocks: torch.Tensor
+    token_slots: torch.Tensor | None = None
+
+
+def max_decode_blocks(rows: int, slots: int) -> int:
+    """The decode block table's length for `rows` rows over at most `slots` adapters: each
+    adapter's rows take ceil(n / 16) blocks, at most rows / 16 rounded up plus one partial
+    block per adapter after the first."""
+    return -(-rows // DECODE_BLOCK_M) + max(min(slots, rows) - 1, 0)
+
+
+def decode_blocks(row_slots: Sequence[int], slots: int) -> list[int]:
+    """The decode block table of rows using `row_slots` (-1: the base, in no block), flat:
+    `max_decode_blocks` entries of (slot, DECODE_BLOCK_M row indices, -1 for an empty lane),
+    the rows grouped by slot. Host work of one pass (a few tens of us at 256 rows), sent with
+    the pass's other inputs."""
+    by_slot: dict[int, list[int]] = {}
+    for row, slot in enumerate(row_slots):
+        if slot >= 0:
+            by_slot.setdefault(slot, []).append(row)
+    count = max_decode_blocks(len(row_slots), slots)
+    width = 1 + DECODE_BLOCK_M
+    table = [-1] * (count * width)
+    block = 0
+    for slot in sorted(by_slot):
+        rows = by_slot[slot]
+        for first in range(0, len(rows), DECODE_BLOCK_M):
+            chunk = rows[first : first + DECODE_BLOCK_M]
+            table[block * width] = slot
+            table[block * width + 1 : block * width + 1 + len(chunk)] = chunk
+            block += 1
+    assert block <= count, f"{block} decode blocks exceed {count}"
+    return table
 
 
 def _decode_expand_tile(n: int) -> tuple[int, int]:
@@ -58,18 +110,18 @@ def _decode_expand_tile(n: int) -> tuple[int, int]:
 
 
 @jit
-def _program_rows(SegStart, SegSlot, n_rows, BY_SLOT: tl.constexpr, BLOCK_M: tl.constexpr):
+def _program_rows(SegStart, SegSlot, Blocks, GROUPED: tl.constexpr, BLOCK_M: tl.constexpr):
     """The slot this program applies and its rows: (slot, rows, live), live the rows that use
     the slot. By segment: program_id(0) is a segment (all its rows live unless its slot is -1).
-    By slot (a decode pass, one row per segment): program_id(0) is a slot, and its rows are
-    the block's rows whose slot it is, so each adapter's weights are read once per block of
-    rows instead of once per row."""
+    Grouped (a decode pass, one row per segment): program_id(0) is a block of `decode_blocks`,
+    its slot and its rows' indices read together (one round trip, as the segment's bounds)."""
     block = tl.program_id(1)
-    if BY_SLOT:
-        slot = tl.program_id(0).to(tl.int64)
-        rows = block * BLOCK_M + tl.arange(0, BLOCK_M)
-        row_slots = tl.load(SegSlot + rows, mask=rows < n_rows, other=-1)
-        live = row_slots == slot
+    if GROUPED:
+        entry = Blocks + tl.program_id(0) * (BLOCK_M + 1)
+        slot = tl.load(entry).to(tl.int64)
+        lanes = tl.load(entry + 1 + tl.arange(0, BLOCK_M))
+        live = lanes >= 0
+        rows = tl.maximum(lanes, 0)
     else:
         seg = tl.program_id(0)
         slot = tl.load(SegSlot + seg).to(tl.int64)
@@ -87,7 +139,7 @@ def _shrink_kernel(
     Out,
     SegStart,
     SegSlot,
-    n_rows,
+    Blocks,
     K,
     r_total,
     k_per_split,
@@ -96,15 +148,17 @@ def _shrink_kernel(
     stride_ar,
     stride_osplit,
     stride_om,
-    BY_SLOT: tl.constexpr,
+    GROUPED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # the layout is a step input, copied before the pass: read before the wait, its round trip
+    # overlaps the kernel before (see `wait_for_prior_kernel`)
+    slot, rows, live = _program_rows(SegStart, SegSlot, Blocks, GROUPED, BLOCK_M)
     wait_for_prior_kernel(PDL)
-    slot, rows, live = _program_rows(SegStart, SegSlot, n_rows, BY_SLOT, BLOCK_M)
     r_blocks = tl.cdiv(r_total, BLOCK_R)
     split = tl.program_id(2) // r_blocks
     cols = (tl.program_id(2) % r_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -142,7 +196,7 @@ def _expand_kernel(
     Y,
     SegStart,
     SegSlot,
-    n_rows,
+    Blocks,
     N,
     rank,
     splits,
@@ -153,7 +207,7 @@ def _expand_kernel(
     stride_bs,
     stride_bn,
     stride_ym,
-    BY_SLOT: tl.constexpr,
+    GROUPED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -161,20 +215,23 @@ def _expand_kernel(
     PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    wait_for_prior_kernel(PDL)
-    slot, rows, live = _program_rows(SegStart, SegSlot, n_rows, BY_SLOT, BLOCK_M)
+    slot, rows, live = _program_rows(SegStart, SegSlot, Blocks, GROUPED, BLOCK_M)
     any_live = tl.max(live.to(tl.int32), axis=0) > 0
+    n0 = tl.program_id(2) * BLOCK_N
+    ns = n0 + tl.arange(0, BLOCK_N)
+    n_ok = ns < N
+    rs = tl.arange(0, BLOCK_R)
+    r_ok = rs < rank
+    # the adapter's B is a constant of the step: read before the wait too, it streams while
+    # the kernel before ends (nothing is held across a loop)
+    cols_read = n_ok & (ns * 0 + any_live.to(tl.int32) > 0)  # (vector-shaped: the interpreter)
+    b = tl.load(
+        B + tl.maximum(slot, 0) * stride_bs + ns[None, :].to(tl.int64) * stride_bn + rs[:, None],
+        mask=cols_read[None, :] & r_ok[:, None],
+        other=0.0,
+    )
+    wait_for_prior_kernel(PDL)
     if any_live:
-        n0 = tl.program_id(2) * BLOCK_N
-        ns = n0 + tl.arange(0, BLOCK_N)
-        n_ok = ns < N
-        rs = tl.arange(0, BLOCK_R)
-        r_ok = rs < rank
-        b = tl.load(
-            B + slot * stride_bs + ns[None, :].to(tl.int64) * stride_bn + rs[:, None],
-            mask=n_ok[None, :] & r_ok[:, None],
-            other=0.0,
-        )
         # each column's sub-projection (boundaries sub1 <= sub2, N past the last one): its
         # rank columns of s are the sub-projection's
         col_sub = (ns >= sub1).to(tl.int32) + (ns >= sub2).to(tl.int32)
@@ -204,34 +261,22 @@ def _expand_kernel(
         tl.store(out, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
 
 
-def shrink(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    seg_starts: torch.Tensor,
-    seg_slots: torch.Tensor,
-    max_seg_len: int,
-    token_slots: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """x `[T, K]` times each token's slot's A `[slots, R_total, K]`: float32 partial sums
-    `[splits, T, R_total]` whose sum over the first axis is the product (`expand` takes them
-    as they are; the rows of base tokens, slot -1, are left as they are: `expand` never reads
-    them). `seg_starts` `[segments + 1]` and `seg_slots` `[segments]` (int32, on x's device)
-    cut the tokens into runs of one slot; `max_seg_len` 1 (a decode pass) runs the kernels by
-    slot; `token_slots` `[T]` is the same per token, which the torch path uses instead."""
+def shrink(x: torch.Tensor, a: torch.Tensor, layout: Layout) -> torch.Tensor:
+    """x `[T, K]` times each token's slot's A `[slots, R_total, K]` (`layout` says which):
+    float32 partial sums `[splits, T, R_total]` whose sum over the first axis is the product
+    (`expand` takes them as they are; the rows of base tokens, slot -1, are left as they are:
+    `expand` never reads them)."""
     if triton_support.enabled_for(x):
-        return _shrink_triton(x, a, seg_starts, seg_slots, max_seg_len)
-    assert token_slots is not None
-    return shrink_torch(x, a, token_slots).unsqueeze(0)
+        return _shrink_triton(x, a, layout)
+    assert layout.token_slots is not None
+    return shrink_torch(x, a, layout.token_slots).unsqueeze(0)
 
 
 def expand(
     y: torch.Tensor,
     s: torch.Tensor,
     b: torch.Tensor,
-    seg_starts: torch.Tensor,
-    seg_slots: torch.Tensor,
-    max_seg_len: int,
-    token_slots: torch.Tensor | None = None,
+    layout: Layout,
     sub_sizes: Sequence[int] | None = None,
 ) -> None:
     """y `[T, N]` += s (`shrink`'s partials `[splits, T, n_sub * R]`) times each token's slot's
@@ -242,8 +287,9 @@ def expand(
     if len(sizes) > 3 or sum(sizes) != y.shape[1]:
         raise ValueError(f"sub-projections {sizes} do not make {y.shape[1]} columns")
     if triton_support.enabled_for(y):
-        _expand_triton(y, s, b, seg_starts, seg_slots, max_seg_len, sizes)
+        _expand_triton(y, s, b, layout, sizes)
         return
+    token_slots = layout.token_slots
     assert token_slots is not None
     rank = b.shape[2]
     whole = s.sum(0)
@@ -258,25 +304,19 @@ def expand(
         offset += size
 
 
-def _shrink_triton(
-    x: torch.Tensor,
-    a: torch.Tensor,
-    seg_starts: torch.Tensor,
-    seg_slots: torch.Tensor,
-    max_seg_len: int,
-) -> torch.Tensor:
+def _shrink_triton(x: torch.Tensor, a: torch.Tensor, layout: Layout) -> torch.Tensor:
     tokens, k = x.shape
     r_total = a.shape[1]
-    by_slot, grid, block_m = _layout(a.shape[0], seg_slots.shape[0], max_seg_len)
+    grouped, grid, block_m = _grid(layout)
     # a decode pass splits K and the rank columns so enough programs share the loads; a
     # prefill has its segments
-    splits = min(_MAX_SPLITS, triton.cdiv(k, _DECODE_K_PER_SPLIT)) if by_slot else 1
+    splits = min(_MAX_SPLITS, triton.cdiv(k, _DECODE_K_PER_SPLIT)) if grouped else 1
     k_per_split = triton.cdiv(triton.cdiv(k, splits), _BLOCK_K) * _BLOCK_K
     splits = triton.cdiv(k, k_per_split)
     out = torch.empty((splits, tokens, r_total), dtype=torch.float32, device=x.device)
-    if tokens == 0 or seg_slots.shape[0] == 0:
+    if tokens == 0 or grid[0] == 0:
         return out
-    if by_slot:
+    if grouped:
         block_k, block_r = _DECODE_BLOCK_K, _DECODE_BLOCK_R
     else:
         block_k, block_r = _BLOCK_K, max(16, min(64, triton.next_power_of_2(r_total)))
@@ -284,9 +324,9 @@ def _shrink_triton(
         x,
         a,
         out,
-        seg_starts,
-        seg_slots,
-        seg_slots.shape[0],
+        layout.seg_starts,
+        layout.seg_slots,
+        layout.blocks,
         k,
         r_total,
         k_per_split,
@@ -295,7 +335,7 @@ def _shrink_triton(
         a.stride(1),
         out.stride(0),
         out.stride(1),
-        BY_SLOT=by_slot,
+        GROUPED=grouped,
         BLOCK_M=block_m,
         BLOCK_R=block_r,
         BLOCK_K=block_k,
@@ -306,29 +346,22 @@ def _shrink_triton(
 
 
 def _expand_triton(
-    y: torch.Tensor,
-    s: torch.Tensor,
-    b: torch.Tensor,
-    seg_starts: torch.Tensor,
-    seg_slots: torch.Tensor,
-    max_seg_len: int,
-    sizes: list[int],
+    y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, layout: Layout, sizes: list[int]
 ) -> None:
     tokens, n = y.shape
     rank = b.shape[2]
-    segments = seg_slots.shape[0]
-    if tokens == 0 or segments == 0:
+    grouped, grid, block_m = _grid(layout)
+    if tokens == 0 or grid[0] == 0:
         return
     bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
-    by_slot, grid, block_m = _layout(b.shape[0], segments, max_seg_len)
-    block_n, warps = _decode_expand_tile(n) if by_slot else (_BLOCK_N, 4)
+    block_n, warps = _decode_expand_tile(n) if grouped else (_BLOCK_N, 4)
     _expand_kernel[(*grid, triton.cdiv(n, block_n))](
         s,
         b,
         y,
-        seg_starts,
-        seg_slots,
-        segments,
+        layout.seg_starts,
+        layout.seg_slots,
+        layout.blocks,
         n,
         rank,
         s.shape[0],
@@ -339,7 +372,7 @@ def _expand_triton(
         b.stride(0),
         b.stride(1),
         y.stride(0),
-        BY_SLOT=by_slot,
+        GROUPED=grouped,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         BLOCK_R=max(16, triton.next_power_of_2(rank)),
@@ -350,13 +383,13 @@ def _expand_triton(
     )
 
 
-def _layout(slots: int, segments: int, max_seg_len: int) -> tuple[bool, tuple[int, int], int]:
-    """(by slot, the grid's first two axes, rows per program). One-row segments (a decode
-    pass) go by slot: a program per slot and block of 64 rows reads its adapter's weights once
-    for all the block's rows that use it; longer segments go by segment, 16 rows a program."""
-    if max_seg_len == 1:
-        return True, (slots, triton.cdiv(segments, _DECODE_BLOCK_M)), _DECODE_BLOCK_M
-    return False, (segments, triton.cdiv(max_seg_len, _BLOCK_M)), _BLOCK_M
+def _grid(layout: Layout) -> tuple[bool, tuple[int, int], int]:
+    """(grouped, the grid's first two axes, rows per program). One-row segments (a decode
+    pass) go by the block table: a program per block of one adapter's rows; longer segments go
+    by segment, 16 rows a program."""
+    if layout.max_seg_len == 1:
+        return True, (layout.blocks.shape[0], 1), DECODE_BLOCK_M
+    return False, (layout.seg_slots.shape[0], triton.cdiv(layout.max_seg_len, _BLOCK_M)), _BLOCK_M
 
 
 def shrink_torch(x: torch.Tensor, a: torch.Tensor, token_slots: torch.Tensor) -> torch.Tensor:

@@ -25,46 +25,71 @@ NO_ADAPTER = -1  # a base-model row's slot
 
 class LoRABatch:
     """The pass's tokens cut into segments of one adapter slot: a request's extend tokens, or
-    one decode row (graph padding rows use no adapter). On CUDA the segments live in one fixed
-    device buffer, filled by one host-to-device copy a pass; on the CPU the torch path takes a
-    slot per token instead."""
+    one decode row (graph padding rows use no adapter), and for a decode pass its rows grouped
+    by slot (`kernels/lora.decode_blocks`). On CUDA the layout lives in one fixed device
+    buffer, filled by one host-to-device copy a pass; on the CPU the torch path takes a slot
+    per token instead."""
 
-    def __init__(self, device: torch.device, max_rows: int) -> None:
+    def __init__(self, device: torch.device, max_rows: int, slots: int) -> None:
         self.device = device
         self.max_rows = max_rows
-        # [segment starts (max_rows + 1) | segment slots (max_rows)]
-        self._packed = torch.zeros(2 * max_rows + 1, dtype=torch.int32, device=device)
-        self.seg_starts = self._packed[:1]
-        self.seg_slots = self._packed[max_rows + 1 : max_rows + 1]
-        self.token_slots: torch.Tensor | None = None
-        self.max_seg_len = 0
-        # False when no row of the pass uses an adapter: the wrappers skip their products
-        # (always True for a captured graph, whose replays may mix)
+        self.slots = slots
+        width = 1 + lora_kernels.DECODE_BLOCK_M
+        self._blocks_at = 2 * max_rows + 1
+        # [segment starts (max_rows + 1) | segment slots (max_rows) | decode blocks]
+        self._packed = torch.zeros(
+            self._blocks_at + lora_kernels.max_decode_blocks(max_rows, slots) * width,
+            dtype=torch.int32,
+            device=device,
+        )
+        self.layout = self._views(0, 0)
+        # False when no row of the pass uses an adapter: the wrappers skip their products and
+        # a replay takes the graph captured without them (True when capturing the graph with
+        # them, whose replays may mix)
         self.active = False
 
     def prepare(
         self, row_slots: Sequence[int], row_lens: Sequence[int], always: bool = False
     ) -> None:
         """This pass's layout: row i has `row_lens[i]` tokens and uses slot `row_slots[i]`
-        (NO_ADAPTER for the base model)."""
+        (NO_ADAPTER for the base model). An inactive pass (no adapter row, not `always`)
+        copies nothing: nothing reads the layout."""
         rows = len(row_slots)
         if rows > self.max_rows:
             raise ValueError(f"{rows} rows exceed the LoRA batch's {self.max_rows}")
         self.active = always or any(s != NO_ADAPTER for s in row_slots)
+        max_seg_len = max(row_lens, default=0)
+        self.layout = self._views(rows, max_seg_len)
+        if not self.active:
+            return
+        host = torch.zeros(self._packed.shape[0], dtype=torch.int32)
         lens = torch.tensor(row_lens, dtype=torch.int32)
         slots = torch.tensor(row_slots, dtype=torch.int32)
-        self.max_seg_len = int(lens.max()) if rows else 0
-        host = torch.zeros(2 * self.max_rows + 1, dtype=torch.int32)
         torch.cumsum(lens, 0, out=host[1 : rows + 1])
         host[self.max_rows + 1 : self.max_rows + 1 + rows] = slots
+        if max_seg_len == 1:
+            table = lora_kernels.decode_blocks(row_slots, self.slots)
+            host[self._blocks_at : self._blocks_at + len(table)] = torch.tensor(table)
         if self.device.type == "cuda":
             self._packed.copy_(host.pin_memory(), non_blocking=True)
         else:
             self._packed.copy_(host)
         if self.device.type != "cuda" or triton_support.triton is None:  # the torch path's
-            self.token_slots = torch.repeat_interleave(slots, lens).to(self.device)
-        self.seg_starts = self._packed[: rows + 1]
-        self.seg_slots = self._packed[self.max_rows + 1 : self.max_rows + 1 + rows]
+            token_slots = torch.repeat_interleave(slots, lens).to(self.device)
+            self.layout = self.layout._replace(token_slots=token_slots)
+
+    def _views(self, rows: int, max_seg_len: int) -> lora_kernels.Layout:
+        """The layout of a pass of `rows` rows: views of the fixed buffer (a captured graph
+        holds their addresses), the decode block table as long as that row count needs."""
+        width = 1 + lora_kernels.DECODE_BLOCK_M
+        blocks = lora_kernels.max_decode_blocks(rows, self.slots) if max_seg_len == 1 else 0
+        at = self._blocks_at
+        return lora_kernels.Layout(
+            seg_starts=self._packed[: rows + 1],
+            seg_slots=self._packed[self.max_rows + 1 : self.max_rows + 1 + rows],
+            max_seg_len=max_seg_len,
+            blocks=self._packed[at : at + blocks * width].view(blocks, width),
+        )
 
 
 class LoRALinear(nn.Module):
@@ -114,16 +139,7 @@ class LoRALinear(nn.Module):
         if len(self.sub_sizes) == 1 and uses_gemv(x, self.base.weight):
             return self._gemv(x, shrunk, gated=False)
         y = self.base(x)
-        lora_kernels.expand(
-            y,
-            shrunk,
-            self.lora_b,
-            batch.seg_starts,
-            batch.seg_slots,
-            batch.max_seg_len,
-            batch.token_slots,
-            self.sub_sizes,
-        )
+        lora_kernels.expand(y, shrunk, self.lora_b, batch.layout, self.sub_sizes)
         return y
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
@@ -138,10 +154,7 @@ class LoRALinear(nn.Module):
 
     def _shrink(self, x: torch.Tensor) -> torch.Tensor:
         """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums."""
-        batch = self.batch
-        return lora_kernels.shrink(
-            x, self.lora_a, batch.seg_starts, batch.seg_slots, batch.max_seg_len, batch.token_slots
-        )
+        return lora_kernels.shrink(x, self.lora_a, self.batch.layout)
 
     def _gemv(self, x: torch.Tensor, shrunk: torch.Tensor, gated: bool) -> torch.Tensor:
         """The base's batch-1 GEMV (plain or FP8, as its own forward would launch it) with the
@@ -155,5 +168,5 @@ class LoRALinear(nn.Module):
             *block_config(*weight.shape, fp8=fp8),
             gated=gated,
             scale=self.base.weight_scale if fp8 else None,
-            lora=LoRAEpilogue(shrunk, self.lora_b, self.batch.seg_slots[:1]),
+            lora=LoRAEpilogue(shrunk, self.lora_b, self.batch.layout.seg_slots[:1]),
         )

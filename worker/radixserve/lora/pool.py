@@ -54,7 +54,7 @@ class LoRASlotPool:
             raise ValueError("LoRA adapters are served with --tp-size 1 only (not yet sharded)")
         self.slots = max_loras
         self.max_rank = max_rank
-        self.batch = LoRABatch(device, max_rows)
+        self.batch = LoRABatch(device, max_rows, max_loras)
         # (layer id, wrapper, the PEFT projections it holds)
         self.wrapped: list[tuple[int, LoRALinear, tuple[str, ...]]] = []
         for layer_id, layer in enumerate(model.model.layers):

@@ -8,6 +8,14 @@ one memory pool and one static input buffer, which a step fills with a single ho
 copy; tokens of a batch still in flight (overlap scheduling) are looked up inside the graph, and
 the graph ends with the greedy choice of every row, stored into the row's future-token slot: a
 batch of plain greedy rows needs no kernel after the replay but the copy of its tokens.
+
+With LoRA adapters each size is captured twice: with the adapters' kernels (they read each
+replay's slots from fixed buffers) and without any (the wrapped projections skip them when the
+`LoRABatch` is inactive at capture). A step whose rows all use the base model replays the
+second, so base traffic on a LoRA server costs what it costs on a server without LoRA (the
+kernels' launches were ~0.6 ms of a batch-1 step of an 8B model, H200). The cost is a second
+capture per size and a second set of graph outputs (float32 logits `[bs, vocab]`: 1.2 GB over
+the default sizes up to 256 with Llama-3's vocabulary); the activations of both share the pool.
 """
 
 from __future__ import annotations
@@ -58,7 +66,8 @@ class CudaGraphRunner:
     ) -> None:
         self.model = model
         # with LoRA adapters: the graphs read each replay's adapter slots from its fixed
-        # buffers (the model runner fills them before the replay)
+        # buffers (the model runner fills them before the replay); a step without adapter
+        # rows replays the graphs captured without the LoRA kernels
         self.lora_batch = lora_batch
         self.backend = backend
         self.req_to_token_pool = req_to_token_pool
@@ -73,8 +82,12 @@ class CudaGraphRunner:
         self.staging = torch.zeros(
             DECODE_INPUT_ROWS * self.max_bs, dtype=torch.int64, device=self.device
         )
+        # by size: the graphs without LoRA kernels (a server without LoRA has only these) and
+        # their outputs (logits, greedy ids); with LoRA, those with the kernels beside them
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # logits, greedy ids
+        self.outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.lora_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.lora_outputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self.backend.init_cuda_graph_state(self.max_bs)
         self.capture()
 
@@ -117,22 +130,40 @@ class CudaGraphRunner:
         # largest first, so smaller graphs fit in the memory the largest one reserved
         for bs in reversed(self.capture_bs):
             fb = self._capture_batch(bs)
-            if self.lora_batch is not None:
-                self.lora_batch.prepare([-1] * bs, [1] * bs, always=True)
+            # once a size: both variants read the same attention metadata, which each replay
+            # refills (FlashInfer's capture makes new wrappers a call: a second call would leave
+            # the first variant's graph reading wrappers that replays no longer plan)
             self.backend.init_forward_metadata_capture_cuda_graph(
                 bs, fb.req_pool_indices, fb.seq_lens, ForwardMode.DECODE
             )
-            with torch.cuda.stream(stream):  # one warm-up pass: Triton's compiles and
-                self._run_model(fb)  # autotuning, cuBLAS's lazy loads stay out of the graph
-            stream.synchronize()
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                out = self._run_model(fb)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-            self.outputs[bs] = out
+            for adapters in (True, False) if self.lora_batch is not None else (False,):
+                if self.lora_batch is not None:  # the wrappers read `active` as they capture
+                    self.lora_batch.prepare([-1] * bs, [1] * bs, always=adapters)
+                with torch.cuda.stream(stream):  # one warm-up pass: Triton's compiles and
+                    self._run_model(fb)  # autotuning, cuBLAS's lazy loads stay out of the graph
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool, stream=stream):
+                    out = self._run_model(fb)
+                pool = graph.pool()
+                (self.lora_graphs if adapters else self.graphs)[bs] = graph
+                (self.lora_outputs if adapters else self.outputs)[bs] = out
         torch.cuda.synchronize()
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_bs)
+        if self.lora_batch is None:
+            logger.info("captured CUDA graphs for decode batch sizes %s", self.capture_bs)
+        else:
+            second = sum(t.nbytes for out in self.outputs.values() for t in out)
+            logger.info(
+                "captured CUDA graphs for decode batch sizes %s, each with and without the LoRA "
+                "kernels (the second set's outputs: %.0f MiB)",
+                self.capture_bs,
+                second / 2**20,
+            )
+
+    def uses_adapters(self) -> bool:
+        """Whether the next replay takes the graphs with the LoRA kernels: some row of the step
+        (prepared in the `LoRABatch` before the replay) uses an adapter."""
+        return self.lora_batch is not None and self.lora_batch.active
 
     def can_run(self, batch: ModelWorkerBatch) -> bool:
         return batch.forward_mode.is_decode() and len(batch.seq_lens) <= self.max_bs
@@ -148,6 +179,7 @@ class CudaGraphRunner:
             forward_batch.seq_lens_sum,
             forward_batch.seq_lens_cpu,
         )
-        self.graphs[bs].replay()
-        logits, greedy_ids = self.outputs[bs]
+        adapters = self.uses_adapters()
+        (self.lora_graphs if adapters else self.graphs)[bs].replay()
+        logits, greedy_ids = (self.lora_outputs if adapters else self.outputs)[bs]
         return logits[:raw_bs], greedy_ids[:raw_bs]

@@ -282,12 +282,14 @@ class ModelRunner:
 
     def _prepare_lora(self, batch: ModelWorkerBatch, padded: int | None) -> None:
         """The pass's adapter layout: one segment per request (its extend tokens, or its decode
-        token); a replayed graph's padding rows use none."""
+        token); a replayed graph's padding rows use none. A pass without adapter rows is
+        inactive: the eager layers skip the LoRA products, a replay takes the graph without
+        them."""
         assert self.lora is not None
         slots = batch.lora_slots or [-1] * len(batch.seq_lens)
         if padded is not None:
             rows = len(slots)
-            self.lora.pool.batch.prepare(slots + [-1] * (padded - rows), [1] * padded, True)
+            self.lora.pool.batch.prepare(slots + [-1] * (padded - rows), [1] * padded)
         elif batch.forward_mode.is_decode():
             self.lora.pool.batch.prepare(slots, [1] * len(slots))
         else:
