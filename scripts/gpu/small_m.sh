@@ -14,10 +14,11 @@
 #   <= 1.15x (it was 1.25x with cuBLAS), and batch 2 and 4 beside it.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/small_m.sh
 #   One stage or some: STAGES="bench verify" bash scripts/gpu/small_m.sh
-# Result: $OUT/small_m.json, $OUT/small_m-tests.log, $OUT/spec-verify.json, the PASS/FAIL lines.
+# Result: $OUT/small_m.json, $OUT/small_m-tests.log, $OUT/spec-verify-{small_m,cublas}.json,
+# the PASS/FAIL lines.
 set -u
 . "$(dirname "$0")/device_env.sh"
-BUDGET_S=${BUDGET_S:-360}
+BUDGET_S=${BUDGET_S:-420}
 STAGES=${STAGES:-tests bench verify}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
@@ -25,7 +26,7 @@ for stage in $STAGES; do
   echo "=== $stage $(date +%T)"
   case $stage in
     tests)
-      timeout "$(limit 110)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_m.py \
+      timeout "$(limit 150)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_small_m.py \
         tests/gpu/test_gemv.py tests/gpu/test_fp8.py >"$OUT/small_m-tests.log" 2>&1
       tail -3 "$OUT/small_m-tests.log"
       summary=$(tail -1 "$OUT/small_m-tests.log")
@@ -35,10 +36,18 @@ for stage in $STAGES; do
     bench)
       timeout "$(limit 140)" python3 scripts/gpu/bench_small_m.py "$OUT/small_m.json" 2>&1 \
         | grep -E "M=|bench|Error|error" | tail -40 ;;
-    verify)  # the command of spec_decode.sh's verify stage, at the sizes small_m serves
-      timeout "$(limit 120)" python3 scripts/gpu/spec_decode_bench.py verify random:llama-3-8b \
-        --device cuda --tokens "${VERIFY_TOKENS:-32}" --sizes "${SIZES:-1,2,4}" \
-        --json "$OUT/spec-verify.json" 2>&1 | grep -E "verify|Error|error" | tail -5 ;;
+    verify)  # the command of spec_decode.sh's verify stage, at the sizes small_m serves; then
+      # the same with 2-16 rows on cuBLAS (small_m.MAX_ROWS = 1 turns its dispatch off), an A/B
+      # in one call: machines differ by more than the kernels do
+      for side in small_m cublas; do
+        off=""; [ $side = cublas ] && off="import radixserve.kernels.small_m as s; s.MAX_ROWS = 1;"
+        echo "verify with 2-16 rows on $side:"
+        timeout "$(limit 100)" python3 -c "$off import runpy, sys
+sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
+          scripts/gpu/spec_decode_bench.py verify random:llama-3-8b \
+          --device cuda --tokens "${VERIFY_TOKENS:-32}" --sizes "${SIZES:-1,2,4}" \
+          --json "$OUT/spec-verify-$side.json" 2>&1 | grep -E "verify|Error|error" | tail -5
+      done ;;
     *) echo "unknown stage $stage (tests, bench, verify)" ;;
   esac
 done

@@ -173,16 +173,16 @@ def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]
     """(weight rows a program, K chunk, warps = the chunk's parts, pipeline stages) for an
     [n, k] weight (n the output columns: half the rows of a gated [gate; up] weight).
 
-    First choices by reasoning, not yet measured (scripts/gpu/small_m.sh's bench sweeps tiles
-    and prints the best per 8B shape): 16 rows a program, the MMA's minimum, wherever that
-    leaves under ~8 programs an SM (the 8B qkv, o, down and gate/up: 256-896 programs), so
-    that every SM streams; 32 rows for the LM heads (4008 programs at 128256), which halves
-    their x re-reads. Four warps, each a 64-column part of a 256-column bf16 chunk (128-byte
-    row segments); a 4-stage cp.async pipeline keeps three chunks a program in flight, 24 KiB
-    of weight, about 48 KiB an SM at two programs (an estimate of what the stream needs: 4.25
-    TB/s times about a microsecond of DRAM latency under load, over 132 SMs, 32 KiB an SM). FP8: 512-column chunks, the same weight bytes a stage."""
+    Measured (scripts/gpu/small_m.sh's tile sweep at M = 8, one H200, 2026-12-04: each 8B
+    projection over 13 bf16 and 6 FP8 tiles): 16 rows a program, the MMA's minimum, so every
+    SM streams (the 8B qkv, o, down and gate/up: 256-896 programs); 32 rows for the LM heads
+    (4008 programs at 128256), which halves their x re-reads. 256-column chunks over 4 warps
+    (128-byte row segments); 3 pipeline stages for K <= 8192 (qkv 15.3 us against 18.4 with
+    4; o, gate/up within noise), 4 for the long down projection (30.2 against 32.9 with 3).
+    FP8 takes the same 256-column chunks: half the bytes a stage, but the conversion to bf16
+    keeps the warps busy; 512-column chunks were 9-39% slower on every shape."""
     rows = 32 if n >= 65536 else 16
-    return rows, 512 if fp8 else 256, 4, 4
+    return rows, 256, 4, 4 if fp8 or k > 8192 else 3
 
 
 def uses_small_m(x: torch.Tensor, weight: torch.Tensor) -> bool:
