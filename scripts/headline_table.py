@@ -38,6 +38,8 @@ BEGIN, END = "<!-- headline:begin -->", "<!-- headline:end -->"
 WORSE_BY = 0.05
 
 Runs = dict[str, Any]  # driver JSON file name (without .json) -> its contents
+# what a figure's extract finds: one value, several (repeats within the call), or nothing
+Found = float | list[float] | None
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,7 @@ class Figure:
     row: str  # the table row it belongs to (figures of one row share a cell)
     unit: str  # printed after the value ("ms", "% MBU", "x bf16")
     digits: int
-    extract: Callable[[Runs], float | None]
+    extract: Callable[[Runs], Found]
     higher_is_better: bool
     target: float | None = None  # None: no bar of its own (a row's time beside its MBU)
 
@@ -109,17 +111,22 @@ def _grammar(runs: Runs) -> float | None:
     return None if run is None else run["ratio_vs_unconstrained"]["all"]
 
 
-def _cold_start(key: str) -> Callable[[Runs], float | None]:
-    """cold_start.py's start with the kernel caches warm (the issue's figure), page cache
-    dropped: seconds to /ready, or its `imports` phase. Triton's on the device; a CPU dry run
-    has only torch_native's."""
+def _cold_start(key: str) -> Callable[[Runs], Found]:
+    """cold_start.py's starts with the kernel caches warm (the issue's figure; several with
+    COLD_START_WARM_RUNS), page cache dropped: seconds to /ready, or their `imports` phase.
+    Triton's on the device; a CPU dry run has only torch_native's."""
 
-    def extract(runs: Runs) -> float | None:
+    def extract(runs: Runs) -> Found:
         run = runs.get("cold-start", {})
-        start = run.get("triton/warm_caches") or run.get("torch_native/warm_caches")
-        if start is None:
-            return None
-        return start["ready_s"] if key == "ready" else start["phases"].get("imports")
+        starts = [
+            start
+            for name, start in run.items()
+            if name.split("/")[0] in ("triton", "torch_native")
+            and name.split("/")[-1].startswith("warm_caches")
+        ]
+        if key == "ready":
+            return [start["ready_s"] for start in starts]
+        return [start["phases"]["imports"] for start in starts if "imports" in start["phases"]]
 
     return extract
 
@@ -284,8 +291,8 @@ def load_runs(out_dir: Path) -> Runs:
     return {p.stem: json.loads(p.read_text()) for p in sorted(out_dir.glob("*.json"))}
 
 
-def measure(runs: Runs) -> dict[str, float]:
-    """Every figure the runs hold."""
+def measure(runs: Runs) -> dict[str, list[float]]:
+    """Every figure the runs hold, its values in the order measured."""
     found = {}
     for figure in FIGURES:
         try:
@@ -293,12 +300,13 @@ def measure(runs: Runs) -> dict[str, float]:
         except (KeyError, IndexError, TypeError, ZeroDivisionError) as exc:
             print(f"{figure.id}: cannot read it from the drivers' JSON ({exc!r})", file=sys.stderr)
             continue
-        if value is not None:
-            found[figure.id] = value
+        values = value if isinstance(value, list) else [] if value is None else [value]
+        if values:
+            found[figure.id] = values
     return found
 
 
-def compare(now: dict[str, float], recorded: dict[str, list[float]]) -> list[str]:
+def compare(now: dict[str, list[float]], recorded: dict[str, list[float]]) -> list[str]:
     """Lines of a plain-text table: each figure now, last recorded, target, and a flag where it
     is more than WORSE_BY worse than every recorded run or misses its target."""
 
@@ -306,22 +314,23 @@ def compare(now: dict[str, float], recorded: dict[str, list[float]]) -> list[str
         texts = [f"{v:,.{figure.digits}f}" for v in (min(values), max(values))]
         return texts[0] if len(values) == 1 else "-".join(texts)
 
-    header = f"{'figure':<20}{'now':>12}{'recorded':>16}{'target':>10}  {'unit':<28}"
+    header = f"{'figure':<20}{'now':>14}{'recorded':>16}{'target':>10}  {'unit':<28}"
     lines = [header, "-" * len(header)]
     for figure in FIGURES:
         before = recorded.get(figure.id, [])
-        value = now.get(figure.id)
+        values = now.get(figure.id, [])
         flags = []
-        if value is not None and before:
-            worst = min(before) if figure.higher_is_better else max(before)
-            change = (value - worst) / worst if worst else 0.0
+        if values and before:
+            pick = min if figure.higher_is_better else max
+            worst_now, worst = pick(values), pick(before)
+            change = (worst_now - worst) / worst if worst else 0.0
             if (change < -WORSE_BY) if figure.higher_is_better else (change > WORSE_BY):
                 flags.append(f"WORSE by {100 * abs(change):.0f}%")
-        if value is not None and figure.meets(value) is False:
+        if any(figure.meets(v) is False for v in values):
             flags.append("misses the target")
         target = figure.target_text().split(" ")[:2]
         lines.append(
-            f"{figure.id:<20}{number(figure, [value]) if value is not None else 'not run':>12}"
+            f"{figure.id:<20}{number(figure, values) if values else 'not run':>14}"
             f"{number(figure, before) if before else '-':>16}"
             f"{' '.join(target).rstrip('%x'):>10}  {figure.unit:<28}{', '.join(flags)}"
         )
@@ -330,7 +339,7 @@ def compare(now: dict[str, float], recorded: dict[str, list[float]]) -> list[str
 
 def collect(out_dir: Path, recorded_path: Path = RECORDED) -> dict[str, Any]:
     """Read the stages' JSON in `out_dir`, write `out_dir/headline.json` (benchmarks/headline.json's
-    form, one value a figure) and print the comparison."""
+    form) and print the comparison."""
     runs = load_runs(out_dir)
     runs.pop("headline", None)
     now = measure(runs)
@@ -339,7 +348,7 @@ def collect(out_dir: Path, recorded_path: Path = RECORDED) -> dict[str, Any]:
     result = {
         "measured": f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {gpu}",
         "command": recorded["command"],
-        "figures": {k: {"values": [round(v, 4)]} for k, v in now.items()},
+        "figures": {k: {"values": [round(v, 4) for v in vs]} for k, vs in now.items()},
     }
     (out_dir / "headline.json").write_text(json.dumps(result, indent=1) + "\n")
     before = {k: v["values"] for k, v in recorded["figures"].items()}
@@ -352,12 +361,12 @@ def collect(out_dir: Path, recorded_path: Path = RECORDED) -> dict[str, Any]:
 def record(
     run_files: list[Path], measured: str, recorded_path: Path = RECORDED, docs_path: Path = DOCS
 ) -> None:
-    """The runs' values replace the recorded values of the figures they measured (each run one
-    value: several runs give the spread); the page's table is rendered again."""
+    """The runs' values replace the recorded values of the figures they measured (several runs,
+    or repeats within one, give the spread); the page's table is rendered again."""
     data = json.loads(recorded_path.read_text())
     runs = [json.loads(p.read_text())["figures"] for p in run_files]
     for figure in FIGURES:
-        values = [run[figure.id]["values"][0] for run in runs if figure.id in run]
+        values = [v for run in runs if figure.id in run for v in run[figure.id]["values"]]
         if values:
             data["figures"][figure.id] = {"values": values}
     data["measured"] = measured
