@@ -122,8 +122,8 @@ def mla_extend(
     """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
     pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
     qk_nope], v [L, heads, v_head_dim]) (the layer's kv_b_proj). -> [tokens, heads, v_head_dim]."""
-    # here, not at the top: torch.nn.attention.bias imports torch._dynamo and sympy (about a
-    # second and 500 modules of every scheduler process's start, read from a cold disk)
+    # here, not at the top: torch.nn.attention.bias imports torch._dynamo and sympy (about 800
+    # modules, 0.6 s of CPU, of every scheduler process's start, read from a cold disk)
     from torch.nn.attention.bias import causal_lower_right
 
     req_to_token = forward_batch.req_to_token_pool.req_to_token
