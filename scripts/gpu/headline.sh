@@ -50,13 +50,16 @@ else
   COLD=""; COLD_BACKEND=triton
 fi
 
-run() {  # run STAGE LIMIT command...: the stage's output in $OUT/STAGE.log, its tail printed
-  local stage=$1 lim; lim=$(limit "$2"); shift 2
+run() {  # run STAGE LIMIT command...: the stage's output in $OUT/STAGE.log (its "===" lines
+  local stage=$1 lim; lim=$(limit "$2"); shift 2  # printed; its tail too if it failed)
   timeout "$lim" "$@" > "$OUT/$stage.log" 2>&1
   local rc=$?
-  tail -n "${TAIL:-4}" "$OUT/$stage.log"
-  [ $rc = 124 ] && echo "=== $stage TIMED OUT after ${lim}s"
-  [ $rc != 0 ] && [ $rc != 124 ] && echo "=== $stage FAILED (exit $rc): $OUT/$stage.log"
+  grep "^===" "$OUT/$stage.log"
+  if [ $rc != 0 ]; then
+    tail -n 5 "$OUT/$stage.log"
+    [ $rc = 124 ] && echo "=== $stage TIMED OUT after ${lim}s" || echo "=== $stage FAILED (exit $rc)"
+  fi
+  return 0
 }
 
 latency() {  # latency STAGE LIMIT MODEL BATCH-SIZES [flags...]
@@ -77,17 +80,17 @@ for stage in $stages; do
     latency-1b) latency latency-1b 60 $M1 1 ;;
     latency-moe) latency latency-moe 150 $MOE 1,64 --cuda-graph-max-bs 64 ;;
     offline)
-      TAIL=6 run offline-8b 150 $RS bench offline --model $M8 $ENGINE $OFF --transformers none \
+      run offline-8b 150 $RS bench offline --model $M8 $ENGINE $OFF --transformers none \
         --output-json "$OUT/offline-8b.json" ;;
     grammar)
       if [ "${DEVICE:-cuda}" != cpu ] && [ ! -d .whl/smollm2-tokenizer ]; then
         echo "=== grammar SKIPPED: no .whl/smollm2-tokenizer (scripts/gpu/bench_grammar.py says how)"
         continue
       fi
-      TAIL=2 run grammar-8b 100 python3 scripts/gpu/bench_grammar.py $GRAMMAR \
+      run grammar-8b 100 python3 scripts/gpu/bench_grammar.py $GRAMMAR \
         --output-json "$OUT/grammar-8b.json" ;;
     cold-start)
-      TAIL=12 run cold-start 420 env $COLD COLD_START_WARM_RUNS=${COLD_START_WARM_RUNS:-2} \
+      run cold-start 420 env $COLD COLD_START_WARM_RUNS=${COLD_START_WARM_RUNS:-2} \
         python3 scripts/gpu/cold_start.py "$OUT" $COLD_BACKEND ;;
     *) echo "=== unknown stage $stage" ;;
   esac
