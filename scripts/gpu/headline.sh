@@ -23,6 +23,10 @@
 #                 set) times with them warm (~18-36 s each): about 3-4 minutes, which do not fit
 #                 beside the rest. Run it in a call of its own: `bash scripts/gpu/headline.sh
 #                 cold-start`; its figures are the warm starts' (the spread of the two).
+#   import-footprint  after cold-start in the same call (its checkpoint and bytecode), not in
+#                 the default set: import_footprint.py, the scheduler process's imports with the
+#                 page cache dropped alone, beside a read-ahead, after the libraries were read
+#                 (~2 minutes): `bash scripts/gpu/headline.sh cold-start import-footprint`
 # DEVICE=cpu: a dry run on this side (tiny random models, short runs, the bundled SmolLM2 for
 # the grammar stage) that checks the plumbing; its figures mean nothing.
 set -u
@@ -92,6 +96,10 @@ for stage in $stages; do
     cold-start)
       run cold-start 420 env $COLD COLD_START_WARM_RUNS=${COLD_START_WARM_RUNS:-2} \
         python3 scripts/gpu/cold_start.py "$OUT" $COLD_BACKEND ;;
+    import-footprint)
+      run import-footprint 150 env PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/cold-start/pycache}" \
+        $COLD python3 scripts/gpu/import_footprint.py "$OUT/import-footprint.json"
+      grep -E "^(warm|cold|libraries)" "$OUT/import-footprint.log" ;;
     *) echo "=== unknown stage $stage" ;;
   esac
 done
