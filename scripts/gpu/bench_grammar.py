@@ -8,7 +8,8 @@ like. The mask's cost per step is measured where it is paid: on the host, fillin
 constrained rows' bitmask (`XGrammarBackend.fill_token_bitmask`, xgrammar's batched fill into a
 pinned buffer, on the mask thread), the scheduler's thread waiting for it and queueing its copy
 (`SamplingBatchInfo.update_grammar_mask`: what the fill adds to the step), and the matchers
-accepting the step's tokens; on the device,
+accepting the step's tokens (`XGrammarBackend.accept_tokens`, one batched call a step, before
+the fill starts; `accept_token` where a row accepts alone); on the device,
 xgrammar's kernel applying the bitmask (CUDA events around it). The device's idle time between
 decode steps shows whether overlap hid the host's part.
 
@@ -76,10 +77,11 @@ class MaskCost:
         self.accept_s = 0.0
         self.apply_ms: list[float] = []
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
-        fill, wait, accept, apply = (
+        fill, wait, accept, accept_batch, apply = (
             XGrammarBackend.fill_token_bitmask,
             SamplingBatchInfo.update_grammar_mask,
             XGrammarMatcher.accept_token,
+            XGrammarBackend.accept_tokens,
             VocabMask.apply,
         )
         cost = self
@@ -101,6 +103,12 @@ class MaskCost:
             cost.accept_s += time.perf_counter() - start
             return accepted
 
+        def timed_accept_batch(backend: XGrammarBackend, *args) -> list[bool]:
+            start = time.perf_counter()
+            accepted = accept_batch(backend, *args)
+            cost.accept_s += time.perf_counter() - start
+            return accepted
+
         def timed_apply(mask: VocabMask, logits: torch.Tensor) -> None:
             if not cuda:
                 start = time.perf_counter()
@@ -116,6 +124,7 @@ class MaskCost:
         XGrammarBackend.fill_token_bitmask = timed_fill
         SamplingBatchInfo.update_grammar_mask = timed_wait
         XGrammarMatcher.accept_token = timed_accept
+        XGrammarBackend.accept_tokens = timed_accept_batch
         VocabMask.apply = timed_apply
 
     def reset(self) -> None:

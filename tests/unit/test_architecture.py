@@ -3,6 +3,7 @@ these tests prove the contract is live (it fails when the code breaks it), not d
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -140,3 +141,33 @@ def test_the_front_end_process_does_not_import_torch():
         "sys.exit('torch' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+
+
+def test_the_scheduler_process_imports_no_compiler_stack_nor_model_zoo():
+    """What the scheduler process imports before it loads a model is its start's `imports`
+    phase, paid from a cold disk on a new node: torch's compiler stack (torch._dynamo, sympy:
+    about 800 modules) and transformers' model implementations serve nothing there. The entry
+    point is imported as the front end's spawn does."""
+    code = (
+        "import importlib, json, sys\n"
+        "from radixserve.boundary import SCHEDULER_ENTRY_POINT\n"
+        "importlib.import_module(SCHEDULER_ENTRY_POINT.split(':')[0])\n"
+        "print(json.dumps(sorted(sys.modules)))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    modules = json.loads(result.stdout)
+    heavy = ("sympy", "torch._dynamo", "torch._inductor", "transformers.modeling_utils")
+    assert [m for m in modules if m.split(".")[0] == "sympy" or m.startswith(heavy)] == []
+    # of the model zoo, only the Auto registries and configurations (a checkpoint's config is
+    # read with AutoConfig at model setup)
+    zoo = [m for m in modules if m.startswith("transformers.models.")]
+    assert [
+        m
+        for m in zoo
+        if not m.startswith("transformers.models.auto")
+        and m.count(".") == 3
+        and not m.rsplit(".", 1)[1].startswith("configuration_")
+    ] == []
+    assert "torch" in modules  # the check is not vacuous: this is the process that has torch

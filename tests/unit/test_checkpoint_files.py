@@ -75,6 +75,57 @@ def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
     assert prefetch(str(directory)) == 0
 
 
+class RecordedGate:
+    """Stands in for the front end's `imported` event: records when the read waited on it."""
+
+    def __init__(self, events: list[str]) -> None:
+        self.events = events
+
+    def wait(self) -> bool:
+        self.events.append("waited for the imports")
+        return True
+
+
+def test_the_read_starts_only_once_the_imports_are_done(tmp_path, monkeypatch):
+    directory = hf_directory(tmp_path, {"a.safetensors": 3000}, False)
+    events: list[str] = []
+    real_open = checkpoint_files.os.open
+
+    def opened(path, flags):
+        events.append(f"opened {Path(path).name}")
+        return real_open(path, flags)
+
+    monkeypatch.setattr(checkpoint_files.os, "open", opened)
+    assert prefetch(str(directory), after=RecordedGate(events)) == 3000
+    assert events == ["waited for the imports", "opened a.safetensors"]
+
+
+def test_the_engine_opens_the_gate_when_the_scheduler_says_it_has_imported():
+    import multiprocessing
+    import threading
+
+    from radixserve.boundary import SCHEDULER_IMPORTED
+    from radixserve.frontend.engine import wait_until_loaded
+
+    front, scheduler = multiprocessing.Pipe()
+    imported = threading.Event()
+    scheduler.send(SCHEDULER_IMPORTED)
+    ready = {
+        "status": "ready",
+        "max_total_tokens": 64,
+        "max_running_requests": 2,
+        "context_len": 32,
+        "vocab_size": 10,
+        "model_description": "m",
+        "device": "cpu",
+        "attention_backend": "torch_native",
+    }
+    scheduler.send(ready)
+    info = wait_until_loaded(None, front, imported)
+    assert imported.is_set()
+    assert (info.max_total_tokens, info.attention_backend) == (64, "torch_native")
+
+
 def test_the_weight_read_holds_one_shard_and_the_largest_tensor_it_converts(tmp_path):
     """What the read holds on the device beside the parameters, from the shards' headers
     (safetensors' own writer made them): tensors already in the model dtype, FP8 weights and

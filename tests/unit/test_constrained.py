@@ -119,6 +119,38 @@ def test_a_grammar_accepts_what_it_allows_and_ends_on_the_stop_token(backend, to
     assert grammar.is_terminated()
 
 
+class Tripwire:
+    """Stands in for a matcher that a fill is walking: any use fails the test."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"the matcher was touched ({name}) beside a fill")
+
+
+def test_a_steps_accepts_in_one_call_give_each_rows_verdict_and_end(backend, tokenizer):
+    """`accept_tokens` (xgrammar's batch API) is `accept_token` per row: a refused token leaves
+    its grammar as it was; each grammar's end is then known without asking its matcher (the
+    scheduler checks stops while the next mask fills)."""
+    ids = tokenizer.convert_tokens_to_ids
+    eos = tokenizer.eos_token_id
+    ending = walk(backend, tokenizer, "regex", "ab", "ab")
+    refusing = walk(backend, tokenizer, "regex", "ab+c", "ab")
+    going = walk(backend, tokenizer, "regex", "[0-9]+", "1")
+    assert backend.accept_tokens([ending, refusing, going], [eos, ids("x"), ids("2")]) == [
+        True,
+        False,
+        True,
+    ]
+    matchers = [g.matcher for g in (ending, refusing, going)]
+    for grammar in (ending, refusing, going):
+        grammar.matcher = Tripwire()
+    assert [g.is_terminated() for g in (ending, refusing, going)] == [True, False, False]
+    ending.matcher, refusing.matcher, going.matcher = matchers
+    assert refusing.accept_token(ids("c")) and refusing.accept_token(eos)  # "ab" still stood
+    assert refusing.is_terminated()
+    refusing.rollback(1)
+    assert not refusing.is_terminated()
+
+
 def test_a_batch_mask_constrains_only_the_constrained_rows(backend, tokenizer):
     vocab = len(tokenizer)
     digits = walk(backend, tokenizer, "regex", "[0-9]+", "12")

@@ -220,19 +220,23 @@ def test_a_request_waits_for_its_grammar_and_the_loop_goes_on(backend):
 
 
 class GuardedGrammar(Grammar):
-    """A matcher that fails the test when touched while its backend fills a mask."""
+    """A matcher that fails the test when it accepts a token while its backend fills a mask;
+    its end, as the contract asks, is read from what its accepts recorded (the scheduler's stop
+    checks run beside the fill)."""
 
     def __init__(self, backend: GuardedBackend, inner: Grammar) -> None:
         super().__init__(backend)
         self.inner = inner
+        self.terminated = False
 
     def accept_token(self, token_id: int) -> bool:
         assert not self.backend.filling.is_set(), "a matcher accepted a token during a fill"
-        return self.inner.accept_token(token_id)
+        accepted = self.inner.accept_token(token_id)
+        self.terminated = self.inner.is_terminated()
+        return accepted
 
     def is_terminated(self) -> bool:
-        assert not self.backend.filling.is_set(), "a matcher was read during a fill"
-        return self.inner.is_terminated()
+        return self.terminated
 
 
 class GuardedBackend(GrammarBackend):
@@ -274,9 +278,9 @@ class GuardedModel(ServedModel):
 
 
 def test_no_matcher_is_touched_while_a_mask_fills(backend):
-    """The fill runs on the mask thread while the scheduler's thread emits the batch before:
-    that thread must leave every matcher alone until the fill is done (a fill walks the parser
-    ahead and back)."""
+    """The fill runs on the mask thread while the scheduler's thread appends, checks and emits
+    the batch before: that thread must accept no token until the fill is done (a fill walks the
+    parser ahead and back)."""
     served = GuardedModel(CONTEXT, V, frozenset({EOS_ID}), TOKENIZER)
     scheduler = make_scheduler(model=served, logits_table=TABLE, asynchronous=True)
     work = {}
@@ -358,3 +362,43 @@ def test_with_ranks_a_grammar_is_admitted_when_rank_0_says_so(backend):
     assert not scheduler.grammar_queue
     run = drain(scheduler)
     assert run.outputs["r"] == reference(backend, kind, text, ids, 40)
+
+
+class RefusingBackend(GuardedBackend):
+    """`inner`'s grammars, whose batched accepts refuse the `refuse_at`-th call's first token
+    (as a mask that let through a token its grammar refuses would make them)."""
+
+    def __init__(self, inner: GrammarBackend, refuse_at: int) -> None:
+        super().__init__(inner)
+        self.calls = 0
+        self.refuse_at = refuse_at
+
+    def accept_tokens(self, grammars, tokens):
+        self.calls += 1
+        verdicts = super().accept_tokens(grammars, tokens)
+        if self.calls == self.refuse_at:
+            grammars[0].inner.rollback(1)  # as if refused: its state as it was
+            verdicts[0] = False
+        return verdicts
+
+
+@dataclass(frozen=True)
+class RefusingModel(ServedModel):
+    def grammar_backend(self) -> GrammarBackend:
+        return RefusingBackend(super().grammar_backend(), refuse_at=3)
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["sync", "overlap"])
+def test_a_token_refused_in_the_batched_accepts_ends_only_its_request(backend, asynchronous):
+    """A token the grammar refuses is an engine error for that request alone, whether its
+    verdict came from the step's batched accepts; the other rows go on as they would."""
+    served = RefusingModel(CONTEXT, V, frozenset({EOS_ID}), TOKENIZER)
+    scheduler = make_scheduler(model=served, logits_table=TABLE, asynchronous=asynchronous)
+    kind, text = CONSTRAINTS[2]
+    ids = prompts(2)
+    submit(scheduler, "refused", ids[0], params(kind, text))
+    submit(scheduler, "other", ids[1], params(kind, text))
+    run = drain(scheduler)
+    assert run.finish["refused"] == {"type": "error", "message": "the grammar rejected a token"}
+    assert run.outputs["other"] == reference(backend, kind, text, ids[1], 40)
+    assert_memory_returned(scheduler)

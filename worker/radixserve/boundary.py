@@ -156,6 +156,10 @@ class PortArgs:
         return f"{self.scheduler_input_ipc_name}-rank{rank}"
 
 
+# The scheduler process's first message on its pipe to the front end, once its imports are
+# done: the front end's weight read-ahead waits for it (catalog/checkpoint_files.py).
+SCHEDULER_IMPORTED = "imported"
+
 # The scheduler process's entry point, named rather than imported: importing it would load
 # torch into the front end, which spawns it.
 SCHEDULER_ENTRY_POINT = "radixserve.scheduler.scheduler_process:run_scheduler_process"

@@ -2,12 +2,17 @@
 weights, and reading those ahead into the page cache. The loader resolves a model here too.
 
 A cold start reads the weights only once the scheduler process has imported torch and built
-the network: on an H200 host that is about 20 s of launch and imports with the disk idle,
-then 10 s of reading 16 GB. `start_prefetch` runs the read beside the imports instead: the
-front end starts it first thing, daemon threads read every weight file once (in the loader's
-order, chunk by chunk through a small buffer, nothing kept), and the loader's own read later
-finds the pages in memory. The loader reads buffered for this (hf_dir.py). Torch-free, so
-the front end can start it before anything heavy is imported.
+the network: on an H200 host that was about 20 s of launch and imports with the disk idle,
+then 10 s of reading 16 GB. `start_prefetch` runs the read beside the model's setup instead:
+the front end starts it first thing, daemon threads read every weight file once (in the
+loader's order, chunk by chunk through a small buffer, nothing kept), and the loader's own
+read later finds the pages in memory. The loader reads buffered for this (hf_dir.py).
+Torch-free, so the front end can run it before anything heavy is imported.
+
+The read waits for the scheduler process's imports (`after`: the front end sets it when that
+process says so): with the page cache dropped, the imports fault torch's, triton's and CUDA's
+libraries in from the same disk, and beside a read-ahead streaming 16 GB they took 28 s on
+2026-12-03 against 6-10 s alone (docs/benchmark-log.md).
 """
 
 from __future__ import annotations
@@ -115,17 +120,23 @@ def local_weight_files(model: str) -> list[Path]:
     return [gguf] if gguf else []
 
 
-def start_prefetch(model: str) -> threading.Thread:
-    """Read `model`'s local weight files into the page cache on daemon threads; returns the
-    thread that waits for them (it logs what it read and how fast)."""
-    thread = threading.Thread(target=prefetch, args=(model,), name="weight-prefetch", daemon=True)
+def start_prefetch(model: str, after: threading.Event | None = None) -> threading.Thread:
+    """Read `model`'s local weight files into the page cache on daemon threads, once `after`
+    is set (at once without it); returns the thread that waits for them (it logs what it read
+    and how fast)."""
+    thread = threading.Thread(
+        target=prefetch, args=(model, after), name="weight-prefetch", daemon=True
+    )
     thread.start()
     return thread
 
 
-def prefetch(model: str) -> int:
-    """Read the files, at most MEMORY_SHARE of the available memory, in the loader's order;
-    the bytes read."""
+def prefetch(model: str, after: threading.Event | None = None) -> int:
+    """Read the files, at most MEMORY_SHARE of the available memory, in the loader's order,
+    once `after` is set; the bytes read."""
+    asked = time.perf_counter()
+    if after is not None:
+        after.wait()
     started = time.perf_counter()
     budget = int(available_memory_bytes() * MEMORY_SHARE)
     chunks: queue.SimpleQueue[tuple[Path, int] | None] = queue.SimpleQueue()
@@ -152,10 +163,11 @@ def prefetch(model: str) -> int:
     elapsed = time.perf_counter() - started
     read = sum(counts)
     logger.info(
-        "read %.1f GB of weights ahead in %.1fs (%.2f GB/s)",
+        "read %.1f GB of weights ahead in %.1fs (%.2f GB/s), after %.1fs waiting for the imports",
         read / 1e9,
         elapsed,
         read / 1e9 / max(elapsed, 1e-9),
+        started - asked,
     )
     return read
 

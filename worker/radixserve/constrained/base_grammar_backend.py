@@ -37,7 +37,9 @@ class Grammar(ABC):
 
     @abstractmethod
     def is_terminated(self) -> bool:
-        """The grammar has ended: it accepted a stop token and allows nothing more."""
+        """The grammar has ended: it accepted a stop token and allows nothing more. Read beside
+        a mask fill (the scheduler's stop checks run while the next mask fills), so it must
+        answer from what the accepts recorded, without touching the matcher."""
 
     # whether `rollback` works: speculative decoding walks a matcher through proposed tokens
     # and back (a grammar without it proposes nothing)
@@ -109,7 +111,8 @@ class GrammarBackend(ABC):
     function runs in a worker process instead and `load_compiled` on the cache's threads),
     `fill_token_bitmask` on the mask thread (while the scheduler's thread touches none of its
     matchers: a fill walks a matcher's parser ahead and back, so even a read beside it is a
-    race), everything else on the scheduler's."""
+    race; `Grammar.is_terminated` answers from recorded state), everything else on the
+    scheduler's."""
 
     _mask_thread: ThreadPoolExecutor | None = None
 
@@ -130,6 +133,11 @@ class GrammarBackend(ABC):
 
     @abstractmethod
     def new_grammar(self, handle: Any) -> Grammar: ...
+
+    def accept_tokens(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        """`grammars[i].accept_token(tokens[i])` for every i, in one call: a step's accepts for
+        all its constrained rows (a backend with a batch API makes it one native call)."""
+        return [g.accept_token(t) for g, t in zip(grammars, tokens, strict=True)]
 
     @abstractmethod
     def fill_token_bitmask(

@@ -72,18 +72,25 @@ class XGrammarMatcher(Grammar):
     def __init__(self, backend: XGrammarBackend, matcher: xgr.GrammarMatcher) -> None:
         super().__init__(backend)
         self.matcher = matcher
+        # the matcher's is_terminated as of its last accept or rollback (only they change it):
+        # read beside a mask fill, which must be the only one touching the matcher
+        self.terminated = matcher.is_terminated()
 
     def accept_token(self, token_id: int) -> bool:
-        return self.matcher.accept_token(token_id)
+        accepted = self.matcher.accept_token(token_id)
+        if accepted:
+            self.terminated = self.matcher.is_terminated()
+        return accepted
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self.terminated
 
     can_rollback = True  # xgrammar keeps every step (max_rollback_tokens -1: unbounded)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
             self.matcher.rollback(num_tokens)
+            self.terminated = self.matcher.is_terminated()
 
 
 class XGrammarBackend(GrammarBackend):
@@ -124,6 +131,14 @@ class XGrammarBackend(GrammarBackend):
 
     def new_grammar(self, handle: Any) -> XGrammarMatcher:
         return XGrammarMatcher(self, xgr.GrammarMatcher(handle))
+
+    def accept_tokens(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        matchers = [g.matcher for g in grammars]
+        accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, list(tokens))
+        for grammar, ok in zip(grammars, accepted, strict=True):
+            if ok:
+                grammar.terminated = grammar.matcher.is_terminated()
+        return accepted
 
     def fill_token_bitmask(
         self, grammars: Sequence[Grammar], rows: Sequence[int], batch_size: int, pinned: bool

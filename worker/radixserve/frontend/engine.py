@@ -20,7 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from radixserve.boundary import PortArgs, run_scheduler_entry_point
+from radixserve.boundary import SCHEDULER_IMPORTED, PortArgs, run_scheduler_entry_point
 from radixserve.catalog.checkpoint_files import (
     gguf_file,
     hf_directory_config,
@@ -105,8 +105,9 @@ def spawn_scheduler(
     server_args: ServerArgs,
 ) -> tuple[multiprocessing.process.BaseProcess, Any, Any]:
     """Start the scheduler process: (process, port args, the pipe to it). It is the first
-    thing a start does, so that its imports overlap the front end's. Past its imports it waits
-    for `approve_model` on the pipe before it loads anything."""
+    thing a start does, so that its imports overlap the front end's. Past its imports it says
+    so on the pipe (SCHEDULER_IMPORTED) and waits for `approve_model` before it loads
+    anything."""
     port_args = PortArgs.new()
     context = multiprocessing.get_context("spawn")
     parent_conn, child_conn = context.Pipe()
@@ -126,13 +127,23 @@ def approve_model(conn: Any) -> None:
     conn.send("load")
 
 
-def wait_until_loaded(process: multiprocessing.process.BaseProcess, conn: Any) -> ModelInfo:
-    """Wait until the scheduler has loaded the model; stop it if it fails or we are stopped."""
+def wait_until_loaded(
+    process: multiprocessing.process.BaseProcess,
+    conn: Any,
+    imported: threading.Event | None = None,
+) -> ModelInfo:
+    """Wait until the scheduler has loaded the model (setting `imported` when it says its
+    imports are done); stop it if it fails or we are stopped."""
     started = time.perf_counter()
     try:
-        while not conn.poll(LOAD_PROGRESS_INTERVAL_S):
-            logger.info("still loading the model (%.0fs)", time.perf_counter() - started)
-        message = conn.recv()
+        while True:
+            while not conn.poll(LOAD_PROGRESS_INTERVAL_S):
+                logger.info("still loading the model (%.0fs)", time.perf_counter() - started)
+            message = conn.recv()
+            if message != SCHEDULER_IMPORTED:
+                break
+            if imported is not None:
+                imported.set()
     except EOFError:
         process.join(timeout=SCHEDULER_STOP_TIMEOUT_S)
         raise EngineStartupError(
@@ -190,11 +201,13 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._closed = False
         started = time.perf_counter()
-        # The weights are read ahead into the page cache from now, and the scheduler process
-        # starts: both overlap its imports and this process's own (the loader pulls in torch
-        # and transformers, seconds on a cold node), the model check and the tokenizer.
-        # `process_started_at` (a server's start) times what came before.
-        start_prefetch(server_args.model)
+        # The scheduler process starts; once it has imported (torch, triton, the engine:
+        # seconds of a cold node's disk, which a read beside them slows several times) the
+        # weights are read ahead into the page cache, beside its model setup and this
+        # process's model check and tokenizer. `process_started_at` (a server's start) times
+        # what came before.
+        imported = threading.Event()
+        start_prefetch(server_args.model, after=imported)
         self._process, port_args, scheduler_conn = spawn_scheduler(server_args)
         self.startup = StartupPhases()
         if process_started_at is not None:
@@ -203,7 +216,7 @@ class Engine:
             check_model(server_args)
             approve_model(scheduler_conn)
             logger.info("loading %s in the scheduler process", server_args.model)
-            self.model_info = wait_until_loaded(self._process, scheduler_conn)
+            self.model_info = wait_until_loaded(self._process, scheduler_conn, imported)
             tokenizer = load_frontend_tokenizer(self.model_info.tokenizer_dir)
         except BaseException:
             stop_process(self._process)

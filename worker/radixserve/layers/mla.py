@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 from radixserve.kernels import triton_support
 from radixserve.kernels.mla_decode import mla_decode_fwd
@@ -123,6 +122,10 @@ def mla_extend(
     """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
     pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
     qk_nope], v [L, heads, v_head_dim]) (the layer's kv_b_proj). -> [tokens, heads, v_head_dim]."""
+    # here, not at the top: torch.nn.attention.bias imports torch._dynamo and sympy (about 800
+    # modules, 0.6 s of CPU, of every scheduler process's start, read from a cold disk)
+    from torch.nn.attention.bias import causal_lower_right
+
     req_to_token = forward_batch.req_to_token_pool.req_to_token
     outputs = []
     start = 0

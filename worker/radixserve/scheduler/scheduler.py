@@ -14,8 +14,9 @@ compiles beside the loop (the grammar cache's worker processes, within its limit
 waiting queue once it has: the loop never waits for a compile. A batch with constrained rows is launched in two parts: its forward first,
 then, once the batch before it has been resolved and every matcher has accepted its row's last
 token, its sampling with the rows' masks (`BatchWorker.sample_deferred`). With overlap, the
-device runs the forward while the host resolves the previous batch, and the masks are filled on
-the grammar backend's thread while this one emits that batch's outputs.
+device runs the forward while the host resolves the previous batch: the matchers accept that
+batch's tokens first, in one call, and the masks are then filled on the grammar backend's
+thread while this one appends that batch's tokens, checks its stops and emits its outputs.
 
 A request that breaks code working for it alone (taking it in, its part of a prefill batch: its
 prefix match, its admission, its sampling tensors; its output: stop checks, logprobs) ends alone
@@ -613,15 +614,18 @@ class Scheduler:
     def _resolve(self, launched: LaunchedBatch, masked: SamplingBatchInfo | None = None) -> None:
         """Append the batch's tokens and check its requests' stops, then emit and release them.
         `masked`, the next batch's sampling state when it has constrained rows, starts its mask
-        fill between the two: the fill runs on the grammar backend's thread while this one
-        emits, which touches no matcher (the checks do: `is_terminated`)."""
+        fill as soon as every matcher has accepted its row's token: the constrained rows'
+        accepts come first, in one call (`_accept_grammar_tokens`), and the fill then runs on
+        the grammar backend's thread while this one appends, checks and emits, which touches no
+        matcher (`is_terminated` answers from what the accepts recorded). So only the accepts
+        and the fill lie between this batch's tokens and the next batch's sampling."""
         result = launched.pending.resolve()
         self.worker.timeline.add(launched.pending, launched.mode.is_decode())
         elapsed = time.perf_counter() - launched.start
         self.counters.count_step(
             launched.mode.metric_label, len(launched.reqs), launched.num_tokens, elapsed
         )
-        resolved: list[Req] = []
+        taking: list[tuple[int, Req]] = []  # (row, request) of the rows this result is for
         for i, req in enumerate(launched.reqs):
             if req is launched.chunked_req:
                 if req.pooling is not None and result.pooled is not None:
@@ -634,16 +638,22 @@ class Scheduler:
                 if req.req_pool_idx is not None:
                     self._release_finished(req)
                 continue
+            taking.append((i, req))
+        verdicts = self._accept_grammar_tokens(launched, result, taking)
+        if masked is not None and verdicts is not None:
+            masked.start_grammar_mask()
+        resolved: list[Req] = []
+        for i, req in taking:
             try:
                 if req.pooling is not None and result.pooled is not None:
                     self._finish_pooling(req, result.pooled[i])
-                elif launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0:
-                    self._append_token(req, result, i)
+                elif self._takes_token(launched, req, result):
+                    self._append_token(req, result, i, verdicts)
                 req.check_finished(self.context_len, self.model.tokenizer)
             except Exception as exc:  # this request's own output (its stops, its logprobs)
                 self._end_with_internal_error(req, exc)
             resolved.append(req)
-        if masked is not None:
+        if masked is not None and verdicts is None:
             masked.start_grammar_mask()
         for req in resolved:
             if not req.finished():
@@ -894,13 +904,50 @@ class Scheduler:
         return batch
 
     # -- results -----------------------------------------------------------------------------
-    def _append_token(self, req: Req, result: GenerationBatchResult, i: int) -> None:
+    @staticmethod
+    def _takes_token(launched: LaunchedBatch, req: Req, result: GenerationBatchResult) -> bool:
+        """Whether `req`'s row of this result is a token for it (not a pooled row, and not the
+        prefill of a request that asks for no tokens)."""
+        if req.pooling is not None and result.pooled is not None:
+            return False
+        return launched.mode.is_decode() or req.sampling_params.max_new_tokens > 0
+
+    def _accept_grammar_tokens(
+        self, launched: LaunchedBatch, result: GenerationBatchResult, taking: list[tuple[int, Req]]
+    ) -> dict[int, bool] | None:
+        """The constrained rows' grammars accept this result's tokens, all in one call to their
+        backend (xgrammar's batch API): {row: accepted}. None where each row accepts its own as
+        it is appended: a verify step's tokens (walked one by one between stop checks), or a
+        batch call that raised (each row then fails or not alone)."""
+        if result.verified is not None:
+            return None
+        rows = [
+            (i, req)
+            for i, req in taking
+            if req.grammar is not None and self._takes_token(launched, req, result)
+        ]
+        if not rows:
+            return {}
+        grammars = [req.grammar for _, req in rows]
+        tokens = [result.next_token_ids[i] for i, _ in rows]
+        try:
+            accepted = grammars[0].backend.accept_tokens(grammars, tokens)
+        except Exception:
+            logger.exception("the batched grammar accepts failed; accepting row by row")
+            return None
+        return {i: ok for (i, _), ok in zip(rows, accepted, strict=True)}
+
+    def _append_token(
+        self, req: Req, result: GenerationBatchResult, i: int, verdicts: dict[int, bool] | None
+    ) -> None:
+        """Append row i's token(s); `verdicts`: the grammar's verdict on it, if already given."""
         if result.verified is not None:
             self._append_verified(req, result, i)
             return
         top = result.top_logprobs[i] if result.top_logprobs else []
         logprob = result.logprobs[i] if result.logprobs is not None else None
-        self._take_token(req, result.next_token_ids[i], logprob, top)
+        accepted = verdicts.get(i) if verdicts is not None else None
+        self._take_token(req, result.next_token_ids[i], logprob, top, accepted)
 
     def _append_verified(self, req: Req, result: GenerationBatchResult, i: int) -> None:
         """A verify step's tokens for row i, each with its stop checks: a request that stops
@@ -924,11 +971,19 @@ class Scheduler:
             req.kv_len = kept
 
     def _take_token(
-        self, req: Req, token: int, logprob: float | None, top: list[tuple[int, float]]
+        self,
+        req: Req,
+        token: int,
+        logprob: float | None,
+        top: list[tuple[int, float]],
+        accepted: bool | None = None,
     ) -> None:
-        """Append one sampled token: its grammar accepts it, its logprobs are queued."""
+        """Append one sampled token: its grammar accepts it (unless `accepted` is its verdict,
+        already given), its logprobs are queued."""
         req.output_ids.append(token)
-        if req.grammar is not None and not req.grammar.accept_token(token):
+        if accepted is None and req.grammar is not None:
+            accepted = req.grammar.accept_token(token)
+        if req.grammar is not None and not accepted:
             # the mask allowed only what the grammar accepts: this is an engine bug
             logger.error("request %s: its grammar rejected sampled token %d", req.rid, token)
             req.finished_reason = {"type": "error", "message": "the grammar rejected a token"}

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 
 from radixserve.boundary import (
+    SCHEDULER_IMPORTED,
     BatchReqOutput,
     GrammarsReadyReq,
     PoolingParams,
@@ -190,6 +191,8 @@ def run_scheduler_process(
     startup = StartupPhases()
     if spawned_at is not None:
         startup.add("imports", time.time() - spawned_at)
+    if ready_conn is not None:
+        ready_conn.send(SCHEDULER_IMPORTED)  # the front end's weight read-ahead starts now
     if resolve_device(server_args.device) == "cuda":
         _start_cuda_context(tp_rank)
     if library := library_to_import_early(
