@@ -69,7 +69,7 @@ def verify(
     """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass,
     `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals).
     `greedy_ids`: the argmax of every row, when the batch is plain greedy and the pass took it
-    already (a replayed CUDA graph does): the picks are then those. `inputs`: `input_ids` on the
+    already (a replayed CUDA graph does): the picks are then those (taken here otherwise). `inputs`: `input_ids` on the
     host, for the grammars of constrained rows with proposals."""
     bs = len(draft_lens)
     rows_list, width = position_rows(draft_lens)
@@ -79,6 +79,10 @@ def verify(
     lens = device_tensor(draft_lens, torch.int64, logits.device)
     proposed = torch.arange(width, device=logits.device).unsqueeze(0) < lens.unsqueeze(1)
 
+    if greedy_ids is None and info.is_plain_greedy:
+        # every position's pick is its row's raw argmax: one reduction over all rows, not one
+        # gather and reduction per position (the eager pass; a replayed graph took it already)
+        greedy_ids = argmax(logits)
     if greedy_ids is not None:
         tokens = greedy_ids[rows]
     else:
