@@ -79,7 +79,7 @@ def test_greedy_accepts_the_longest_matching_prefix():
         ids += [last, *draft]
         rows += [torch.nn.functional.one_hot(torch.tensor(t), vocab).float() * 5 for t in target]
     info = batch_info([SamplingParams(temperature=0.0)] * 3, vocab)
-    out = verify(torch.stack(rows), torch.tensor(ids), [3, 1, 0], info)
+    out = verify(torch.stack(rows), ids, [3, 1, 0], info)
     assert out.num_accepted.tolist() == [2, 0, 0]
     counts = out.num_accepted.tolist()
     emitted = [row[: m + 1] for row, m in zip(out.tokens.tolist(), counts, strict=True)]
@@ -107,8 +107,7 @@ def test_sampled_rows_keep_the_target_distribution():
     info = batch_info(params, vocab)
     d = int(first_logits.topk(2).indices[1])
     logits = torch.stack([first_logits, second_logits] * n)
-    ids = torch.tensor([0, d] * n)
-    out = verify(logits, ids, [1] * n, info)
+    out = verify(logits, [0, d] * n, [1] * n, info)
 
     def target(raw: torch.Tensor) -> torch.Tensor:
         scaled = raw / 0.8
