@@ -9,7 +9,8 @@ its figures to a JSON file.
   ends where the model's answer ends (its EOS, `--tokens` at most): what follows an answer's
   end is no rewrite of anything (`--ignore-eos` measures past it). Target: the best k >= 2x.
   `--phases`: where the host's time of a step goes (per phase, exclusive, per step), plain and
-  at the best k; on the GPU "resolve" holds the wait for the device.
+  at the best k; on the GPU "resolve" holds the wait for the device. `--host-only` (the CPU):
+  the forward replays the plain run's answer, so the runs cost the host's work alone.
 - `verify MODEL`: device time of a verify step (k proposals, batch 1, proposals always made)
   against a plain decode step on the same request. Target: <= 1.15x at k = 4. Then the sweep
   over batch sizes that sets --speculative-max-batch-size: a verify step's cost per decode step
@@ -22,7 +23,7 @@ its figures to a JSON file.
 
 Usage: python scripts/gpu/spec_decode_bench.py SECTION MODEL [--json PATH] [--device cuda]
   [--tokens N] [--k K] [--k-sweep 4,8,12,16] [--repeats 3] [--ignore-eos] [--phases]
-  [--dtype D] [--sizes 1,4,8,16,32,64] (CPU dry run: --device cpu, tiny shapes)
+  [--host-only] [--dtype D] [--sizes 1,4,8,16,32,64] (CPU dry run: --device cpu, tiny shapes)
 """
 
 from __future__ import annotations
@@ -35,7 +36,11 @@ import random
 import statistics
 import time
 
+import torch
+
 from radixserve.boundary import TokenizedGenerateReqInput
+from radixserve.kernels.argmax import argmax
+from radixserve.layers import sampler as sampler_module
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.scheduler import schedule_batch, tp_worker
@@ -43,6 +48,7 @@ from radixserve.scheduler import scheduler as scheduler_module
 from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 from radixserve.speculative import speculator as speculator_module
+from radixserve.speculative import verify as verify_module
 
 TEXT = (
     "def moving_average(values, window):\n"
@@ -148,7 +154,9 @@ def section_copy(a) -> dict:
     speculator = scheduler.speculator
     prompt = copy_prompt(scheduler)
     params = SamplingParams(max_new_tokens=a.tokens, temperature=0.0, ignore_eos=a.ignore_eos)
-    copy_run(scheduler, prompt, params, False)  # warm-up, both paths
+    answer = copy_run(scheduler, prompt, params, False)["tokens"]  # warm-up, both paths
+    if a.host_only:
+        replay_answer(scheduler, prompt, answer)
     copy_run(scheduler, prompt, params, True)
     offs: list[dict] = []
     ons: dict[int, list[dict]] = {k: [] for k in ks}
@@ -184,6 +192,8 @@ def section_copy(a) -> dict:
     best = max(ks, key=lambda k: figures[k]["speedup"])
     same = all(f["identical"] for f in figures.values())
     verdict = "PASS" if figures[best]["speedup"] >= target and same else "FAIL"
+    if a.host_only:
+        verdict = "(host only: the forward replays the answer)"
     if a.section == "draft" and a.draft == a.model:
         verdict = "(the target drafting for itself: the draft's cost)" if same else "FAIL"
     print(
@@ -205,6 +215,37 @@ def section_copy(a) -> dict:
             for label, on in (("off", False), (f"k={best}", True))
         }
     return result
+
+
+def replay_answer(scheduler, prompt: list[int], answer: list[int]) -> None:
+    """`--host-only`: the model's forward becomes the answer it gave, one-hot logits whose
+    argmax at every position is the answer's next token there. Greedy verification is exact
+    under it (a proposal is kept only if it is the answer's token, so every kept row's input is
+    the answer's too), and a step then costs only the host's work: the regime of a tiny model
+    on a fast device, without the CPU's forward (which also evicts the host's caches). The
+    argmax of those logits is handed over as a replayed graph hands over its in-graph argmax
+    (on the CPU it costs ~25 us a row: device work, not the host's). Eager passes only: a
+    captured graph keeps the real model. For the rest of the process."""
+    model = scheduler.worker.model_runner.model
+    following = torch.tensor([*prompt[1:], *answer, 0])  # the token after each position
+    vocab = scheduler.model.vocab_size
+    last: dict[str, torch.Tensor] = {}
+
+    def forward(input_ids, positions, forward_batch):
+        if forward_batch.forward_mode.is_extend():
+            ends = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            positions = positions[ends]
+        logits = torch.zeros(len(positions), vocab)
+        picks = following[positions.clamp(max=len(following) - 1)]
+        logits[torch.arange(len(positions)), picks] = 1.0
+        last["logits"], last["picks"] = logits, picks
+        return logits
+
+    def replayed_argmax(logits: torch.Tensor) -> torch.Tensor:
+        return last["picks"].clone() if logits is last.get("logits") else argmax(logits)
+
+    model.forward = forward
+    sampler_module.argmax = verify_module.argmax = replayed_argmax
 
 
 # The host's phases of a step, (owner, method, label): timed exclusive of the phases they call
@@ -382,6 +423,9 @@ def main() -> None:
     parser.add_argument("--ignore-eos", action="store_true", help="copy: past the answer's end")
     parser.add_argument("--phases", action="store_true", help="copy: the host's time per phase")
     parser.add_argument("--dtype", help="the model's dtype (default: the server's)")
+    parser.add_argument(
+        "--host-only", action="store_true", help="copy, CPU: the forward replays the answer"
+    )
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--draft", help="the draft model (section draft)")
     parser.add_argument("--json")
