@@ -96,7 +96,7 @@ def verify(
         finally:
             if walk is not None:
                 walk.rollback()
-    num_accepted = (tokens[:, :width] == proposals).cumprod(dim=1).sum(dim=1)
+    num_accepted = (tokens[:, :width] == proposals).to(torch.int64).cumprod(dim=1).sum(dim=1)
 
     logprobs = top = None
     if return_logprob:
