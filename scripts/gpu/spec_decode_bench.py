@@ -4,7 +4,13 @@ its figures to a JSON file.
 
 - `copy MODEL`: a copy-heavy request (rewrite a given text, the answer repeats most of it) at
   batch 1, greedy, with --speculative-method ngram and without: tokens/s of each, the output
-  identical, the acceptance length (tokens per verified step). Target: >= 2x.
+  identical, the acceptance length (tokens per verified step), for each k of `--k-sweep`
+  (speculation pays more per step the longer the copied runs: one line per k). The request
+  ends where the model's answer ends (its EOS, `--tokens` at most): what follows an answer's
+  end is no rewrite of anything (`--ignore-eos` measures past it). Target: the best k >= 2x.
+  `--phases`: where the host's time of a step goes (per phase, exclusive, per step), plain and
+  at the best k; on the GPU "resolve" holds the wait for the device. `--host-only` (the CPU):
+  the forward replays the plain run's answer, so the runs cost the host's work alone.
 - `verify MODEL`: device time of a verify step (k proposals, batch 1, proposals always made)
   against a plain decode step on the same request. Target: <= 1.15x at k = 4. Then the sweep
   over batch sizes that sets --speculative-max-batch-size: a verify step's cost per decode step
@@ -16,22 +22,33 @@ its figures to a JSON file.
   turns it off at this size) and off: on is never slower (>= 0.98x tok/s: run-to-run noise).
 
 Usage: python scripts/gpu/spec_decode_bench.py SECTION MODEL [--json PATH] [--device cuda]
-  [--tokens N] [--k K] [--sizes 1,4,8,16,32,64] (CPU dry run: --device cpu, tiny shapes)
+  [--tokens N] [--k K] [--k-sweep 4,8,12,16] [--repeats 3] [--ignore-eos] [--phases]
+  [--host-only] [--dtype D] [--sizes 1,4,8,16,32,64] (CPU dry run: --device cpu, tiny shapes)
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import functools
 import json
 import random
 import statistics
 import time
 
+import torch
+
 from radixserve.boundary import TokenizedGenerateReqInput
+from radixserve.kernels.argmax import argmax
+from radixserve.layers import sampler as sampler_module
+from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.sampling.sampling_params import SamplingParams
+from radixserve.scheduler import schedule_batch, tp_worker
+from radixserve.scheduler import scheduler as scheduler_module
 from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 from radixserve.speculative import speculator as speculator_module
+from radixserve.speculative import verify as verify_module
 
 TEXT = (
     "def moving_average(values, window):\n"
@@ -99,45 +116,203 @@ def copy_prompt(scheduler) -> list[int]:
     return ids if isinstance(ids, list) else ids["input_ids"]
 
 
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Where two token lists part (None: identical): a late one in bf16 is a tie the batch
+    shape of the verify pass broke the other way, an early one a bug."""
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def copy_run(scheduler, prompt, params, on: bool) -> dict:
+    """One run of the copy request: tok/s, its tokens, and with speculation the verify steps
+    and the acceptance length."""
+    with_speculation(scheduler, on)
+    before = scheduler.get_server_info()
+    out, seconds = run(scheduler, [prompt], [params])
+    info = scheduler.get_server_info()
+    row = {"tok_s": len(out["r0"]) / seconds, "tokens": out["r0"]}
+    if on:
+        verified = (
+            info["forward_steps_by_mode"]["verify"] - before["forward_steps_by_mode"]["verify"]
+        )
+        accepted = info["spec_accepted_tokens"] - before["spec_accepted_tokens"]
+        row["verify_steps"] = verified
+        row["acceptance_length"] = (accepted + verified) / verified if verified else 0.0
+    return row
+
+
 def section_copy(a) -> dict:
-    kw = {"speculative_num_tokens": a.k}
+    ks = [int(k) for k in (a.k_sweep or str(a.k)).split(",")]
+    kw = {"speculative_num_tokens": max(ks)}
+    if a.dtype:
+        kw["dtype"] = a.dtype
     if a.section == "draft":
         kw |= {"speculative_method": "draft", "speculative_draft_model": a.draft}
     scheduler = make(a.model, a.device, **kw)
+    speculator = scheduler.speculator
     prompt = copy_prompt(scheduler)
-    figures = {}
-    for on in (False, True, False, True):  # warm-up, then interleaved
-        with_speculation(scheduler, on)
-        before = dict(scheduler.get_server_info())
-        out, seconds = run(scheduler, [prompt], [greedy(a.tokens)])
-        info = scheduler.get_server_info()
-        tokens = len(out["r0"])
-        row = {"tok_s": tokens / seconds, "tokens": out["r0"]}
-        if on:
-            verified = (
-                info["forward_steps_by_mode"]["verify"] - before["forward_steps_by_mode"]["verify"]
-            )
-            accepted = info["spec_accepted_tokens"] - before["spec_accepted_tokens"]
-            row["verify_steps"] = verified
-            row["acceptance_length"] = (accepted + verified) / verified if verified else 0.0
-        figures["on" if on else "off"] = row
-    off, on = figures["off"], figures["on"]
-    speedup = on["tok_s"] / off["tok_s"]
-    same = on["tokens"] == off["tokens"]
+    params = SamplingParams(max_new_tokens=a.tokens, temperature=0.0, ignore_eos=a.ignore_eos)
+    answer = copy_run(scheduler, prompt, params, False)["tokens"]  # warm-up, both paths
+    if a.host_only:
+        replay_answer(scheduler, prompt, answer)
+    copy_run(scheduler, prompt, params, True)
+    offs: list[dict] = []
+    ons: dict[int, list[dict]] = {k: [] for k in ks}
+    for _ in range(a.repeats):  # interleaved: drift hits every k alike
+        for k in ks:
+            offs.append(copy_run(scheduler, prompt, params, False))
+            speculator.num_tokens = k  # read per request: the next request proposes up to k
+            ons[k].append(copy_run(scheduler, prompt, params, True))
+    off_tok_s = statistics.median(r["tok_s"] for r in offs)
+    reference = offs[0]["tokens"]
     target = 2.0 if a.section == "copy" else 1.0
-    verdict = "PASS" if speedup >= target and same else "FAIL"
+    figures: dict[int, dict] = {}
+    for k in ks:
+        runs = ons[k]
+        tok_s = statistics.median(r["tok_s"] for r in runs)
+        differs = [first_difference(r["tokens"], reference) for r in runs + offs]
+        parted = [d for d in differs if d is not None]
+        figures[k] = {
+            "tok_s": tok_s,
+            "speedup": tok_s / off_tok_s,
+            "acceptance_length": statistics.median(r["acceptance_length"] for r in runs),
+            "verify_steps": runs[0]["verify_steps"],
+            "identical": not parted,
+            "first_difference": min(parted) if parted else None,
+        }
+        f = figures[k]
+        same = "True" if f["identical"] else f"False (from token {f['first_difference']})"
+        print(
+            f"{a.section} batch 1 k={k}: {off_tok_s:.0f} -> {tok_s:.0f} tok/s "
+            f"(x{f['speedup']:.2f}), acceptance length {f['acceptance_length']:.2f} over "
+            f"{f['verify_steps']} verify steps, {len(reference)} tokens, output identical: {same}"
+        )
+    best = max(ks, key=lambda k: figures[k]["speedup"])
+    same = all(f["identical"] for f in figures.values())
+    verdict = "PASS" if figures[best]["speedup"] >= target and same else "FAIL"
+    if a.host_only:
+        verdict = "(host only: the forward replays the answer)"
     if a.section == "draft" and a.draft == a.model:
         verdict = "(the target drafting for itself: the draft's cost)" if same else "FAIL"
     print(
-        f"{a.section} batch 1: {off['tok_s']:.0f} -> {on['tok_s']:.0f} tok/s (x{speedup:.2f}), "
-        f"acceptance length {on['acceptance_length']:.2f} over {on['verify_steps']} verify steps, "
-        f"output identical: {same} {verdict}"
+        f"{a.section} batch 1: best k={best} x{figures[best]['speedup']:.2f} "
+        f"(target {target:.0f}x), output identical for every k: {same} {verdict}"
     )
-    return {
-        "speedup": speedup,
+    result = {
+        "off_tok_s": off_tok_s,
+        "tokens": len(reference),
+        "best_k": best,
+        "speedup": figures[best]["speedup"],
         "identical": same,
-        **{k: {x: y for x, y in v.items() if x != "tokens"} for k, v in figures.items()},
+        "k": figures,
     }
+    if a.phases:
+        speculator.num_tokens = best
+        result["phases"] = {
+            label: host_phases(scheduler, prompt, params, on, a.section)
+            for label, on in (("off", False), (f"k={best}", True))
+        }
+    return result
+
+
+def replay_answer(scheduler, prompt: list[int], answer: list[int]) -> None:
+    """`--host-only`: the model's forward becomes the answer it gave, one-hot logits whose
+    argmax at every position is the answer's next token there. Greedy verification is exact
+    under it (a proposal is kept only if it is the answer's token, so every kept row's input is
+    the answer's too), and a step then costs only the host's work: the regime of a tiny model
+    on a fast device, without the CPU's forward (which also evicts the host's caches). The
+    argmax of those logits is handed over as a replayed graph hands over its in-graph argmax
+    (on the CPU it costs ~25 us a row: device work, not the host's). Eager passes only: a
+    captured graph keeps the real model. For the rest of the process."""
+    model = scheduler.worker.model_runner.model
+    following = torch.tensor([*prompt[1:], *answer, 0])  # the token after each position
+    vocab = scheduler.model.vocab_size
+    last: dict[str, torch.Tensor] = {}
+
+    def forward(input_ids, positions, forward_batch):
+        if forward_batch.forward_mode.is_extend():
+            ends = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            positions = positions[ends]
+        logits = torch.zeros(len(positions), vocab)
+        picks = following[positions.clamp(max=len(following) - 1)]
+        logits[torch.arange(len(positions)), picks] = 1.0
+        last["logits"], last["picks"] = logits, picks
+        return logits
+
+    def replayed_argmax(logits: torch.Tensor) -> torch.Tensor:
+        return last["picks"].clone() if logits is last.get("logits") else argmax(logits)
+
+    model.forward = forward
+    sampler_module.argmax = verify_module.argmax = replayed_argmax
+
+
+# The host's phases of a step, (owner, method, label): timed exclusive of the phases they call
+# (the model's forward and the device wait are phases of their own).
+PHASES = (
+    (scheduler_module.Scheduler, "step", "step: the rest"),
+    (scheduler_module.Scheduler, "get_next_batch_to_run", "absorb, drop finished, admit"),
+    (scheduler_module.Scheduler, "update_running_batch", "update_running_batch: the rest"),
+    (speculator_module.Speculator, "plan", "plan: budgets, propose (ngram)"),
+    (schedule_batch.ScheduleBatch, "prepare_for_decode", "prepare_for_decode"),
+    (schedule_batch.ScheduleBatch, "prepare_for_verify", "prepare_for_verify"),
+    (schedule_batch.ScheduleBatch, "get_model_worker_batch", "get_model_worker_batch"),
+    (tp_worker.ModelWorker, "launch", "launch: inputs, metadata"),
+    (ModelRunner, "forward", "model forward (graph replay or eager)"),
+    (tp_worker.ModelWorker, "_verify", "acceptance (verify.py)"),
+    (tp_worker.ModelWorker, "_sample", "sampling"),
+    (tp_worker.PendingBatchResult, "resolve", "resolve: device wait, to host"),
+    (scheduler_module.Scheduler, "_resolve", "_resolve: the rest"),
+    (scheduler_module.Scheduler, "_append_verified", "append verified, settle, free KV"),
+    (scheduler_module.Scheduler, "_append_token", "append token"),
+    (scheduler_module.Scheduler, "_emit", "emit outputs"),
+)
+
+
+def host_phases(scheduler, prompt, params, on: bool, section: str) -> dict[str, float]:
+    """One run with every phase timed: microseconds per step of each, exclusive, printed as a
+    table (the wrappers add about a microsecond a call)."""
+    spent: dict[str, float] = collections.defaultdict(float)
+    calls: collections.Counter[str] = collections.Counter()
+    inner: list[float] = []  # per open phase: the time its nested phases took
+
+    def timed(method, label):
+        @functools.wraps(method)
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            inner.append(0.0)
+            try:
+                return method(*args, **kwargs)
+            finally:
+                took = time.perf_counter() - start
+                spent[label] += took - inner.pop()
+                calls[label] += 1
+                if inner:
+                    inner[-1] += took
+
+        return wrapper
+
+    originals = [(owner, name, owner.__dict__[name]) for owner, name, _ in PHASES]
+    for (owner, name, method), (_, _, label) in zip(originals, PHASES, strict=True):
+        setattr(owner, name, timed(method, label))
+    try:
+        row = copy_run(scheduler, prompt, params, on)
+    finally:
+        for owner, name, method in originals:
+            setattr(owner, name, method)
+    steps = calls["step: the rest"]
+    per_step = {label: spent[label] * 1e6 / steps for _, _, label in PHASES if calls[label]}
+    host = sum(us for label, us in per_step.items() if not label.startswith(("model", "resolve")))
+    mode = "speculation k=" + str(scheduler.speculator.num_tokens) if on else "plain decode"
+    print(f"{section} phases, {mode}: {steps} steps, {len(row['tokens'])} tokens, us per step:")
+    for label, us in sorted(per_step.items(), key=lambda item: -item[1]):
+        print(f"{section} phases   {label:40s} {us:9.1f}  ({calls[label]} calls)")
+    print(
+        f"{section} phases   host, but the forward and the device wait: {host:.1f} us per step, "
+        f"{host * steps / len(row['tokens']):.1f} us per token"
+    )
+    return per_step
 
 
 class AlwaysPropose:
@@ -243,6 +418,14 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--k", type=int, default=4)
+    parser.add_argument("--k-sweep", help="copy/draft: the k to measure, e.g. 4,8,12,16")
+    parser.add_argument("--repeats", type=int, default=3, help="copy/draft: runs of each k")
+    parser.add_argument("--ignore-eos", action="store_true", help="copy: past the answer's end")
+    parser.add_argument("--phases", action="store_true", help="copy: the host's time per phase")
+    parser.add_argument("--dtype", help="the model's dtype (default: the server's)")
+    parser.add_argument(
+        "--host-only", action="store_true", help="copy, CPU: the forward replays the answer"
+    )
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
     parser.add_argument("--draft", help="the draft model (section draft)")
     parser.add_argument("--json")

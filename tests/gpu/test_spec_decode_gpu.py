@@ -19,7 +19,7 @@ from small_models import SMALL_LLAMA, random_model  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 from radixserve.sampling.sampling_params import SamplingParams  # noqa: E402
 
-SPEC = {"speculative_method": "ngram", "speculative_num_tokens": 4}
+SPEC = {"speculative_method": "ngram"}
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +41,12 @@ def generate(model_path, prompts, params, **kw):
 
 
 @pytest.mark.parametrize("backend", ["triton"])
-def test_graphs_and_overlap_identical_with_speculation(model_path, backend):
+@pytest.mark.parametrize("k", [4, 16])
+def test_graphs_and_overlap_identical_with_speculation(model_path, backend, k):
     # 24 rows: above the default batch-size limit (16) at first; their lengths differ, so the
     # batch falls below it as they finish and the rest speculate (had they one length, they
-    # would end together and none would)
+    # would end together and none would). k = 16: 16 requests' 17 rows each pass the decode
+    # graphs' and the future ring's width (256): the proposals are trimmed to it
     prompts = copy_heavy(24)
     params = [greedy(16 + 8 * i) for i in range(12)] + [
         SamplingParams(
@@ -53,7 +55,9 @@ def test_graphs_and_overlap_identical_with_speculation(model_path, backend):
         for i in range(12)
     ]
     plain, _ = generate(model_path, prompts, params, attention_backend=backend)
-    spec, scheduler = generate(model_path, prompts, params, attention_backend=backend, **SPEC)
+    spec, scheduler = generate(
+        model_path, prompts, params, attention_backend=backend, speculative_num_tokens=k, **SPEC
+    )
     assert scheduler.worker.model_runner.cuda_graph_runner is not None and scheduler.overlap
     info = scheduler.get_server_info()
     assert info["forward_steps_by_mode"]["verify"] > 0 and info["spec_accepted_tokens"] > 0

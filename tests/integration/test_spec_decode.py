@@ -70,14 +70,16 @@ def tiny_llama():
     return source, build_hf_reference(source)
 
 
+@pytest.mark.parametrize("k", [4, 16])
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
-def test_greedy_matches_transformers_with_cache_and_chunks(tiny_llama, overlap):
+def test_greedy_matches_transformers_with_cache_and_chunks(tiny_llama, overlap, k):
     source, hf = tiny_llama
     vocab = source.config.vocab_size
     prompts = copy_heavy(vocab, 6, seed=11)
     prompts += [prompts[0] + prompts[1][:5]]  # shares a cached prefix with prompt 0
     new = 24
-    scheduler = make_scheduler("random:tiny-llama", source, chunked_prefill_size=16, **SPEC)
+    spec = SPEC | {"speculative_num_tokens": k}
+    scheduler = make_scheduler("random:tiny-llama", source, chunked_prefill_size=16, **spec)
     first = run(scheduler, prompts, [greedy(new)] * len(prompts), overlap=overlap)
     check_against_hf(hf, prompts, first, new)
     again = run(scheduler, prompts, [greedy(new)] * len(prompts), overlap=overlap)
@@ -104,7 +106,8 @@ def test_retraction_under_kv_pressure(tiny_llama):
     assert_memory_back(scheduler)
 
 
-def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama):
+@pytest.mark.parametrize("k", [4, 16])
+def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama, k):
     """The verify step samples each position with the noise a plain decode of that token
     draws and the penalties (repetition, frequency, presence, logit_bias, min_new_tokens) of the
     tokens before it: every row emits the same tokens, with the same logprobs."""
@@ -121,7 +124,7 @@ def test_seeded_sampling_penalties_and_logprobs_unchanged(tiny_llama):
         SamplingParams(max_new_tokens=20, temperature=0.0, frequency_penalty=-1.0, ignore_eos=True),
     ]
     results = {}
-    for spec in ({}, SPEC):
+    for spec in ({}, SPEC | {"speculative_num_tokens": k}):
         scheduler = make_scheduler("random:tiny-llama", source, **spec)
         results[bool(spec)] = run(scheduler, prompts, params, logprobs=(0, 3))
         assert_memory_back(scheduler)

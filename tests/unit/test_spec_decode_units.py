@@ -79,7 +79,7 @@ def test_greedy_accepts_the_longest_matching_prefix():
         ids += [last, *draft]
         rows += [torch.nn.functional.one_hot(torch.tensor(t), vocab).float() * 5 for t in target]
     info = batch_info([SamplingParams(temperature=0.0)] * 3, vocab)
-    out = verify(torch.stack(rows), torch.tensor(ids), [3, 1, 0], info)
+    out = verify(torch.stack(rows), ids, [3, 1, 0], info)
     assert out.num_accepted.tolist() == [2, 0, 0]
     counts = out.num_accepted.tolist()
     emitted = [row[: m + 1] for row, m in zip(out.tokens.tolist(), counts, strict=True)]
@@ -107,8 +107,7 @@ def test_sampled_rows_keep_the_target_distribution():
     info = batch_info(params, vocab)
     d = int(first_logits.topk(2).indices[1])
     logits = torch.stack([first_logits, second_logits] * n)
-    ids = torch.tensor([0, d] * n)
-    out = verify(logits, ids, [1] * n, info)
+    out = verify(logits, [0, d] * n, [1] * n, info)
 
     def target(raw: torch.Tensor) -> torch.Tensor:
         scaled = raw / 0.8
@@ -193,3 +192,28 @@ def test_speculation_turns_itself_down_and_probes_again():
         assert probe == ([[9]] if proposer.tokens else None)
         fresh = _SpecReq("b")
         assert spec.may_propose([fresh] * 4) and not spec.may_propose([fresh] * 5)  # batch limit
+
+
+def test_speculation_turns_itself_up_to_k_when_all_is_kept():
+    """A request turned down to its one-token probe whose proposals are then all kept doubles
+    its budget each step, up to k (`--speculative-num-tokens`), and stays there."""
+    args = ServerArgs(speculative_method="ngram", speculative_num_tokens=16)
+    spec = Speculator(args, _Fixed([7] * 16), context_len=4096)
+    req = _SpecReq("a")
+    budgets = []
+    while len(budgets) < 3 or budgets[-1]:  # rejected until turned down to none
+        drafts = spec.plan([req], spare_slots=100)
+        budgets.append(len(drafts[0]) if drafts else 0)
+        if drafts:
+            req.output_ids.append(5)
+            spec.settle(req, emitted=1, accepted=0)
+    assert budgets[0] == 16
+    while (drafts := spec.plan([req], spare_slots=100)) is None:  # until the probe
+        pass
+    budgets = []
+    for _ in range(7):
+        budgets.append(len(drafts[0]))
+        req.output_ids += [7] * (len(drafts[0]) + 1)
+        spec.settle(req, emitted=len(drafts[0]) + 1, accepted=len(drafts[0]))
+        drafts = spec.plan([req], spare_slots=100)
+    assert budgets == [1, 2, 4, 8, 16, 16, 16]

@@ -58,7 +58,7 @@ class PendingBatchResult:
         self._num_accepted: torch.Tensor | None = None  # a verify step's, per row
         self._verified_top: list[list[list[tuple[int, float]]]] | None = None
         # a verify step's proposals per request (ModelWorkerBatch.verify_draft_lens), and its
-        # input ids on the host when constrained rows need them (their grammars walk them)
+        # input ids on the host (the acceptance's layout; constrained rows' grammars walk them)
         self.verify_draft_lens: list[int] | None = None
         self.verify_inputs: list[int] | None = None
         self._pooled: torch.Tensor | None = None
@@ -221,8 +221,8 @@ class ModelWorker:
         info = batch.sampling_info
         if batch.verify_draft_lens is not None:
             pending.verify_draft_lens = batch.verify_draft_lens
+            pending.verify_inputs = batch.input_ids.tolist()
             if info.has_grammars:
-                pending.verify_inputs = batch.input_ids.tolist()
                 pending.deferred = out
             else:
                 self._verify(out, pending)
@@ -259,13 +259,12 @@ class ModelWorker:
         info = batch.sampling_info
         result = verify(
             out.logits,
-            batch.input_ids,
+            pending.verify_inputs,
             pending.verify_draft_lens,
             info,
             batch.return_logprob,
             batch.top_logprobs_nums,
             greedy_ids=out.greedy_ids if info.is_plain_greedy else None,
-            inputs=pending.verify_inputs,
         )
         broadcast_from_first(result.tokens)
         broadcast_from_first(result.num_accepted)

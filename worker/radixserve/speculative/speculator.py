@@ -8,7 +8,8 @@ Per step, `plan` decides for the running batch:
   when speculation is off: the scheduler holds no speculator);
 - per request a budget: `--speculative-num-tokens`, bounded by what the request may still
   generate, its context, and its own acceptance (adaptive: a request whose proposals keep being
-  rejected proposes fewer, down to none, and probes again with one after a pause); a
+  rejected proposes fewer, down to none, and probes again with one after a pause; one whose
+  proposals are all kept proposes twice as many next time, up to k); a
   constrained request's proposals stop at the first token its grammar refuses (the matcher
   walks them and is rolled back); a grammar that cannot roll back proposes nothing (its row
   decodes one token, exactly);
@@ -201,11 +202,12 @@ class Speculator:
         return max(0, min(state.budget, left, room))
 
     def _learn(self, state: RequestSpec, proposed: int, accepted: int) -> None:
-        """Adapt the request's budget: up by one after a step that kept everything, halved
-        while its average acceptance is low."""
+        """Adapt the request's budget: doubled after a step that kept everything (a copied
+        run found after a turn-down is back at k within a few steps, where one more a step
+        took k of them), halved while its average acceptance is low."""
         state.acceptance += ACCEPT_EMA_WEIGHT * (accepted / proposed - state.acceptance)
         if accepted == proposed:
-            state.budget = min(self.num_tokens, state.budget + 1)
+            state.budget = min(self.num_tokens, max(1, 2 * state.budget))
         elif state.acceptance < LOW_ACCEPTANCE:
             state.budget //= 2
 

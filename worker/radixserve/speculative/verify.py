@@ -45,40 +45,48 @@ class VerifyOutput:
     top_logprobs: list[list[list[tuple[int, float]]]] | None  # per row, per position
 
 
-def position_rows(draft_lens: list[int]) -> tuple[list[int], int]:
-    """Row of the logits at (request i, position j), flattened `[bs * (K + 1)]`: positions past
-    a request's proposals repeat its last row (their picks are never emitted); and K."""
-    width = max(draft_lens, default=0) + 1
-    rows, start = [], 0
+def position_layout(draft_lens: list[int], inputs: list[int]) -> tuple[list[int], int]:
+    """For every (request i, position j), flattened `[bs * (K + 1)]`: the row of the logits
+    (positions past a request's proposals repeat its last row: their picks are never emitted);
+    then for every (i, j < K), `[bs * K]`, the proposal position j is checked against (its
+    input one row further on; -1 past the request's proposals, which no pick equals); and K.
+    One list, so that the device gets it in one copy."""
+    width = max(draft_lens, default=0)
+    rows: list[int] = []
+    proposals: list[int] = []
+    start = 0
     for k in draft_lens:
-        rows.extend(start + min(j, k) for j in range(width))
+        rows.extend(start + min(j, k) for j in range(width + 1))
+        proposals.extend(inputs[start + 1 : start + 1 + k])
+        proposals.extend([-1] * (width - k))
         start += k + 1
-    return rows, width - 1
+    return rows + proposals, width
 
 
 def verify(
     logits: torch.Tensor,
-    input_ids: torch.Tensor,
+    inputs: list[int],
     draft_lens: list[int],
     info: SamplingBatchInfo,
     return_logprob: bool = False,
     top_logprobs_nums: list[int] | None = None,
     greedy_ids: torch.Tensor | None = None,
-    inputs: list[int] | None = None,
 ) -> VerifyOutput:
-    """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass,
-    `input_ids` its input (request i's last token, then its `draft_lens[i]` proposals).
+    """Accept proposals: `logits` `[sum(k_i + 1), vocab]` float32 of the verify pass, `inputs`
+    its input ids on the host (request i's last token, then its `draft_lens[i]` proposals).
     `greedy_ids`: the argmax of every row, when the batch is plain greedy and the pass took it
-    already (a replayed CUDA graph does): the picks are then those. `inputs`: `input_ids` on the
-    host, for the grammars of constrained rows with proposals."""
+    already (a replayed CUDA graph does): the picks are then those (taken here otherwise).
+    At batch 1 the step is bound by the host: a handful of device ops, one copy in."""
     bs = len(draft_lens)
-    rows_list, width = position_rows(draft_lens)
-    rows = device_tensor(rows_list, torch.int64, logits.device).view(bs, width + 1)
-    # the proposal each position is checked against: the input one row further on
-    proposals = input_ids[torch.clamp(rows[:, :width] + 1, max=input_ids.numel() - 1)]
-    lens = device_tensor(draft_lens, torch.int64, logits.device)
-    proposed = torch.arange(width, device=logits.device).unsqueeze(0) < lens.unsqueeze(1)
+    layout, width = position_layout(draft_lens, inputs)
+    layout = device_tensor(layout, torch.int64, logits.device)
+    rows = layout[: bs * (width + 1)].view(bs, width + 1)
+    proposals = layout[bs * (width + 1) :].view(bs, width)
 
+    if greedy_ids is None and info.is_plain_greedy:
+        # every position's pick is its row's raw argmax: one reduction over all rows, not one
+        # gather and reduction per position (the eager pass; a replayed graph took it already)
+        greedy_ids = argmax(logits)
     if greedy_ids is not None:
         tokens = greedy_ids[rows]
     else:
@@ -88,8 +96,7 @@ def verify(
         finally:
             if walk is not None:
                 walk.rollback()
-    matches = (tokens[:, :width] == proposals) & proposed
-    num_accepted = matches.to(torch.int64).cumprod(dim=1).sum(dim=1)
+    num_accepted = (tokens[:, :width] == proposals).to(torch.int64).cumprod(dim=1).sum(dim=1)
 
     logprobs = top = None
     if return_logprob:
@@ -147,7 +154,7 @@ def _picks(
 ) -> torch.Tensor:
     """`[bs, K + 1]`: the target's token at each position, as the Sampler would pick it.
     Penalties past position 0 come from a copy of the state that takes the proposals (a row
-    past its own proposals takes whatever: its picks there are never emitted)."""
+    past its own proposals takes token 0: its picks there are never emitted)."""
     picks = []
     penalties = None
     for j in range(rows.shape[1]):
@@ -157,7 +164,7 @@ def _picks(
         else:
             if not info.penalizers.is_empty:
                 penalties = penalties or copy.deepcopy(info.penalizers)
-                penalties.update(proposals[:, j - 1])
+                penalties.update(proposals[:, j - 1].clamp(min=0))
                 penalties.apply(step_logits, info.num_generated + j)
             if walk is not None:
                 walk.mask(j, step_logits)
