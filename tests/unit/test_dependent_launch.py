@@ -22,6 +22,7 @@ from radixserve.kernels import (  # noqa: E402
     fused_ops,
     gemv,
     lora,
+    moe_gemv,
     triton_support,
 )
 
@@ -78,6 +79,51 @@ KERNELS = {
             "LORA": True,
             "LORA_BLOCK_R": 16,
             "LORA_SPLITS": 16,
+        },
+    ),
+    # the routed MoE GEMV of batch 1: everything it reads hangs on the routing, written by the
+    # kernel before, so nothing is read early
+    "moe gate_up gemv (bf16, SiLU)": (
+        moe_gemv._gate_up_gemv_kernel,
+        {"TopkIds": "i32", "ExpertUse": "i64", "Scale": "fp32"},
+        {"alpha", "limit"},
+        {
+            "TOP_K": 8,
+            "ACT": 0,
+            "HAS_SCALE": False,
+            "HAS_BIAS": False,
+            "MXFP4": False,
+            "BLOCK_N": 1,
+            "BLOCK_K": 1024,
+            "BLOCK_P": 8,
+        },
+    ),
+    "moe gate_up gemv (MXFP4, biased SwiGLU)": (
+        moe_gemv._gate_up_gemv_kernel,
+        {"W": "u8", "Scale": "u8", "TopkIds": "i32", "ExpertUse": "i64"},
+        {"alpha", "limit"},
+        {
+            "TOP_K": 4,
+            "ACT": 2,
+            "HAS_SCALE": False,
+            "HAS_BIAS": True,
+            "MXFP4": True,
+            "BLOCK_N": 1,
+            "BLOCK_K": 1024,
+            "BLOCK_P": 4,
+        },
+    ),
+    "moe down gemv (FP8)": (
+        moe_gemv._down_gemv_kernel,
+        {"W": "fp8e4nv", "Scale": "fp32", "TopkIds": "i32", "TopkWeights": "fp32"},
+        set(),
+        {
+            "TOP_K": 8,
+            "HAS_SCALE": True,
+            "HAS_BIAS": False,
+            "MXFP4": False,
+            "BLOCK_N": 2,
+            "BLOCK_K": 1024,
         },
     ),
     "rms_norm (with residual)": (
