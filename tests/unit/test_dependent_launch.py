@@ -19,6 +19,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from radixserve.kernels import (  # noqa: E402
     decode_attention,
+    fused_moe,
     fused_ops,
     gemv,
     lora,
@@ -79,6 +80,18 @@ KERNELS = {
             "LORA": True,
             "LORA_BLOCK_R": 16,
             "LORA_SPLITS": 16,
+        },
+    ),
+    "moe routing (top-k softmax)": (
+        fused_moe._topk_softmax_kernel,
+        {"TopkWeights": "fp32", "TopkIds": "i32"},
+        set(),
+        {
+            "TOP_K": 8,
+            "RENORMALIZE": True,
+            "ROUND_TO_LOGITS_DTYPE": True,
+            "BLOCK_E": 128,
+            "BLOCK_K": 8,
         },
     ),
     # the routed MoE GEMV of batch 1: everything it reads hangs on the routing, written by the

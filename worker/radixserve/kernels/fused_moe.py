@@ -47,7 +47,14 @@ from radixserve.kernels.moe_experts import (
     mxfp4_tile,
 )
 from radixserve.kernels.moe_gemv import fused_moe_gemv, uses_moe_gemv
-from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    dot_precision,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
 
 # Largest expert count the one-program align kernel holds in registers.
 MAX_EXPERTS = 512
@@ -66,12 +73,15 @@ def _topk_softmax_kernel(
     ROUND_TO_LOGITS_DTYPE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One token: softmax over its logits in float32, then the k largest (lowest expert id
-    first among equals), optionally renormalised to sum 1 and rounded to the logits' dtype."""
+    first among equals), optionally renormalised to sum 1 and rounded to the logits' dtype.
+    A programmatic dependent (PDL) of the router's projection, whose logits it waits for."""
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < num_experts
+    wait_for_prior_kernel(PDL)
     logits = tl.load(Logits + token * stride_l + experts, mask=valid, other=float("-inf"))
     logits = logits.to(tl.float32)
     probs = tl.exp(logits - tl.max(logits, 0))
@@ -307,7 +317,8 @@ def select_experts_native(
 def select_experts(
     router_logits: torch.Tensor, top_k: int, renormalize: bool, round_weights: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`select_experts_native` in one launch (one program per token)."""
+    """`select_experts_native` in one launch (one program per token), launched as a dependent
+    of the kernel before (PDL: at batch 1 the decode step's MoE is this and the GEMV's two)."""
     tokens, num_experts = router_logits.shape
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"{num_experts} experts: the routing kernel holds at most {MAX_EXPERTS}")
@@ -325,6 +336,7 @@ def select_experts(
             ROUND_TO_LOGITS_DTYPE=round_weights,
             BLOCK_E=triton.next_power_of_2(num_experts),
             BLOCK_K=triton.next_power_of_2(top_k),
+            **dependent_launch(router_logits),
         )
     return weights, ids
 
