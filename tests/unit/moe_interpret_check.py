@@ -251,7 +251,8 @@ for dtype in (torch.float32, torch.float16):
 
 # the routed GEMV (moe_gemv.py, a few tokens): against the float64 reference with small tiles
 # (K loops of several chunks, the last one partial; row blocks past the end), idle experts,
-# every slot on one expert, repeated tokens; then FP8, biases with the clamped SwiGLU, MXFP4.
+# a top-k that is no power of two (DeepSeek's 6: padded slots), every slot on one expert, three
+# tokens; then FP8, biases with the clamped SwiGLU, MXFP4.
 # `expert_use` must count distinct experts, and `fused_moe` must take it at batch 1 by itself.
 SMALL = GemvTiles(gate_up_rows=2, gate_up_k=32, down_rows=4, down_k=32, num_warps=4)
 
@@ -276,7 +277,7 @@ def gemv_case(name, x, w13, w2, weights, ids, exact, activation="silu", **extra)
 results["gemv"] = []
 for tokens, experts, top_k, hidden, inter, used, activation, one_expert in [
     (1, 8, 2, 64, 48, None, "silu", False),
-    (1, 16, 4, 96, 40, [1, 4, 9, 13], "gelu_pytorch_tanh", False),
+    (1, 16, 6, 96, 40, [1, 4, 6, 9, 11, 13, 14, 15], "gelu_pytorch_tanh", False),
     (1, 8, 4, 64, 48, None, "silu", True),
     (3, 8, 4, 48, 40, [0, 2, 3, 6, 7], "silu", False),
 ]:

@@ -13,9 +13,10 @@ the GPU streaming, and sums the top-k rows in a last pass. Here, as for the dens
    expert's gate and up rows against the token's hidden vector and writes act(gate) * up.
    Program (0, 0) also counts the distinct experts into `expert_use` (what bench latency
    reads for the bytes a pass streams), as the grouped path's align kernel does.
-2. `down_gemv`: a program per (token, block of hidden rows) loops over the token's top-k
-   slots, each a GEMV of that expert's down rows against its activations, and writes the
-   routing-weighted sum: each program owns its output rows, so no atomics and no sum pass.
+2. `down_gemv`: a program per (token, block of hidden rows) streams the down rows of all the
+   token's top-k experts in one K loop (each against its slot's activations, the experts'
+   loads in flight together) and writes the routing-weighted sum: each program owns its
+   output rows, so no atomics and no sum pass.
 
 Weights: the model dtype, FP8 with per (expert, channel) scales, MXFP4 decoded in registers;
 biases and the gated activations (SiLU, GELU-tanh, gpt-oss's clamped SwiGLU) through the
@@ -58,7 +59,7 @@ class GemvTiles:
     gate_up_rows: int = 1
     gate_up_k: int = 1024
     down_rows: int = 2
-    down_k: int = 1024
+    down_k: int = 256
     num_warps: int = 4
 
 
@@ -71,7 +72,9 @@ def uses_moe_gemv(tokens: int, top_k: int) -> bool:
 def _weight_tile(rows, scale_rows, ks, mask, MXFP4: tl.constexpr):
     """A [BLOCK_K, BLOCK_N] float32 tile of an expert's weight rows (`rows`, `scale_rows`: [1,
     BLOCK_N] pointers at each row's start), K along the first axis as the grouped GEMM reads
-    it, so that MXFP4 decodes through the same `mxfp4_tile` (32 values a scale, MXFP4_GROUP)."""
+    it, so that MXFP4 decodes through the same `mxfp4_tile` (32 values a scale, MXFP4_GROUP).
+    With [BLOCK_P, 1, BLOCK_N] pointers, the [BLOCK_P, BLOCK_K, BLOCK_N] tile of several
+    experts (the K offsets broadcast along the leading axis)."""
     if MXFP4:
         tile = mxfp4_tile(
             rows + ks[:, None] // 2, scale_rows + ks[:, None] // 32, ks, mask, tl.float32
@@ -185,6 +188,7 @@ def _down_gemv_kernel(
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     MXFP4: tl.constexpr,
+    BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
@@ -192,37 +196,49 @@ def _down_gemv_kernel(
     """Out[token, rows] = sum over the token's slots of TopkWeights[pair] * (down_e . Acts[pair]
     (+ bias)): each slot's product finished (scale, rounding, bias) and weighted, rounded to the
     activation dtype as the grouped GEMM stores it, and summed in float32 as its top-k sum is.
-    W is [E, N, K], or MXFP4 [E, N, K / 2] with Scale [E, N, K / 32]; FP8: Scale [E, N]."""
+    W is [E, N, K], or MXFP4 [E, N, K / 2] with Scale [E, N, K / 32]; FP8: Scale [E, N].
+
+    All the token's slots (BLOCK_P >= TOP_K of them) stream in the same K loop, a [BLOCK_P,
+    BLOCK_K, BLOCK_N] tile a chunk: the experts' loads are in flight together, not one expert's
+    after the other's (one expert's down rows spread over the GPU are too few bytes a
+    program to keep the memory busy at Qwen3's 768-wide intermediate)."""
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
+    slots = tl.arange(0, BLOCK_P)
+    slot_mask = slots < TOP_K
+    pairs = token * TOP_K + slots
     wait_for_prior_kernel(PDL)
-    dtype = Out.dtype.element_ty
-    total = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for slot in tl.static_range(TOP_K):
-        pair = token * TOP_K + slot
-        expert = tl.load(TopkIds + pair).to(tl.int64)
-        a_row = Acts + pair.to(tl.int64) * stride_am
-        w_rows = W + expert * stride_we + rows[None, :].to(tl.int64) * stride_wn
-        s_rows = Scale + expert * stride_se + rows[None, :].to(tl.int64) * stride_sn
-        acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
-        for k0 in range(0, K, BLOCK_K):
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_mask = ks < K
-            a = tl.load(a_row + ks, mask=k_mask, other=0.0).to(tl.float32)[:, None]
-            acc += _weight_tile(w_rows, s_rows, ks, k_mask[:, None] & n_mask[None, :], MXFP4) * a
-        y = finish_product(
-            tl.sum(acc, 0),
-            Scale + expert * stride_se,
-            Bias + expert * stride_biase,
-            rows,
-            n_mask,
-            dtype,
-            HAS_SCALE,
-            HAS_BIAS,
-        )
-        total += (y * tl.load(TopkWeights + pair)).to(dtype).to(tl.float32)
-    tl.store(Out + token.to(tl.int64) * stride_om + rows, total.to(dtype), mask=n_mask)
+    experts = tl.load(TopkIds + pairs, mask=slot_mask, other=0).to(tl.int64)[:, None]
+    weights = tl.load(TopkWeights + pairs, mask=slot_mask, other=0.0)
+    a_rows = Acts + pairs.to(tl.int64)[:, None] * stride_am
+    row_offsets = rows.to(tl.int64)[None, None, :]
+    w_rows = (W + experts * stride_we)[:, :, None] + row_offsets * stride_wn
+    s_rows = (Scale + experts * stride_se)[:, :, None] + row_offsets * stride_sn
+    row_mask = slot_mask[:, None, None] & n_mask[None, None, :]
+    acc = tl.zeros([BLOCK_P, BLOCK_K, BLOCK_N], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        a_mask = slot_mask[:, None] & k_mask[None, :]
+        a = tl.load(a_rows + ks[None, :], mask=a_mask, other=0.0).to(tl.float32)
+        tile = _weight_tile(w_rows, s_rows, ks, row_mask & k_mask[None, :, None], MXFP4)
+        acc += tile * a[:, :, None]
+    y = finish_product(
+        tl.sum(acc, 1),
+        Scale + experts * stride_se,
+        Bias + experts * stride_biase,
+        rows[None, :],
+        n_mask[None, :],
+        Out.dtype.element_ty,
+        HAS_SCALE,
+        HAS_BIAS,
+    )
+    weighted = (y * weights[:, None]).to(Out.dtype.element_ty).to(tl.float32)
+    total = tl.sum(weighted, 0)
+    tl.store(
+        Out + token.to(tl.int64) * stride_om + rows, total.to(Out.dtype.element_ty), mask=n_mask
+    )
 
 
 def _scale_strides(scale: torch.Tensor | None, mxfp4: bool) -> tuple[int, int]:
@@ -330,6 +346,7 @@ def down_gemv(
         HAS_SCALE=w2_scale is not None and not mxfp4,
         HAS_BIAS=w2_bias is not None,
         MXFP4=mxfp4,
+        BLOCK_P=triton.next_power_of_2(top_k),
         BLOCK_N=tiles.down_rows,
         BLOCK_K=tiles.down_k,
         num_warps=tiles.num_warps,
