@@ -38,11 +38,24 @@ SHAPES = {
     "deepseek-v2-lite": (64, 6, 2048, 1408, False),
 }
 TOKENS = (1, 2, 4, 8)
-# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1
-GATE_UP_TILES = [(1, 1024, 4), (2, 1024, 4), (1, 2048, 4), (1, 512, 4), (2, 512, 4), (4, 512, 8)]
-DOWN_TILES = [
+# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1; the first is the
+# default (`GemvTiles()`). Compiled for Hopper, the defaults hold 40 (gate/up) and 98 (down,
+# top 8) registers a thread, no spills: 12 and 5 programs an SM
+GATE_UP_TILES = [
+    (1, 1024, 4),
+    (2, 1024, 4),
+    (1, 2048, 4),
+    (1, 512, 4),
+    (1, 512, 2),
+    (2, 512, 4),
+    (4, 512, 8),
+]
+DOWN_TILES = [  # the K chunk is per expert: a tile holds all the slots' chunks
     (2, 256, 4),
     (1, 256, 4),
+    (1, 256, 2),
+    (1, 128, 4),
+    (1, 128, 2),
     (2, 128, 4),
     (4, 128, 4),
     (1, 512, 4),
@@ -165,29 +178,39 @@ def paths(layer: Layer, name: str, tokens_list: tuple[int, ...]) -> dict:
 
 
 def tile_sweep(layer: Layer, name: str) -> dict:
-    """Each kernel alone at batch 1 over its tile candidates, against its bytes' floor."""
+    """Each kernel alone at batch 1 over its tile candidates, against its bytes' floor; prints
+    the best of each as the `GemvTiles` to take."""
     replicas = layer.routings(1)
     with_acts = [(layer.gate_up(r, GemvTiles()), r[1], r[2]) for r in replicas]
-    result: dict = {"gate_up": {}, "down": {}}
-    for rows, k, warps in GATE_UP_TILES:
-        tiles = GemvTiles(gate_up_rows=rows, gate_up_k=k, num_warps=warps)
-        us = microseconds(lambda r, t=tiles: layer.gate_up(r, t), replicas)
-        result["gate_up"][f"{rows}x{k}/{warps}w"] = us
-    for rows, k, warps in DOWN_TILES:
-        tiles = GemvTiles(down_rows=rows, down_k=k, num_warps=warps)
-        us = microseconds(lambda r, t=tiles: layer.down(r, t), with_acts)
-        result["down"][f"{rows}x{k}/{warps}w"] = us
-    for kernel, nbytes in (("gate_up", layer.gate_up_bytes), ("down", layer.down_bytes)):
+    kernels = {
+        "gate_up": (GATE_UP_TILES, layer.gate_up, replicas, layer.gate_up_bytes),
+        "down": (DOWN_TILES, layer.down, with_acts, layer.down_bytes),
+    }
+    result: dict = {}
+    best_tiles = {}
+    for kernel, (candidates, run, inputs, nbytes) in kernels.items():
+        timings = {}
+        for rows, k, warps in candidates:
+            fields = {f"{kernel}_rows": rows, f"{kernel}_k": k, f"{kernel}_warps": warps}
+            tiles = GemvTiles(**fields)
+            timings[(rows, k, warps)] = microseconds(lambda r, t=tiles, f=run: f(r, t), inputs)
         floor = layer.top_k * nbytes / BANDWIDTH * 1e6
-        timings = result[kernel]
-        default = next(iter(timings))
-        best = min(timings, key=timings.get)
+        default, best = candidates[0], min(timings, key=timings.get)
+        best_tiles |= {
+            f"{kernel}_rows": best[0],
+            f"{kernel}_k": best[1],
+            f"{kernel}_warps": best[2],
+        }
+        result[kernel] = {"floor_us": floor} | {
+            "x".join(map(str, t)): us for t, us in timings.items()
+        }
         print(
-            f"=== {name} {kernel} tiles: default {default} {timings[default]:6.1f} us"
-            f" ({100 * floor / timings[default]:4.1f}% of bw), best {best}"
-            f" {timings[best]:6.1f} us ({100 * floor / timings[best]:4.1f}%)",
+            f"=== {name} {kernel} tiles (rows, K, warps): default {default}"
+            f" {timings[default]:6.1f} us ({100 * floor / timings[default]:4.1f}% of bw), best"
+            f" {best} {timings[best]:6.1f} us ({100 * floor / timings[best]:4.1f}%)",
             flush=True,
         )
+    print(f"=== {name} best: GemvTiles({', '.join(f'{k}={v}' for k, v in best_tiles.items())})")
     return result
 
 

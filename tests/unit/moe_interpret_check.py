@@ -254,7 +254,7 @@ for dtype in (torch.float32, torch.float16):
 # a top-k that is no power of two (DeepSeek's 6: padded slots), every slot on one expert, three
 # tokens; then FP8, biases with the clamped SwiGLU, MXFP4.
 # `expert_use` must count distinct experts, and `fused_moe` must take it at batch 1 by itself.
-SMALL = GemvTiles(gate_up_rows=2, gate_up_k=32, down_rows=4, down_k=32, num_warps=4)
+SMALL = GemvTiles(gate_up_rows=2, gate_up_k=32, down_rows=4, down_k=32)
 
 
 def gemv_case(name, x, w13, w2, weights, ids, exact, activation="silu", **extra) -> dict:

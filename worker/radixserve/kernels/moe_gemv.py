@@ -54,13 +54,15 @@ MAX_GEMV_PAIRS = 16
 
 @dataclass(frozen=True)
 class GemvTiles:
-    """Output rows per program (per half for gate/up) and K chunk of each kernel, and warps."""
+    """Each kernel's output rows a program (gate/up: of each half), K chunk (down: of each slot)
+    and warps; scripts/gpu/bench_moe_gemv.py times the candidates."""
 
     gate_up_rows: int = 1
     gate_up_k: int = 1024
+    gate_up_warps: int = 4
     down_rows: int = 2
     down_k: int = 256
-    num_warps: int = 4
+    down_warps: int = 4
 
 
 def uses_moe_gemv(tokens: int, top_k: int) -> bool:
@@ -306,7 +308,7 @@ def gate_up_gemv(
         BLOCK_N=tiles.gate_up_rows,
         BLOCK_K=tiles.gate_up_k,
         BLOCK_P=triton.next_power_of_2(numel),
-        num_warps=tiles.num_warps,
+        num_warps=tiles.gate_up_warps,
         **dependent_launch(hidden),
     )
     return acts
@@ -349,7 +351,7 @@ def down_gemv(
         BLOCK_P=triton.next_power_of_2(top_k),
         BLOCK_N=tiles.down_rows,
         BLOCK_K=tiles.down_k,
-        num_warps=tiles.num_warps,
+        num_warps=tiles.down_warps,
         **dependent_launch(acts),
     )
     return out
