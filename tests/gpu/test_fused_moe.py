@@ -258,7 +258,7 @@ def test_batch1_moe_layer_takes_the_routed_gemv_in_a_cuda_graph(shape):
         after = layer.experts_read()
         assert (after[0] - before[0], after[1] - before[1]) == (top_k, 1), kind
         assert torch.equal(out, layer(x, logits)), kind
-        routed = select_experts_native(logits, top_k, True, True)
+        routed = select_experts(logits, top_k, True, True)  # the layer's (ties: bf16 logits)
         seen.add(tuple(sorted(routed[1][0].tolist())))
         reference = fused_moe_native(
             x, layer.w13_weight, layer.w2_weight, *routed,
