@@ -23,7 +23,9 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts,
     select_experts_native,
 )
+from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
 from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv  # noqa: E402
+from radixserve.kernels.triton_support import jit, tl  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
 from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
@@ -347,4 +349,30 @@ for dtype in (torch.float32, torch.float16):
     results["gemv"].append(
         gemv_case("gpt-oss mxfp4", x, q13, q2, weights, ids, exact, "swiglu_oai", **mx)
     )
+
+
+# the MXFP4 decode (float32 bit patterns built with integer operations) bit for bit against the
+# CPU's: every byte (both nibbles: all 16 codes, signs, zeros) under scale bytes from the
+# subnormal 0 to 254 (2^127: the largest values overflow to inf in both)
+@jit
+def _decode_kernel(Blocks, Scales, Out, K: tl.constexpr):
+    ks = tl.arange(0, K)
+    one = tl.arange(0, 1)[None, :]
+    tile = mxfp4_tile(Blocks + ks[:, None] // 2 + one, Scales + ks[:, None] // 32 + one, ks,
+                      (ks[:, None] < K) & (one < 1), tl.float32)  # fmt: skip
+    tl.store(Out + ks[:, None] + one, tile)
+
+
+blocks = torch.arange(256, dtype=torch.uint8).repeat(4)
+scales = torch.tensor(
+    [0, 1, 2, 126, 127, 128, 200, 253, 254] + list(range(3, 58)), dtype=torch.uint8
+)
+decoded = torch.empty(2048)
+_decode_kernel[(1,)](blocks, scales, decoded, K=2048)
+expected = dequantize_mxfp4(blocks.view(64, 16), scales, torch.float32).reshape(-1)
+results["mxfp4_decode"] = {
+    "bit_exact": bool(torch.equal(decoded, expected)),
+    "infinite": int(torch.isinf(expected).sum()),
+    "subnormal_scale_nonzero": int((expected[:32] != 0).sum()),
+}
 print(json.dumps(results))

@@ -85,6 +85,14 @@ def test_routed_gemv_matches_reference(interpreted):
         assert case.get("clamped", 1.0) > 0.05, case
 
 
+def test_mxfp4_decode_is_bit_exact(interpreted):
+    """The kernels' e2m1 and scale decode, built from bit patterns, equals the CPU's for every
+    byte and for scale bytes from the subnormal 2^-127 to 2^127 (where the largest overflow)."""
+    decode = interpreted["mxfp4_decode"]
+    assert decode["bit_exact"], decode
+    assert decode["infinite"] > 0 and decode["subnormal_scale_nonzero"] > 0, decode
+
+
 def test_clamped_swiglu_reference_is_gpt_oss_activation():
     """The reference activation on [gate; up] halves against transformers' GptOssExperts
     gate, which reads them interleaved."""

@@ -30,16 +30,22 @@ def activation_code(activation: str) -> int:
 def mxfp4_tile(b_ptrs, s_ptrs, offs_k, mask, dtype: tl.constexpr):
     """A [BLOCK_K, BLOCK_N] tile of MXFP4 weights as `dtype`: nibble k of byte k // 2 (low
     first), e2m1 decoded (sign, 2 exponent bits, 1 mantissa bit; exponent 0 is 0 or 0.5),
-    times its group's 2^(scale - 127)."""
+    times its group's 2^(scale - 127).
+
+    Both are built as float32 bit patterns with integer operations (e2m1: 2^(e - 1) (1 + m / 2)
+    is exponent field e + 126 and mantissa's top bit m; a scale byte is the exponent field
+    itself, 0 being the subnormal 2^-127), not with exp2: at batch 1 each weight is used once,
+    and two special-function operations a weight made the decode, not the memory, the limit."""
     packed = tl.load(b_ptrs, mask=mask, other=0).to(tl.int32)
     code = (packed >> ((offs_k[:, None] % 2) * 4)) & 0xF
-    exponent = ((code >> 1) & 3).to(tl.float32)
-    mantissa = (code & 1).to(tl.float32)
-    magnitude = tl.where(
-        exponent == 0.0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * tl.exp2(exponent - 1.0)
+    exponent = (code >> 1) & 3
+    mantissa = code & 1
+    bits = tl.where(
+        exponent == 0, mantissa * 0x3F000000, ((exponent + 126) << 23) | (mantissa << 22)
     )
-    value = tl.where((code & 8) != 0, -magnitude, magnitude)
-    scale = tl.exp2(tl.load(s_ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
+    value = (bits | ((code & 8) << 28)).to(tl.float32, bitcast=True)
+    scale_byte = tl.load(s_ptrs, mask=mask, other=127).to(tl.int32)
+    scale = tl.where(scale_byte == 0, 0x00400000, scale_byte << 23).to(tl.float32, bitcast=True)
     return (value * scale).to(dtype)
 
 
