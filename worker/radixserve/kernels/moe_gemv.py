@@ -48,14 +48,17 @@ from radixserve.kernels.triton_support import (
 
 # (token, slot) pairs up to which `fused_moe` takes these kernels: every pair streams its
 # expert even when another pair of the step has the same one, so past a few tokens the grouped
-# GEMM, which reads each used expert once, wins (scripts/gpu/bench_moe_gemv.py measures both)
+# GEMM, which reads each used expert once, should win. 16 (batch 2 of Qwen3, 4 of gpt-oss) is
+# a guess until scripts/gpu/bench_moe_gemv.py has timed both paths at 1-8 tokens.
 MAX_GEMV_PAIRS = 16
 
 
 @dataclass(frozen=True)
 class GemvTiles:
     """Each kernel's output rows a program (gate/up: of each half), K chunk (down: of each slot)
-    and warps; scripts/gpu/bench_moe_gemv.py times the candidates."""
+    and warps. The defaults follow the dense GEMV's measured tiles (gate/up) and the bytes in
+    flight an SM (down), not a measurement of these kernels yet: scripts/gpu/bench_moe_gemv.py
+    times the candidates and prints the best."""
 
     gate_up_rows: int = 1
     gate_up_k: int = 1024
