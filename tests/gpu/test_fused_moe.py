@@ -7,6 +7,8 @@ shapes beside the grouped GEMMs, and captured in a graph at batch 1 too."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -176,11 +178,26 @@ GEMV_SHAPES = {
 }
 
 
-def gpt_oss_extra(experts: int, hidden: int, inter: int, gen: torch.Generator) -> dict:
-    """gpt-oss's expert biases (bf16) and its clamped SwiGLU."""
-    b13 = (torch.randn(experts, 2 * inter, generator=gen) * 0.1).cuda().to(torch.bfloat16)
-    b2 = (torch.randn(experts, hidden, generator=gen) * 0.1).cuda().to(torch.bfloat16)
-    return {"w13_bias": b13, "w2_bias": b2, "swiglu": (1.702, 7.0)}
+@functools.cache
+def gemv_layer(shape: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One random layer of a GEMV shape, made once on the GPU (the CPU's generator takes
+    seconds at these sizes): float32 w13, w2, and gpt-oss's bf16 biases and SwiGLU."""
+    experts, _, hidden, inter, biased = GEMV_SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(10)
+
+    def randn(*size: int, std: float) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device="cuda") * std
+
+    w13 = randn(experts, 2 * inter, hidden, std=hidden**-0.5)
+    w2 = randn(experts, hidden, inter, std=inter**-0.5)
+    extra = {}
+    if biased:
+        extra = {
+            "w13_bias": randn(experts, 2 * inter, std=0.1).to(torch.bfloat16),
+            "w2_bias": randn(experts, hidden, std=0.1).to(torch.bfloat16),
+            "swiglu": (1.702, 7.0),
+        }
+    return w13, w2, extra
 
 
 @pytest.mark.parametrize("kind", ROUTINGS)
@@ -193,18 +210,17 @@ def test_routed_gemv_matches_reference_and_grouped_gemm(shape, tokens, kind):
     experts, top_k, hidden, inter, biased = GEMV_SHAPES[shape]
     assert uses_moe_gemv(tokens, top_k)
     gen = torch.Generator().manual_seed(11 + tokens)
-    w13, w2 = weights(experts, hidden, inter, gen)
-    extra = gpt_oss_extra(experts, hidden, inter, gen) if biased else {}
+    w13, w2, extra = gemv_layer(shape)
     activation = "swiglu_oai" if biased else "silu"
     x = torch.randn(tokens, hidden, generator=gen).cuda()
     topk_w, topk_ids = select_experts_native(
         routing(tokens, experts, kind, gen), top_k, True, False
     )
     exact_extra = {k: v.double() if torch.is_tensor(v) else v for k, v in extra.items()}
+    # (the reference widens each used expert to float64 itself)
     exact = fused_moe_native(
-        x.double(), w13.double(), w2.double(), topk_w.double(), topk_ids, activation,
-        **exact_extra,
-    )  # fmt: skip
+        x.double(), w13, w2, topk_w.double(), topk_ids, activation, **exact_extra
+    )
     bf = torch.bfloat16
     args = (x.to(bf), w13.to(bf), w2.to(bf), topk_w, topk_ids)
     use, grouped_use = (torch.zeros(2, dtype=torch.int64, device="cuda") for _ in range(2))
@@ -230,11 +246,10 @@ def test_batch1_moe_layer_takes_the_routed_gemv_in_a_cuda_graph(shape):
         layer = FusedMoE(
             experts, top_k, hidden, inter, renormalize=True, round_weights=True, **options
         )
-    w13, w2 = weights(experts, hidden, inter, gen)
+    w13, w2, extra = gemv_layer(shape)
     layer.w13_weight.data = w13.to(torch.bfloat16)
     layer.w2_weight.data = w2.to(torch.bfloat16)
     if biased:
-        extra = gpt_oss_extra(experts, hidden, inter, gen)
         layer.w13_bias.data, layer.w2_bias.data = extra["w13_bias"], extra["w2_bias"]
     x = torch.zeros(1, hidden, device="cuda", dtype=torch.bfloat16)
     logits = torch.zeros(1, experts, device="cuda", dtype=torch.bfloat16)
