@@ -22,10 +22,11 @@ top-k sum in the down kernel.
 
 Expert weights may be FP8 with one scale per (expert, output channel): the tiles are widened
 to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
-reads half the bytes). The weight tiles' decoding and the products' epilogue are
-moe_experts.py's, shared with the routed GEMV. Experts may have biases (gpt-oss: one per output of gate/up and of
+reads half the bytes). Experts may have biases (gpt-oss: one per output of gate/up and of
 down, added after each product), and the gated activation is SiLU, GELU-tanh or gpt-oss's
-clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)).
+clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)). The
+weight tiles' decoding and the products' epilogue are moe_experts.py's, shared with the
+routed GEMV.
 Expert weights may also be MXFP4 (uint8 [E, N, K / 2] e2m1 pairs, uint8 [E, N, K / 32]
 power-of-two scales: layers/quantization/mxfp4.py): each B tile is dequantized in registers
 as it is read (weight-only, for any GPU Triton runs on; decode reads about a quarter of
