@@ -8,7 +8,7 @@
 # stage with under 30 s left is skipped and says so. Results (logs, JSON) under $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/moe_gemv.sh [stages...]
 # Stages (default: all, in this order):
-#   tests    tests/gpu/test_fused_moe.py's GEMV and CUDA-graph tests (the three shapes against
+#   tests    tests/gpu/test_fused_moe.py's GEMV, CUDA-graph, FP8 and MXFP4 tests (the three shapes against
 #            float64 and the grouped GEMMs; a batch-1 layer replayed with new routings)
 #   qwen3    Qwen3-30B-A3B shape, batch 1 and 64 decode (MBU over the experts read)
 #   gpt-oss  gpt-oss-20b shape, batch 1 and 64: PASS at batch 1 >= 70% MBU
@@ -31,7 +31,7 @@ for stage in $stages; do
   case $stage in
     tests)
       timeout "$(limit 80)" python3 -m pytest -q -rA -p no:cacheprovider \
-        tests/gpu/test_fused_moe.py -k "gemv or cuda_graph" 2>&1 \
+        tests/gpu/test_fused_moe.py -k "gemv or cuda_graph or fp8 or mxfp4" 2>&1 \
         | tee "$OUT/moe-gemv-tests.log" | grep -E "passed|failed|Error|error" ;;
     bench)
       timeout "$(limit 150)" python3 scripts/gpu/bench_moe_gemv.py "$OUT/bench-moe-gemv.json" \
