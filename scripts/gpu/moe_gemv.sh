@@ -8,8 +8,9 @@
 # stage with under 30 s left is skipped and says so. Results (logs, JSON) under $OUT.
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/moe_gemv.sh [stages...]
 # Stages (default: all, in this order):
-#   tests    tests/gpu/test_fused_moe.py's GEMV, CUDA-graph, FP8 and MXFP4 tests (the three shapes against
-#            float64 and the grouped GEMMs; a batch-1 layer replayed with new routings)
+#   tests    tests/gpu/test_fused_moe.py's GEMV, CUDA-graph, FP8 and MXFP4 tests (the three
+#            shapes against float64 and the grouped GEMMs; a batch-1 layer replayed with new
+#            routings; FP8 and MXFP4 experts at batch 1 and 64)
 #   qwen3    Qwen3-30B-A3B shape, batch 1 and 64 decode (MBU over the experts read)
 #   gpt-oss  gpt-oss-20b shape, batch 1 and 64: PASS at batch 1 >= 70% MBU
 #   deepseek DeepSeek-V2-Lite shape, batch 1 and 64: PASS at batch 1 >= 60% MBU
