@@ -1,9 +1,13 @@
 """The fused MoE kernels at real sizes on the GPU: against the torch reference over random
 routings (experts that get no token included, and all tokens on one expert), in bf16 and with
-FP8 experts, gpt-oss's MXFP4 experts (biases, clamped SwiGLU); routing against torch; and a MoE layer captured in a CUDA graph (no host sync,
-replays with new routings equal to eager)."""
+FP8 experts, gpt-oss's MXFP4 experts (biases, clamped SwiGLU); routing against torch; and a MoE
+layer captured in a CUDA graph (no host sync, replays with new routings equal to eager). A
+pass of a few tokens takes the routed GEMV (moe_gemv.py), checked at the three served MoE
+shapes beside the grouped GEMMs, and captured in a graph at batch 1 too."""
 
 from __future__ import annotations
+
+import functools
 
 import pytest
 import torch
@@ -18,6 +22,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts,
     select_experts_native,
 )
+from radixserve.kernels.moe_gemv import uses_moe_gemv  # noqa: E402
 from radixserve.layers.moe.layer import FusedMoE  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
@@ -163,3 +168,116 @@ def test_moe_layer_decode_is_captured_in_a_cuda_graph():
         logits.copy_(routing(bs, experts, kind, gen).to(logits))
         graph.replay()
         assert torch.equal(out, layer(x, logits)), kind
+
+
+# (experts, top_k, hidden, intermediate, biases): the batch-1 MoE layers the routed GEMV serves
+GEMV_SHAPES = {
+    "qwen3-30b-a3b": (128, 8, 2048, 768, False),
+    "gpt-oss-20b": (32, 4, 2880, 2880, True),
+    "deepseek-v2-lite": (64, 6, 2048, 1408, False),
+}
+
+
+@functools.cache
+def gemv_layer(shape: str) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One random layer of a GEMV shape, made once on the GPU (the CPU's generator takes
+    seconds at these sizes): float32 w13, w2, and gpt-oss's bf16 biases and SwiGLU."""
+    experts, _, hidden, inter, biased = GEMV_SHAPES[shape]
+    gen = torch.Generator(device="cuda").manual_seed(10)
+
+    def randn(*size: int, std: float) -> torch.Tensor:
+        return torch.randn(*size, generator=gen, device="cuda") * std
+
+    w13 = randn(experts, 2 * inter, hidden, std=hidden**-0.5)
+    w2 = randn(experts, hidden, inter, std=inter**-0.5)
+    extra = {}
+    if biased:
+        extra = {
+            "w13_bias": randn(experts, 2 * inter, std=0.1).to(torch.bfloat16),
+            "w2_bias": randn(experts, hidden, std=0.1).to(torch.bfloat16),
+            "swiglu": (1.702, 7.0),
+        }
+    return w13, w2, extra
+
+
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("shape", list(GEMV_SHAPES))
+def test_routed_gemv_matches_reference_and_grouped_gemm(shape, tokens, kind):
+    """The routed GEMV, which `fused_moe` takes by itself for these passes, within bf16 of
+    float64 (no worse than the bf16 torch reference, plus slack) and of the grouped GEMMs;
+    `expert_use` counts the distinct experts as the grouped path does."""
+    experts, top_k, hidden, inter, biased = GEMV_SHAPES[shape]
+    assert uses_moe_gemv(tokens, top_k)
+    gen = torch.Generator().manual_seed(11 + tokens)
+    w13, w2, extra = gemv_layer(shape)
+    activation = "swiglu_oai" if biased else "silu"
+    x = torch.randn(tokens, hidden, generator=gen).cuda()
+    topk_w, topk_ids = select_experts_native(
+        routing(tokens, experts, kind, gen), top_k, True, False
+    )
+    exact_extra = {k: v.double() if torch.is_tensor(v) else v for k, v in extra.items()}
+    # (the reference widens each used expert to float64 itself)
+    exact = fused_moe_native(
+        x.double(), w13, w2, topk_w.double(), topk_ids, activation, **exact_extra
+    )
+    bf = torch.bfloat16
+    args = (x.to(bf), w13.to(bf), w2.to(bf), topk_w, topk_ids)
+    use, grouped_use = (torch.zeros(2, dtype=torch.int64, device="cuda") for _ in range(2))
+    out = fused_moe(*args, use, activation, **extra)
+    grouped = fused_moe(*args, grouped_use, activation, gemv=False, **extra)
+    native = fused_moe_native(*args, activation, **extra)
+    err, native_err = relative_error(out, exact), relative_error(native, exact)
+    assert out.shape == (tokens, hidden) and out.dtype == bf
+    assert err <= 1.5 * native_err + 2e-3, (err, native_err)
+    assert relative_error(out, grouped) < 1e-2
+    assert use.tolist() == grouped_use.tolist() == [int(torch.unique(topk_ids).numel()), 1]
+
+
+@pytest.mark.parametrize("shape", ["qwen3-30b-a3b", "gpt-oss-20b"])
+def test_batch1_moe_layer_takes_the_routed_gemv_in_a_cuda_graph(shape):
+    """A batch-1 decode layer (routing kernel, then the two GEMV launches) captured in a graph:
+    replays with new hidden states and routings equal eager runs, ask nothing of the host, and
+    count top_k experts a pass in the layer's `expert_use`."""
+    experts, top_k, hidden, inter, biased = GEMV_SHAPES[shape]
+    gen = torch.Generator().manual_seed(12)
+    options = {"activation": "swiglu_oai", "bias": True} if biased else {}
+    with torch.device("cuda"):
+        layer = FusedMoE(
+            experts, top_k, hidden, inter, renormalize=True, round_weights=True, **options
+        )
+    w13, w2, extra = gemv_layer(shape)
+    layer.w13_weight.data = w13.to(torch.bfloat16)
+    layer.w2_weight.data = w2.to(torch.bfloat16)
+    if biased:
+        layer.w13_bias.data, layer.w2_bias.data = extra["w13_bias"], extra["w2_bias"]
+    x = torch.zeros(1, hidden, device="cuda", dtype=torch.bfloat16)
+    logits = torch.zeros(1, experts, device="cuda", dtype=torch.bfloat16)
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        layer(x, logits)  # warm-up: compilation stays out of the graph
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            out = layer(x, logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    seen = set()
+    for kind in ROUTINGS + ["random"]:
+        x.copy_(torch.randn(1, hidden, generator=gen).to(x))
+        logits.copy_(routing(1, experts, kind, gen).to(logits))
+        before = layer.experts_read()
+        graph.replay()
+        after = layer.experts_read()
+        assert (after[0] - before[0], after[1] - before[1]) == (top_k, 1), kind
+        assert torch.equal(out, layer(x, logits)), kind
+        routed = select_experts(logits, top_k, True, True)  # the layer's (ties: bf16 logits)
+        seen.add(tuple(sorted(routed[1][0].tolist())))
+        reference = fused_moe_native(
+            x, layer.w13_weight, layer.w2_weight, *routed,
+            layer.activation, w13_bias=layer.w13_bias, w2_bias=layer.w2_bias,
+        )  # fmt: skip
+        assert relative_error(out, reference) < 2e-2, kind
+    assert len(seen) > 1  # the replays really routed elsewhere

@@ -23,6 +23,9 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts,
     select_experts_native,
 )
+from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
+from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv  # noqa: E402
+from radixserve.kernels.triton_support import jit, tl  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
 from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
@@ -126,7 +129,7 @@ for tokens, experts, top_k, hidden, inter, used, activation in [
             x.double(), w13.double(), w2.double(), weights.double(), ids, activation
         )
         use = torch.zeros(2, dtype=torch.int64)
-        out = fused_moe(x, w13, w2, weights, ids, use, activation)
+        out = fused_moe(x, w13, w2, weights, ids, use, activation, gemv=False)
         native = fused_moe_native(x, w13, w2, weights, ids, activation)
         results["moe"].append(
             {
@@ -143,7 +146,7 @@ for tokens, experts, top_k, hidden, inter, used, activation in [
     w2_q, w2_s = quantize_rows(w2.float())
     x = randn(tokens, hidden, dtype=torch.float16)
     use = torch.zeros(2, dtype=torch.int64)
-    out = fused_moe(x, w13_q, w2_q, weights, ids, use, activation, w13_s, w2_s)
+    out = fused_moe(x, w13_q, w2_q, weights, ids, use, activation, w13_s, w2_s, gemv=False)
     ref = fused_moe_native(x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s)
     results.setdefault("fp8", []).append(
         {"case": [tokens, experts], "rel_err": float((out.double() - ref).norm() / ref.norm())}
@@ -173,7 +176,9 @@ for dtype in (torch.float32, torch.float16):
         **extra,
     )
     use = torch.zeros(2, dtype=torch.int64)
-    out = fused_moe(x, w13, w2, weights, ids, use, "swiglu_oai", w13_bias=b13, w2_bias=b2, **extra)
+    out = fused_moe(
+        x, w13, w2, weights, ids, use, "swiglu_oai", w13_bias=b13, w2_bias=b2, gemv=False, **extra
+    )
     gate = torch.einsum("th,eih->tei", x.double(), w13[:, :inter].double()) + b13[:, :inter]
     results.setdefault("swiglu", []).append(
         {
@@ -222,6 +227,7 @@ for dtype in (torch.float32, torch.float16):
         w2_scales,
         w13_bias=b13,
         w2_bias=b2,
+        gemv=False,
         **extra,
     )
     native = fused_moe_native(
@@ -244,4 +250,129 @@ for dtype in (torch.float32, torch.float16):
             "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
         }
     )
+
+# the routed GEMV (moe_gemv.py, a few tokens): against the float64 reference with small tiles
+# (K loops of several chunks, the last one partial; row blocks past the end), idle experts,
+# a top-k that is no power of two (DeepSeek's 6: padded slots), every slot on one expert, three
+# tokens; then FP8, biases with the clamped SwiGLU, MXFP4.
+# `expert_use` must count distinct experts, and `fused_moe` must take it at batch 1 by itself.
+SMALL = GemvTiles(gate_up_rows=2, gate_up_k=32, down_rows=4, down_k=32)
+
+
+def gemv_case(name, x, w13, w2, weights, ids, exact, activation="silu", **extra) -> dict:
+    use = torch.zeros(2, dtype=torch.int64)
+    out = fused_moe_gemv(x, w13, w2, weights, ids, use, activation, tiles=SMALL, **extra)
+    auto_use = torch.zeros(2, dtype=torch.int64)
+    auto = fused_moe(x, w13, w2, weights, ids, auto_use, activation, **extra)
+    return {
+        "case": name,
+        "dtype": str(x.dtype),
+        "shape_ok": list(out.shape) == list(x.shape) and out.dtype == x.dtype,
+        "rel_err": float((out.double() - exact).norm() / exact.norm()),
+        "auto_rel_err": float((auto.double() - exact).norm() / exact.norm()),
+        "expert_use": use.tolist(),
+        "auto_expert_use": auto_use.tolist(),
+        "expected_use": [int(torch.unique(ids).numel()), 1],
+    }
+
+
+results["gemv"] = []
+for tokens, experts, top_k, hidden, inter, used, activation, one_expert in [
+    (1, 8, 2, 64, 48, None, "silu", False),
+    (1, 16, 6, 96, 40, [1, 4, 6, 9, 11, 13, 14, 15], "gelu_pytorch_tanh", False),
+    (1, 8, 4, 64, 48, None, "silu", True),
+    (3, 8, 4, 48, 40, [0, 2, 3, 6, 7], "silu", False),
+]:
+    for dtype in (torch.float32, torch.float16):
+        x = randn(tokens, hidden, dtype=dtype)
+        w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.2)
+        w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
+        weights, ids = select_experts_native(
+            routing_logits(tokens, experts, used), top_k, True, False
+        )
+        if one_expert:
+            ids = torch.full_like(ids, 5)
+        exact = fused_moe_native(
+            x.double(), w13.double(), w2.double(), weights.double(), ids, activation
+        )
+        name = f"{tokens}x{experts}e top{top_k} {activation}{' one-expert' if one_expert else ''}"
+        results["gemv"].append(gemv_case(name, x, w13, w2, weights, ids, exact, activation))
+    # FP8 experts, per (expert, channel) scales
+    (w13_q, w13_s), (w2_q, w2_s) = quantize_rows(w13.float()), quantize_rows(w2.float())
+    x = randn(tokens, hidden, dtype=torch.float16)
+    exact = fused_moe_native(
+        x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s
+    )
+    fp8 = {"w13_scale": w13_s, "w2_scale": w2_s}
+    results["gemv"].append(
+        gemv_case(f"{name} fp8", x, w13_q, w2_q, weights, ids, exact, activation, **fp8)
+    )
+# gpt-oss: biases, the clamped SwiGLU with its clamps biting, then MXFP4 experts
+for dtype in (torch.float32, torch.float16):
+    tokens, experts, top_k, hidden, inter = 2, 8, 4, 64, 64
+    x = randn(tokens, hidden, dtype=dtype)
+    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.3)
+    w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
+    b13, b2 = randn(experts, 2 * inter, dtype=dtype), randn(experts, hidden, dtype=dtype)
+    weights, ids = select_experts_native(
+        routing_logits(tokens, experts, [0, 3, 4, 7, 1]), top_k, True, True
+    )
+    oss = {"w13_bias": b13, "w2_bias": b2, "swiglu": (1.702, 1.5)}
+    exact = fused_moe_native(
+        x.double(),
+        w13.double(),
+        w2.double(),
+        weights.double(),
+        ids,
+        "swiglu_oai",
+        w13_bias=b13.double(),
+        w2_bias=b2.double(),
+        swiglu=(1.702, 1.5),
+    )
+    gate = x.double() @ w13[:, :inter].double().transpose(1, 2) + b13[:, None, :inter]
+    case = gemv_case("gpt-oss biases", x, w13, w2, weights, ids, exact, "swiglu_oai", **oss)
+    results["gemv"].append(case | {"clamped": float((gate > 1.5).double().mean())})
+    (q13, s13), (q2, s2) = quantize_mxfp4(w13.float()), quantize_mxfp4(w2.float())
+    exact = fused_moe_native(
+        x.double(),
+        dequantize_mxfp4(q13, s13, torch.float64),
+        dequantize_mxfp4(q2, s2, torch.float64),
+        weights.double(),
+        ids,
+        "swiglu_oai",
+        w13_bias=b13.double(),
+        w2_bias=b2.double(),
+        swiglu=(1.702, 1.5),
+    )
+    mx = oss | {"w13_scale": s13, "w2_scale": s2}
+    q13, q2 = q13.flatten(-2), q2.flatten(-2)
+    results["gemv"].append(
+        gemv_case("gpt-oss mxfp4", x, q13, q2, weights, ids, exact, "swiglu_oai", **mx)
+    )
+
+
+# the MXFP4 decode (float32 bit patterns built with integer operations) bit for bit against the
+# CPU's: every byte (both nibbles: all 16 codes, signs, zeros) under scale bytes from the
+# subnormal 0 to 254 (2^127: the largest values overflow to inf in both)
+@jit
+def _decode_kernel(Blocks, Scales, Out, K: tl.constexpr):
+    ks = tl.arange(0, K)
+    one = tl.arange(0, 1)[None, :]
+    tile = mxfp4_tile(Blocks + ks[:, None] // 2 + one, Scales + ks[:, None] // 32 + one, ks,
+                      (ks[:, None] < K) & (one < 1), tl.float32)  # fmt: skip
+    tl.store(Out + ks[:, None] + one, tile)
+
+
+blocks = torch.arange(256, dtype=torch.uint8).repeat(4)
+scales = torch.tensor(
+    [0, 1, 2, 126, 127, 128, 200, 253, 254] + list(range(3, 58)), dtype=torch.uint8
+)
+decoded = torch.empty(2048)
+_decode_kernel[(1,)](blocks, scales, decoded, K=2048)
+expected = dequantize_mxfp4(blocks.view(64, 16), scales, torch.float32).reshape(-1)
+results["mxfp4_decode"] = {
+    "bit_exact": bool(torch.equal(decoded, expected)),
+    "infinite": int(torch.isinf(expected).sum()),
+    "subnormal_scale_nonzero": int((expected[:32] != 0).sum()),
+}
 print(json.dumps(results))

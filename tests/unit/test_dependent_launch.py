@@ -19,9 +19,11 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from radixserve.kernels import (  # noqa: E402
     decode_attention,
+    fused_moe,
     fused_ops,
     gemv,
     lora,
+    moe_gemv,
     small_m,
     triton_support,
 )
@@ -115,6 +117,78 @@ KERNELS = {
             "CHUNK_MASK": True,
             "NUM_STAGES": 4,
             "DOT_PRECISION": "tf32",
+        },
+    ),
+    "moe routing (top-k softmax)": (
+        fused_moe._topk_softmax_kernel,
+        {"TopkWeights": "fp32", "TopkIds": "i32"},
+        set(),
+        {
+            "TOP_K": 8,
+            "RENORMALIZE": True,
+            "ROUND_TO_LOGITS_DTYPE": True,
+            "BLOCK_E": 128,
+            "BLOCK_K": 8,
+        },
+    ),
+    # the routed MoE GEMV of batch 1: everything it reads hangs on the routing, written by the
+    # kernel before, so nothing is read early
+    "moe gate_up gemv (bf16, SiLU)": (
+        moe_gemv._gate_up_gemv_kernel,
+        {"TopkIds": "i32", "ExpertUse": "i64", "Scale": "fp32"},
+        {"alpha", "limit"},
+        {
+            "TOP_K": 8,
+            "ACT": 0,
+            "HAS_SCALE": False,
+            "HAS_BIAS": False,
+            "MXFP4": False,
+            "BLOCK_N": 1,
+            "BLOCK_K": 1024,
+            "BLOCK_P": 8,
+        },
+    ),
+    "moe gate_up gemv (MXFP4, biased SwiGLU)": (
+        moe_gemv._gate_up_gemv_kernel,
+        {"W": "u8", "Scale": "u8", "TopkIds": "i32", "ExpertUse": "i64"},
+        {"alpha", "limit"},
+        {
+            "TOP_K": 4,
+            "ACT": 2,
+            "HAS_SCALE": False,
+            "HAS_BIAS": True,
+            "MXFP4": True,
+            "BLOCK_N": 1,
+            "BLOCK_K": 1024,
+            "BLOCK_P": 4,
+        },
+    ),
+    "moe down gemv (FP8)": (
+        moe_gemv._down_gemv_kernel,
+        {"W": "fp8e4nv", "Scale": "fp32", "TopkIds": "i32", "TopkWeights": "fp32"},
+        set(),
+        {
+            "TOP_K": 8,
+            "HAS_SCALE": True,
+            "HAS_BIAS": False,
+            "MXFP4": False,
+            "BLOCK_P": 8,
+            "BLOCK_N": 2,
+            "BLOCK_K": 256,
+        },
+    ),
+    "moe down gemv (MXFP4, biased, top 6)": (
+        moe_gemv._down_gemv_kernel,
+        {"W": "u8", "Scale": "u8", "TopkIds": "i32", "TopkWeights": "fp32"},
+        set(),
+        {
+            "TOP_K": 6,
+            "HAS_SCALE": False,
+            "HAS_BIAS": True,
+            "MXFP4": True,
+            "BLOCK_P": 8,
+            "BLOCK_N": 2,
+            "BLOCK_K": 256,
         },
     ),
     "rms_norm (with residual)": (

@@ -1,7 +1,8 @@
 """The fused MoE kernels (routing, sort-by-expert alignment, the two grouped GEMMs with the
-activation and the routing weights in their epilogues), run on the CPU by Triton's
-interpreter against the torch reference in float64, including experts no token chose and
-FP8 expert weights; and the reference itself against a dense computation."""
+activation and the routing weights in their epilogues; the routed GEMV of a few tokens), run
+on the CPU by Triton's interpreter against the torch reference in float64, including experts
+no token chose and FP8 and MXFP4 expert weights; and the reference itself against a dense
+computation."""
 
 from __future__ import annotations
 
@@ -67,6 +68,29 @@ def test_fused_moe_mxfp4_experts_match_decoded_reference(interpreted):
     for case in interpreted["mxfp4"]:
         assert case["rel_err"] < TOLERANCE[case["dtype"]], case
         assert case["native_rel_err"] < TOLERANCE[case["dtype"]], case
+
+
+def test_routed_gemv_matches_reference(interpreted):
+    """The few-token path (moe_gemv.py) with multi-chunk K loops and partial row blocks, alone
+    and as `fused_moe` picks it by itself: idle experts, every slot on one expert, three tokens,
+    FP8, gpt-oss's biases with the clamps biting, MXFP4; `expert_use` counts distinct experts."""
+    cases = interpreted["gemv"]
+    assert len(cases) == 16
+    assert any("one-expert" in case["case"] for case in cases)
+    for case in cases:
+        assert case["shape_ok"], case
+        assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+        assert case["auto_rel_err"] < TOLERANCE[case["dtype"]], case
+        assert case["expert_use"] == case["auto_expert_use"] == case["expected_use"], case
+        assert case.get("clamped", 1.0) > 0.05, case
+
+
+def test_mxfp4_decode_is_bit_exact(interpreted):
+    """The kernels' e2m1 and scale decode, built from bit patterns, equals the CPU's for every
+    byte and for scale bytes from the subnormal 2^-127 to 2^127 (where the largest overflow)."""
+    decode = interpreted["mxfp4_decode"]
+    assert decode["bit_exact"], decode
+    assert decode["infinite"] > 0 and decode["subnormal_scale_nonzero"] > 0, decode
 
 
 def test_clamped_swiglu_reference_is_gpt_oss_activation():

@@ -16,11 +16,17 @@ a decode step is captured in a CUDA graph like any other layer:
 4. the down GEMM: the same over the activations, scaled by each pair's routing weight.
 5. the top-k weighted sum: each token's k rows added (torch's sum over a [T, k, H] view).
 
+A pass of a few tokens (decode at batch 1: `moe_gemv.uses_moe_gemv`) skips steps 2 to 5 for
+the routed GEMV of moe_gemv.py: two launches that stream the routed experts as GEMVs, the
+top-k sum in the down kernel.
+
 Expert weights may be FP8 with one scale per (expert, output channel): the tiles are widened
 to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
 reads half the bytes). Experts may have biases (gpt-oss: one per output of gate/up and of
 down, added after each product), and the gated activation is SiLU, GELU-tanh or gpt-oss's
-clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)).
+clamped SwiGLU ((clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)). The
+weight tiles' decoding and the products' epilogue are moe_experts.py's, shared with the
+routed GEMV.
 Expert weights may also be MXFP4 (uint8 [E, N, K / 2] e2m1 pairs, uint8 [E, N, K / 32]
 power-of-two scales: layers/quantization/mxfp4.py): each B tile is dequantized in registers
 as it is read (weight-only, for any GPU Triton runs on; decode reads about a quarter of
@@ -34,16 +40,22 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.kernels.fused_ops import gelu_tanh
-from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
-
-# the gated activations the GEMM's epilogue applies, by a config's name; any other name is
-# GELU-tanh (gelu_pytorch_tanh and its aliases), as for the dense MLP
-ACTIVATIONS = {"silu": 0, "swiglu_oai": 2}
-_GELU = 1
-
-# values per MXFP4 scale (layers/quantization/mxfp4.GROUP): K tiles hold whole groups
-MXFP4_GROUP = 32
+from radixserve.kernels.moe_experts import (
+    MXFP4_GROUP,
+    activation_code,
+    finish_product,
+    gated_activation,
+    mxfp4_tile,
+)
+from radixserve.kernels.moe_gemv import fused_moe_gemv, uses_moe_gemv
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    dot_precision,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
 
 # Largest expert count the one-program align kernel holds in registers.
 MAX_EXPERTS = 512
@@ -62,12 +74,15 @@ def _topk_softmax_kernel(
     ROUND_TO_LOGITS_DTYPE: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One token: softmax over its logits in float32, then the k largest (lowest expert id
-    first among equals), optionally renormalised to sum 1 and rounded to the logits' dtype."""
+    first among equals), optionally renormalised to sum 1 and rounded to the logits' dtype.
+    A programmatic dependent (PDL) of the router's projection, whose logits it waits for."""
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     valid = experts < num_experts
+    wait_for_prior_kernel(PDL)
     logits = tl.load(Logits + token * stride_l + experts, mask=valid, other=float("-inf"))
     logits = logits.to(tl.float32)
     probs = tl.exp(logits - tl.max(logits, 0))
@@ -151,23 +166,6 @@ def _align_kernel(
 
 
 @jit
-def _mxfp4_tile(b_ptrs, s_ptrs, offs_k, mask, dtype: tl.constexpr):
-    """A [BLOCK_K, BLOCK_N] tile of MXFP4 weights as `dtype`: nibble k of byte k // 2 (low
-    first), e2m1 decoded (sign, 2 exponent bits, 1 mantissa bit; exponent 0 is 0 or 0.5),
-    times its group's 2^(scale - 127)."""
-    packed = tl.load(b_ptrs, mask=mask, other=0).to(tl.int32)
-    code = (packed >> ((offs_k[:, None] % 2) * 4)) & 0xF
-    exponent = ((code >> 1) & 3).to(tl.float32)
-    mantissa = (code & 1).to(tl.float32)
-    magnitude = tl.where(
-        exponent == 0.0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * tl.exp2(exponent - 1.0)
-    )
-    value = tl.where((code & 8) != 0, -magnitude, magnitude)
-    scale = tl.exp2(tl.load(s_ptrs, mask=mask, other=127).to(tl.float32) - 127.0)
-    return (value * scale).to(dtype)
-
-
-@jit
 def _moe_gemm_kernel(
     A,
     B,
@@ -245,13 +243,13 @@ def _moe_gemm_kernel(
             b_mask = k_mask[:, None] & n_mask[None, :]
             a = tl.load(a_ptrs, mask=row_mask[:, None] & k_mask[None, :], other=0.0)
             if MXFP4:
-                b = _mxfp4_tile(b_ptrs, s_ptrs, offs_k, b_mask, a.dtype)
+                b = mxfp4_tile(b_ptrs, s_ptrs, offs_k, b_mask, a.dtype)
             else:
                 b = tl.load(b_ptrs, mask=b_mask, other=0.0).to(a.dtype)
             acc += tl.dot(a, b, input_precision=DOT_PRECISION)
             if GATED:
                 if MXFP4:
-                    b_up = _mxfp4_tile(
+                    b_up = mxfp4_tile(
                         b_ptrs + N * stride_bn, s_ptrs + N * stride_sn, offs_k, b_mask, a.dtype
                     )
                 else:
@@ -263,31 +261,17 @@ def _moe_gemm_kernel(
                 s_ptrs += BLOCK_K // 32
             else:
                 b_ptrs += BLOCK_K
-        if HAS_SCALE:
-            scale = tl.load(BScale + expert * stride_se + offs_n, mask=n_mask, other=0.0)
-            acc = acc * scale[None, :]
-            if GATED:
-                scale_up = tl.load(BScale + expert * stride_se + N + offs_n, mask=n_mask, other=0.0)
-                acc_up = acc_up * scale_up[None, :]
         # each product is rounded to the activation dtype before the epilogue, as the
         # reference's separate matmuls are
-        out = acc.to(C.dtype.element_ty).to(tl.float32)
-        if HAS_BIAS:
-            bias = tl.load(Bias + expert * stride_biase + offs_n, mask=n_mask, other=0.0)
-            out = (out + bias.to(tl.float32)).to(C.dtype.element_ty).to(tl.float32)
+        out_dtype = C.dtype.element_ty
+        scales = BScale + expert * stride_se
+        biases = Bias + expert * stride_biase
+        out = finish_product(acc, scales, biases, offs_n, n_mask, out_dtype, HAS_SCALE, HAS_BIAS)
         if GATED:
-            up = acc_up.to(C.dtype.element_ty).to(tl.float32)
-            if HAS_BIAS:
-                bias_up = tl.load(Bias + expert * stride_biase + N + offs_n, mask=n_mask, other=0.0)
-                up = (up + bias_up.to(tl.float32)).to(C.dtype.element_ty).to(tl.float32)
-            if ACT == 1:
-                out = gelu_tanh(out) * up
-            elif ACT == 2:
-                gate = tl.minimum(out, limit)
-                up = tl.minimum(tl.maximum(up, -limit), limit)
-                out = (up + 1.0) * (gate / (1.0 + tl.exp(-alpha * gate)))
-            else:
-                out = out / (1.0 + tl.exp(-out)) * up
+            up = finish_product(
+                acc_up, scales + N, biases + N, offs_n, n_mask, out_dtype, HAS_SCALE, HAS_BIAS
+            )
+            out = gated_activation(out, up, alpha, limit, ACT)
         if MUL_WEIGHT:
             out = out * tl.load(TopkWeights + pairs, mask=row_mask, other=0.0)[:, None]
         c_ptrs = C + pairs.to(tl.int64)[:, None] * stride_cm + offs_n[None, :]
@@ -334,7 +318,8 @@ def select_experts_native(
 def select_experts(
     router_logits: torch.Tensor, top_k: int, renormalize: bool, round_weights: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`select_experts_native` in one launch (one program per token)."""
+    """`select_experts_native` in one launch (one program per token), launched as a dependent
+    of the kernel before (PDL: at batch 1 the decode step's MoE is this and the GEMV's two)."""
     tokens, num_experts = router_logits.shape
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"{num_experts} experts: the routing kernel holds at most {MAX_EXPERTS}")
@@ -352,6 +337,7 @@ def select_experts(
             ROUND_TO_LOGITS_DTYPE=round_weights,
             BLOCK_E=triton.next_power_of_2(num_experts),
             BLOCK_K=triton.next_power_of_2(top_k),
+            **dependent_launch(router_logits),
         )
     return weights, ids
 
@@ -449,7 +435,7 @@ def _grouped_gemm(
         swiglu[1],
         A_ROWS_PER_PAIR=a_rows_per_pair,
         GATED=gated,
-        ACT=ACTIVATIONS.get(activation, _GELU),
+        ACT=activation_code(activation),
         MUL_WEIGHT=mul_weight,
         HAS_SCALE=b_scale is not None and not mxfp4,
         HAS_BIAS=bias is not None,
@@ -478,6 +464,7 @@ def fused_moe(
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
+    gemv: bool | None = None,
 ) -> torch.Tensor:
     """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
 
@@ -485,10 +472,29 @@ def fused_moe(
     weights, [E, 2I] and [E, H] float32 per output channel; MXFP4 weights (uint8) are
     [E, 2I, H / 2] and [E, H, I / 2] with uint8 scales [E, 2I, H / 32] and [E, H, I / 32];
     biases [E, 2I] and [E, H];
-    swiglu: (alpha, limit) of the clamped SwiGLU. Returns [T, H] in hidden's dtype."""
+    swiglu: (alpha, limit) of the clamped SwiGLU. Returns [T, H] in hidden's dtype.
+
+    `gemv`: take the routed GEMV (moe_gemv.py: two launches, no sort) rather than the grouped
+    GEMMs; None takes it for the few tokens it is made for (`uses_moe_gemv`). `config` is the
+    grouped GEMMs' tiles."""
     tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
+    if gemv if gemv is not None else uses_moe_gemv(tokens, top_k):
+        return fused_moe_gemv(
+            hidden,
+            w13,
+            w2,
+            topk_weights,
+            topk_ids,
+            expert_use,
+            activation,
+            w13_scale,
+            w2_scale,
+            w13_bias,
+            w2_bias,
+            swiglu,
+        )
     numel = tokens * top_k
     config = config or gemm_config(numel, hidden.dtype)
     align = align_by_expert(topk_ids, num_experts, config.block_m, expert_use)
