@@ -48,24 +48,35 @@ from radixserve.kernels.triton_support import (
 
 # (token, slot) pairs up to which `fused_moe` takes these kernels: every pair streams its
 # expert even when another pair of the step has the same one, so past a few tokens the grouped
-# GEMM, which reads each used expert once, should win. 16 (batch 2 of Qwen3, 4 of gpt-oss) is
-# a guess until scripts/gpu/bench_moe_gemv.py has timed both paths at 1-8 tokens.
+# GEMM, which reads each used expert once, wins. Measured with the first tiles (bench_moe_gemv,
+# 2026-12-04): at 1 token the GEMV was 1.39x faster for Qwen3 and even for the others, at 2
+# tokens 1.20x faster for Qwen3 and 5-11% slower for gpt-oss and V2-Lite, at 8 slower for all;
+# the down tiles measured since cut a token's down product by 30-50%, so 16 pairs (batch 2 of
+# Qwen3, 4 of gpt-oss) stays, to be re-timed with them.
 MAX_GEMV_PAIRS = 16
 
 
 @dataclass(frozen=True)
 class GemvTiles:
     """Each kernel's output rows a program (gate/up: of each half), K chunk (down: of each slot)
-    and warps. The defaults follow the dense GEMV's measured tiles (gate/up) and the bytes in
-    flight an SM (down), not a measurement of these kernels yet: scripts/gpu/bench_moe_gemv.py
-    times the candidates and prints the best."""
+    and warps. Measured (scripts/gpu/bench_moe_gemv.py, one H200, 2026-12-04, one layer at
+    batch 1 over DRAM-cold routings): gate/up one row, 512-column chunks, two warps was the best
+    or within 1% of it at all three shapes (Qwen3-30B-A3B 14.0 us, gpt-oss-20b 33.5, V2-Lite
+    18.2); down one row and four warps, with 128-column chunks up to a 2048-wide intermediate
+    (Qwen3 8.2 us against 12.5 with the first guess (2, 256, 4), V2-Lite 11.7 against 24.2) and
+    256 past it (gpt-oss's 2880: 20.9 against 23.7 with 128). `for_intermediate` picks."""
 
     gate_up_rows: int = 1
-    gate_up_k: int = 1024
-    gate_up_warps: int = 4
-    down_rows: int = 2
-    down_k: int = 256
+    gate_up_k: int = 512
+    gate_up_warps: int = 2
+    down_rows: int = 1
+    down_k: int = 128
     down_warps: int = 4
+
+    @classmethod
+    def for_intermediate(cls, inter: int) -> GemvTiles:
+        """The measured tiles for experts `inter` wide (the down projection's K)."""
+        return cls() if inter <= 2048 else cls(down_k=256)
 
 
 def uses_moe_gemv(tokens: int, top_k: int) -> bool:
@@ -373,9 +384,11 @@ def fused_moe_gemv(
     w13_bias: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
-    tiles: GemvTiles = GemvTiles(),
+    tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches."""
+    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches;
+    `tiles` by default the measured ones for the experts' width."""
+    tiles = tiles or GemvTiles.for_intermediate(w13.shape[1] // 2)
     acts = gate_up_gemv(
         hidden, w13, topk_ids, expert_use, activation, w13_scale, w13_bias, swiglu, tiles
     )
