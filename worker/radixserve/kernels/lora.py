@@ -126,9 +126,9 @@ class ExpandConfig(NamedTuple):
 def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     """The decode shrink's tiles for x `[rows, k]` times A `[slots, r_total, k]`.
 
-    One row (batch 1): the tiles measured with the GEMV epilogue (scripts/gpu/lora.sh,
-    2026-12-04: 1024 K a split, at most 8, 256-wide chunks, Triton's default 4 warps and 3
-    stages), kept as they were.
+    One row (batch 1): the tiles the batch-1 path ran with in this morning's H200 measurement
+    (scripts/gpu/lora.sh, 2026-12-04: 1024 K a split, at most 8, 256-wide chunks, Triton's
+    default 4 warps and 3 stages), kept as they were.
 
     More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
     each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
@@ -140,7 +140,8 @@ def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     192, gate/up 128 live programs). The cost is in expand: it loads every split's partial, 16
     loads of a 1 KB [16, 16] float32 tile from L2 for the down's rather than 8. The chunk
     stays 256 (x [16, 256] and A [256, 16], 8 KB each a stage); one rank block of 16 columns
-    (the rank) a program, so more programs share A's bytes. To be confirmed by lora_bench.py's
+    (the rank) a program, so more programs share A's bytes. `r_total` is in the key for what
+    the sweep finds; these defaults do not depend on it. To be confirmed by lora_bench.py's
     tile sweep (`kernels --sweep`)."""
     if rows <= 1:
         return ShrinkConfig(256, 16, 1024, 8, 4, 3)
@@ -152,7 +153,8 @@ def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
     """The decode expand's tiles for y `[rows, n]` += s · B `[slots, n, rank]`.
 
     One row (batch 1, only q/k/v: the other projections add their expand in the GEMV's
-    epilogue): 128 columns over 4 warps as measured, Triton's default 3 stages.
+    epilogue): the tiles it ran with, 256 columns over 8 warps from 8192 columns, else 128
+    over 4, Triton's default 3 stages.
 
     More rows, by 16-row blocks: a program loads B [BLOCK_N, 16] (issued before the wait for
     the kernel before), every split's s [16, 16], makes one 16 x 16 x BLOCK_N dot and reads,
@@ -161,11 +163,13 @@ def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
     columns: 7.3 MB of B and 7.3 MB of y a layer, ~3 us at 4.8 TB/s) ran 7.8 us a layer with
     256 columns over 8 warps (896 live programs, ~7 an SM). 128 columns over 4 warps keep the
     same bytes per thread (16 float32 of the tile) in twice the programs (1792, ~14 an SM,
-    within the 64 warps an SM holds: one wave), so an SM has twice the independent chains;
-    narrower projections (o, down: 4096 columns, 256 live programs at 128) take 64 columns so
-    each SM has ~4 programs rather than 2. One stage: the loop over sub-projections runs once
-    or twice, and the pipeliner's prologue for it is only overhead. To be confirmed by
-    lora_bench.py's tile sweep (`kernels --sweep`)."""
+    54 warps of the 64 an SM holds: one wave if each thread keeps under ~32 registers, two
+    otherwise), so an SM has up to twice the independent chains; narrower projections (o,
+    down: 4096 columns, 256 live programs at 128) take 64 columns so each SM has ~4 programs
+    rather than 2. One stage: the loop over sub-projections runs once or twice, and the
+    pipeliner's prologue for it is only overhead. `rank` is in the key for what the sweep
+    finds (the dot's K is 16 lanes up to rank 16). To be confirmed by lora_bench.py's tile
+    sweep (`kernels --sweep`)."""
     if rows <= 1:
         return ExpandConfig(256 if n >= 8192 else 128, 8 if n >= 8192 else 4, 3)
     return ExpandConfig(128 if n >= 8192 else 64, 4, 1)
@@ -173,10 +177,12 @@ def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
 
 # The candidates scripts/gpu/lora_bench.py's tile sweep times at 64 rows over 8 adapters, each
 # projection (tests/unit/test_lora_tiles_interpret.py checks every one against the reference).
-# Bounded to ~30 (~20 compilations, ~60 us of graph replays each): the shrink's chunk, split
-# and warps, three stages (its loop is 1-16 chunks), and the 64-row tiles before this config
-# (8 splits at most); the expand's columns, warps and one or three stages (its loop runs once
-# or twice: 2 and 4 change only the prologue).
+# Bounded to 31 a projection (~30 compilations: the split is not a constexpr, the expand's
+# unrolled split count is; each candidate timed by 11 replays of a 32-layer graph, so the
+# compilations are most of the sweep's ~1 min): the shrink's chunk, split and warps at three
+# stages (its loop is 1-16 chunks a split), and the 64-row tiles before this config (8 splits at
+# most); the expand's columns, warps and one or three stages (its loop runs once or twice:
+# 2 and 4 change only the prologue).
 SHRINK_SWEEP: tuple[ShrinkConfig, ...] = (
     ShrinkConfig(256, 16, 1024, 8, 4, 3),
     *(
