@@ -323,6 +323,11 @@ def _expand_kernel(
     )
     wait_for_prior_kernel(PDL)
     if any_live:
+        # y (the base product, the kernel before's output: after the wait) is read before s, so
+        # its round trip to HBM overlaps s's to L2 and the dot rather than following them
+        out = Y + rows[:, None].to(tl.int64) * stride_ym + ns[None, :]
+        mask = live[:, None] & n_ok[None, :]
+        y = tl.load(out, mask=mask, other=0.0)
         # each column's sub-projection (boundaries sub1 <= sub2, N past the last one): its
         # rank columns of s are the sub-projection's
         col_sub = (ns >= sub1).to(tl.int32) + (ns >= sub2).to(tl.int32)
@@ -346,9 +351,6 @@ def _expand_kernel(
                 )
             part = tl.dot(s.to(b.dtype), b, input_precision=PRECISION)
             delta += tl.where((col_sub == sub)[None, :], part, 0.0)
-        out = Y + rows[:, None].to(tl.int64) * stride_ym + ns[None, :]
-        mask = live[:, None] & n_ok[None, :]
-        y = tl.load(out, mask=mask, other=0.0)
         tl.store(out, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
 
 
