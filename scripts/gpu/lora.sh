@@ -15,9 +15,14 @@
 # - kernels: the LoRA shrink/expand kernels of one decode step (32 layers x q/k/v, o, gate/up,
 #   down; 64 rows over 8 slots, grouped by slot into 16-row blocks) replayed in a CUDA graph:
 #   us per step against the adapters' bytes at 4.8 TB/s (informational: S-LoRA/Punica report
-#   a few % to ~20% decode overhead), per projection in lora-kernels.json.
+#   a few % to ~20% decode overhead), per projection in lora-kernels.json. With SWEEP=1 (the
+#   default when STAGES=kernels alone), each projection's decode tiles too (kernels/lora.py
+#   SHRINK_SWEEP, EXPAND_SWEEP at 64 rows over 8 adapters): the best shrink and expand per
+#   projection, the step's total with them against the tiles before, in its "tile_sweep".
+# STAGES: the stages to run, in this order (default all: correctness kernels decode plain).
 # The adapters (8 x ~84 MB) are written under /tmp/lora-bench first (about half a minute).
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/lora.sh
+#   the tile sweep alone (~1-2 min): STAGES=kernels bash scripts/gpu/lora.sh
 #   CPU dry run: DEVICE=cpu MODEL=random:tiny-llama TOKENS=4 BATCH=8 bash scripts/gpu/lora.sh
 # Result: $OUT/lora-{decode,kernels,plain}.json, the PASS/FAIL lines.
 set -u
@@ -28,10 +33,13 @@ MODEL=${MODEL:-random:llama-3-8b}
 COMMON="--model $MODEL --device $DEVICE --adapters ${ADAPTERS:-8} --rank ${RANK:-16}"
 COMMON="$COMMON --tokens ${TOKENS:-128} --rounds ${ROUNDS:-2} --prompt-len ${PROMPT_LEN:-128}"
 BENCH="python3 scripts/gpu/lora_bench.py"
+STAGES=${STAGES:-correctness kernels decode plain}
+SWEEP=${SWEEP:-$([ "$STAGES" = kernels ] && echo 1 || echo 0)}
+stage() { [[ " $STAGES " == *" $1 "* ]]; }
 [ "$DEVICE" = cuda ] && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 
-echo "=== correctness $(date +%T)"
-if [ "$DEVICE" = cuda ]; then
+if stage correctness && [ "$DEVICE" = cuda ]; then
+  echo "=== correctness $(date +%T)"
   timeout "$(limit 120)" python3 -m pytest -q -rs -p no:cacheprovider tests/gpu/test_lora_gpu.py \
     >"$OUT/lora-correctness.log" 2>&1
   tail -3 "$OUT/lora-correctness.log"
@@ -41,17 +49,25 @@ if [ "$DEVICE" = cuda ]; then
   echo "correctness $verdict: PEFT's greedy tokens, adapters mixed in CUDA graphs"
 fi
 
-echo "=== kernels $(date +%T)"
-timeout "$(limit 90)" $BENCH kernels $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-kernels.json" \
-  2>&1 | grep -E "^kernels|Error|error" | tail -3
+if stage kernels; then
+  echo "=== kernels $(date +%T)"
+  if [ "$SWEEP" = 1 ]; then sweep="--sweep" kernels_s=180; else sweep="" kernels_s=90; fi
+  timeout "$(limit $kernels_s)" $BENCH kernels $COMMON --batch "${BATCH:-64}" $sweep \
+    --json "$OUT/lora-kernels.json" 2>&1 | tee "$OUT/lora-kernels.log" \
+    | grep -E "^kernels sweep|Error|error" | tail -6
+fi
 
-echo "=== decode $(date +%T)"
-timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-decode.json" \
-  2>&1 | grep -E "^batch|^single|Error|error" | tail -4
+if stage decode; then
+  echo "=== decode $(date +%T)"
+  timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" \
+    --json "$OUT/lora-decode.json" 2>&1 | grep -E "^batch|^single|Error|error" | tail -4
+fi
 
-echo "=== plain $(date +%T)"
-timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" --json "$OUT/lora-plain.json" \
-  2>&1 | grep -E "^plain|Error|error" | tail -3
+if stage plain; then
+  echo "=== plain $(date +%T)"
+  timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" \
+    --json "$OUT/lora-plain.json" 2>&1 | grep -E "^plain|Error|error" | tail -3
+fi
 python3 - "$OUT" <<'PY'
 import json, statistics, sys
 from pathlib import Path
@@ -59,8 +75,9 @@ out = Path(sys.argv[1])
 try:
     decode, plain = (json.loads((out / f"lora-{k}.json").read_text()) for k in ("decode", "plain"))
 except (OSError, ValueError) as error:
-    sys.exit(f"against plain: no result ({error})")
-for name, target in (("batch", 0.85), ("single", 0.90)):
+    decode = plain = None
+    print(f"against plain: no result ({error})")
+for name, target in (("batch", 0.85), ("single", 0.90)) if decode else ():
     base = statistics.median(plain[name]["plain_tok_s"])
     ratio = statistics.median(decode[name]["lora_tok_s"]) / base
     print(f"{name} vs plain {'PASS' if ratio >= target else 'FAIL'}: {ratio:.3f}x the base model on a"
@@ -77,8 +94,14 @@ try:
           f" {kernels['rows1_shrink_expand_us']} us at batch 1; the adapters' bytes take"
           f" {kernels['bandwidth_limit_us']} us; a launch that does nothing, {kernels['layers']}"
           f" a step: {kernels['empty_shrink_us']} us")
-    for config, totals in kernels["shrink_split_sweep"].items():
-        print(f"kernels shrink {config}: {totals}")
+    sweep = kernels.get("tile_sweep")
+    if sweep:
+        print(f"kernels tiles: the best per projection {sweep['best_us']} us a step, the tiles"
+              f" before {sweep['before_us']}, the defaults {kernels['us_per_step']}")
+        for name in ("qkv", "o", "gate_up", "down"):
+            one = sweep[name]
+            print(f"kernels tiles {name}: shrink {one['best_shrink']} expand {one['best_expand']}"
+                  f" {one['pair_us']} (defaults {one['default_shrink']} {one['default_expand']})")
 except (OSError, ValueError, KeyError, StopIteration) as error:
     print(f"kernels: no result ({error!r})")
 PY

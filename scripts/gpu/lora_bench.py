@@ -9,7 +9,10 @@
 - kernels: the LoRA kernels alone for one decode step of the model (every layer's q/k/v, o,
   gate/up, down shrink + expand; 64 rows over 8 slots, 64 rows of one adapter, one row),
   captured in a CUDA graph and replayed: device time per step against the time the adapters'
-  bytes take at the HBM bandwidth, and the step's totals for finer shrink K splits.
+  bytes take at the HBM bandwidth; with --sweep, each projection's decode tiles swept at 64
+  rows over 8 slots (kernels/lora.py SHRINK_SWEEP, EXPAND_SWEEP: 19 shrink and 12 expand
+  candidates a projection, ~1-2 compilations each), the best per projection and the step's
+  total with them, against the tiles before (`STAGES=kernels bash scripts/gpu/lora.sh`).
 
 The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
 under /tmp). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
@@ -26,7 +29,6 @@ import time
 from collections import Counter
 from functools import partial
 from pathlib import Path
-from unittest import mock
 
 import torch
 from safetensors.torch import save_file
@@ -208,11 +210,6 @@ def decode_layout(row_slots: list[int], slots: int, device: str) -> lora_kernels
     )
 
 
-# a decode shrink's (K per program, K chunk): the default first, then finer K splits (more
-# programs, each one a shorter chain of loads; the expand sums more partials)
-SHRINK_SPLITS = ((1024, 256), (512, 256), (256, 256))
-
-
 def kernel_times(weights: dict, row_slots: list[int], slots: int, layers: int) -> dict:
     """Each projection's shrink and expand (at one row: the base GEMV alone and with the
     adapter's expand in its epilogue too) over `row_slots`, graph-timed over `layers` calls:
@@ -252,12 +249,77 @@ def lora_step_us(per: dict) -> float:
     return round(total, 1)
 
 
+def tile_name(tile: tuple) -> str:
+    """A candidate's key in the JSON: its fields, e.g. block_k256-block_r16-k_per_split512-..."""
+    return "-".join(f"{field}{value}" for field, value in tile._asdict().items())
+
+
+def tile_sweep(weights: dict, row_slots: list[int], slots: int, layers: int) -> dict:
+    """Each projection's shrink over `lora_kernels.SHRINK_SWEEP` and expand over `EXPAND_SWEEP`
+    (with the default shrink's partials), graph-timed over `layers` calls at `row_slots`: us a
+    step per candidate, the best of each, and the best pair measured together (an expand's
+    time depends on the shrink's split count: it loads every split's partial), against the
+    tiles before the config functions (the shrink's 8 splits of 1024 at most; the expand's
+    256 columns over 8 warps from 8192 columns, else 128 over 4; 3 stages). Prints a line a
+    projection as it ends, so a timed-out stage still shows what it measured."""
+    before_shrink = lora_kernels.SHRINK_SWEEP[0]  # the sweep's first: the tiles before
+    wide_before, narrow_before = (
+        lora_kernels.ExpandConfig(256, 8, 3),
+        lora_kernels.ExpandConfig(128, 4, 3),
+    )
+    device, rows = next(iter(weights.values()))[0].device, len(row_slots)
+    layout = decode_layout(row_slots, slots, str(device))
+    result: dict = {}
+    totals = {"best_us": 0.0, "before_us": 0.0}
+    for name, (a_w, b_w, fan_in, outs) in weights.items():
+        x = torch.randn(rows, fan_in, device=device, dtype=a_w.dtype)
+        y = torch.zeros(rows, sum(outs), device=device, dtype=a_w.dtype)
+        shrink_us = {
+            tile: graph_us(partial(lora_kernels.shrink, x, a_w, layout, tile), layers)
+            for tile in lora_kernels.SHRINK_SWEEP
+        }
+        s = lora_kernels.shrink(x, a_w, layout)
+        expand_us = {
+            tile: graph_us(partial(lora_kernels.expand, y, s, b_w, layout, outs, tile), layers)
+            for tile in lora_kernels.EXPAND_SWEEP
+        }
+        best_shrink = min(shrink_us, key=shrink_us.__getitem__)
+        best_expand = min(expand_us, key=expand_us.__getitem__)
+        pair = {}
+        for key, shrink_tile, expand_tile in (
+            ("best", best_shrink, best_expand),
+            ("before", before_shrink, wide_before if sum(outs) >= 8192 else narrow_before),
+        ):
+            s_tile = lora_kernels.shrink(x, a_w, layout, shrink_tile)
+            expand = partial(lora_kernels.expand, y, s_tile, b_w, layout, outs, expand_tile)
+            pair[key] = round(shrink_us[shrink_tile] + graph_us(expand, layers), 1)
+            totals[f"{key}_us"] += pair[key]
+        result[name] = {
+            "shrink_us": {tile_name(k): round(v, 1) for k, v in shrink_us.items()},
+            "expand_us": {tile_name(k): round(v, 1) for k, v in expand_us.items()},
+            "best_shrink": best_shrink._asdict(),
+            "best_expand": best_expand._asdict(),
+            "default_shrink": lora_kernels.shrink_config(fan_in, a_w.shape[1], rows)._asdict(),
+            "default_expand": lora_kernels.expand_config(sum(outs), b_w.shape[2], rows)._asdict(),
+            "pair_us": pair,
+        }
+        print(
+            f"kernels sweep {name}: best shrink {tile_name(best_shrink)} "
+            f"{shrink_us[best_shrink]:.1f} us, expand {tile_name(best_expand)} "
+            f"{expand_us[best_expand]:.1f} us; together {pair['best']} us a step "
+            f"(the tiles before {pair['before']})",
+            flush=True,
+        )
+    result.update({key: round(value, 1) for key, value in totals.items()})
+    return result
+
+
 def section_kernels(a) -> dict:
     """The LoRA kernels of one decode step (all layers), graph-timed, each kernel alone per
     projection: at `a.batch` rows over every slot (rows grouped by slot), at that batch all of
     one adapter, and at batch 1 (one adapter, with the base GEMV alone and with the adapter's
-    expand in its epilogue); then the step's totals for finer K splits of the shrink
-    (`SHRINK_SPLITS`): where a step's LoRA time goes."""
+    expand in its epilogue); with `a.sweep`, each projection's tiles swept at `a.batch` rows
+    over every slot (`tile_sweep`): where a step's LoRA time goes, and which tiles cut it."""
     config = random_hf_config(a.model.removeprefix("random:"))
     shapes = projection_shapes(config)
     device, dtype, slots, rank = a.device, torch.bfloat16, a.adapters, a.rank
@@ -287,18 +349,8 @@ def section_kernels(a) -> dict:
         per = kernel_times(weights, row_slots, slots, layers)
         result[key] = per
         result[f"{key}_shrink_expand_us"] = lora_step_us(per)
-    sweep = {}
-    for per_split, block_k in SHRINK_SPLITS[1:]:
-        with (
-            mock.patch.object(lora_kernels, "_DECODE_K_PER_SPLIT", per_split),
-            mock.patch.object(lora_kernels, "_DECODE_BLOCK_K", block_k),
-            mock.patch.object(lora_kernels, "_MAX_SPLITS", 16),
-        ):
-            sweep[f"k{per_split}_chunk{block_k}"] = {
-                key: lora_step_us(kernel_times(weights, cases[key], slots, layers))
-                for key in (f"rows{a.batch}", "rows1")
-            }
-    result["shrink_split_sweep"] = sweep
+    if a.sweep:
+        result["tile_sweep"] = tile_sweep(weights, cases[f"rows{a.batch}"], slots, layers)
     # the floor: a shrink with no adapter row (its one block empty) loads nothing, so its time
     # a step is the launches' and the dependency waits'
     a_w, _, fan_in, _ = weights["o"]
@@ -325,6 +377,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--adapter-dir", default=str(Path(tempfile.gettempdir()) / "lora-bench"))
     parser.add_argument("--json")
+    parser.add_argument("--sweep", action="store_true", help="kernels: sweep the decode tiles")
     a = parser.parse_args()
     if a.section == "kernels":
         result = section_kernels(a)

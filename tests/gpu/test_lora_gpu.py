@@ -152,7 +152,8 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
 @pytest.mark.parametrize("pattern", ["random", "one_adapter", "each_its_own"])
 def test_grouped_decode_kernels_at_8b_shapes(pattern):
     """The decode shrink and expand on 64 bf16 rows grouped by slot (16-row blocks, the 8B
-    gate/up's 28,672 columns on 256-column tiles, K 4096 over four splits) against float64:
+    gate/up's 28,672 columns and K 4096 on `shrink_config`'s and `expand_config`'s tiles: 128
+    columns, 8 splits) against float64:
     random slots with base rows, every row one adapter, every row its own adapter (64 slots)."""
     from radixserve.kernels import lora as lora_kernels
 

@@ -22,6 +22,9 @@ few hundred KB per projection, and one program walking all of K serially is a ch
 dependent loads that no other program hides (the first version ran 8 programs a shrink, 3.7 ms
 of a 64-row step for 0.14 ms of bytes). Each split writes its own float32 partial
 `[splits, T, R_total]` and `expand` sums them as it loads s: no atomics, no zeroing pass.
+A decode pass's tiles (the shrink's chunk, rank block, split, warps, stages; the expand's
+columns, warps, stages) come from `shrink_config` and `expand_config` by shape and row count, or
+from the caller (scripts/gpu/lora_bench.py's sweep over `SHRINK_SWEEP` and `EXPAND_SWEEP`).
 
 The adapters' weights are stacked by slot: A `[slots, n_sub * R, K]` (the sub-projections of a
 fused projection, q/k/v or gate/up, one after the other, each padded to the pool's rank R) and
@@ -48,11 +51,7 @@ from radixserve.kernels.triton_support import jit, tl, triton, wait_for_prior_ke
 
 _BLOCK_M = 16  # tokens per program of a segment (tl.dot's smallest tile)
 DECODE_BLOCK_M = 16  # a decode block's rows, all of one adapter (tl.dot's smallest tile)
-_DECODE_K_PER_SPLIT = 1024  # a decode shrink's K per program, at most
-_MAX_SPLITS = 8  # expand sums every split's partial, its loads all in flight at once
 _BLOCK_K = 64  # a prefill shrink's K chunk
-_DECODE_BLOCK_K = 256
-_DECODE_BLOCK_R = 16  # a decode shrink's rank columns per program: more programs share A
 _BLOCK_N = 64  # a prefill expand's output columns per program
 
 
@@ -102,11 +101,103 @@ def decode_blocks(row_slots: Sequence[int], slots: int) -> list[int]:
     return table
 
 
-def _decode_expand_tile(n: int) -> tuple[int, int]:
-    """(output columns, warps) of a decode expand program. Wide tiles: a 64-row step's expand
-    of the 8B gate/up (28,672 columns) in 64-column tiles was 3,584 programs and 22 us, each
-    a short chain of loads (B, the partials of s, y) whose latency the waves paid in turn."""
-    return (256, 8) if n >= 8192 else (128, 4)
+class ShrinkConfig(NamedTuple):
+    """A decode shrink's tiles: K chunk and rank columns of a program's dot, K per program
+    (the split: the last one short, rounded up to the chunk), at most `max_splits` splits
+    (expand unrolls a load per split), warps and pipeline stages."""
+
+    block_k: int
+    block_r: int
+    k_per_split: int
+    max_splits: int
+    warps: int
+    stages: int
+
+
+class ExpandConfig(NamedTuple):
+    """A decode expand's tiles: output columns a program, warps and pipeline stages (of the
+    loop over the sub-projections a tile covers: usually one iteration)."""
+
+    block_n: int
+    warps: int
+    stages: int
+
+
+def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
+    """The decode shrink's tiles for x `[rows, k]` times A `[slots, r_total, k]`.
+
+    One row (batch 1): the tiles the batch-1 path ran with in this morning's H200 measurement
+    (scripts/gpu/lora.sh, 2026-12-04: 1024 K a split, at most 8, 256-wide chunks, Triton's
+    default 4 warps and 3 stages), kept as they were.
+
+    More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
+    each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
+    chunks, not its bytes (the 8B down, K 14336: 8 splits of 1792, 64 live programs on 132
+    SMs each walking 7 chunks, 4.5 us a layer for 1.2 us of bytes; o, K 4096: 4 splits, 32
+    live programs, 3.0 us for 0.3 us of bytes). So the split aims at about 16 splits, at
+    least 512 K each (two 256-wide chunks: the pipeline has something to prefetch): the down
+    shrink 14 splits of 1024 (112 live programs, 4 chunks each), K 4096 8 of 512 (o 64, qkv
+    192, gate/up 128 live programs). The cost is in expand: it loads every split's partial, 16
+    loads of a 1 KB [16, 16] float32 tile from L2 for the down's rather than 8. The chunk
+    stays 256 (x [16, 256] and A [256, 16], 8 KB each a stage); one rank block of 16 columns
+    (the rank) a program, so more programs share A's bytes. `r_total` is in the key for what
+    the sweep finds; these defaults do not depend on it. To be confirmed by lora_bench.py's
+    tile sweep (`kernels --sweep`)."""
+    if rows <= 1:
+        return ShrinkConfig(256, 16, 1024, 8, 4, 3)
+    k_per_split = max(512, triton.cdiv(triton.cdiv(k, 16), 256) * 256)
+    return ShrinkConfig(256, 16, k_per_split, 16, 4, 3)
+
+
+def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
+    """The decode expand's tiles for y `[rows, n]` += s · B `[slots, n, rank]`.
+
+    One row (batch 1, only q/k/v: the other projections add their expand in the GEMV's
+    epilogue): the tiles it ran with, 256 columns over 8 warps from 8192 columns, else 128
+    over 4, Triton's default 3 stages.
+
+    More rows, by 16-row blocks: a program loads B [BLOCK_N, 16] (issued before the wait for
+    the kernel before), every split's s [16, 16], makes one 16 x 16 x BLOCK_N dot and reads,
+    adds and writes y [16, BLOCK_N]: a fixed chain of round trips with little arithmetic, so
+    the time is latency unless enough programs are in flight on each SM. The 8B gate/up (28672
+    columns: 7.3 MB of B and 7.3 MB of y a layer, ~3 us at 4.8 TB/s) ran 7.8 us a layer with
+    256 columns over 8 warps (896 live programs, ~7 an SM). 128 columns over 4 warps keep the
+    same bytes per thread (16 float32 of the tile) in twice the programs (1792, ~14 an SM,
+    54 warps of the 64 an SM holds: one wave if each thread keeps under ~32 registers, two
+    otherwise), so an SM has up to twice the independent chains; narrower projections (o,
+    down: 4096 columns, 256 live programs at 128) take 64 columns so each SM has ~4 programs
+    rather than 2. One stage: the loop over sub-projections runs once or twice, and the
+    pipeliner's prologue for it is only overhead. `rank` is in the key for what the sweep
+    finds (the dot's K is 16 lanes up to rank 16). To be confirmed by lora_bench.py's tile
+    sweep (`kernels --sweep`)."""
+    if rows <= 1:
+        return ExpandConfig(256 if n >= 8192 else 128, 8 if n >= 8192 else 4, 3)
+    return ExpandConfig(128 if n >= 8192 else 64, 4, 1)
+
+
+# The candidates scripts/gpu/lora_bench.py's tile sweep times at 64 rows over 8 adapters, each
+# projection (tests/unit/test_lora_tiles_interpret.py checks every one against the reference).
+# Bounded to 31 a projection (~30 compilations: the split is not a constexpr, the expand's
+# unrolled split count is; each candidate timed by 11 replays of a 32-layer graph, so the
+# compilations are most of the sweep's ~1 min): the shrink's chunk, split and warps at three
+# stages (its loop is 1-16 chunks a split), and the 64-row tiles before this config (8 splits at
+# most); the expand's columns, warps and one or three stages (its loop runs once or twice:
+# 2 and 4 change only the prologue).
+SHRINK_SWEEP: tuple[ShrinkConfig, ...] = (
+    ShrinkConfig(256, 16, 1024, 8, 4, 3),
+    *(
+        ShrinkConfig(block_k, 16, split, 16, warps, 3)
+        for block_k in (128, 256, 512)
+        for split in (512, 1024, 2048)
+        for warps in (4, 8)
+    ),
+)
+EXPAND_SWEEP: tuple[ExpandConfig, ...] = tuple(
+    ExpandConfig(block_n, warps, stages)
+    for block_n in (64, 128, 256)
+    for warps in (4, 8)
+    for stages in (1, 3)
+)
 
 
 @jit
@@ -232,6 +323,11 @@ def _expand_kernel(
     )
     wait_for_prior_kernel(PDL)
     if any_live:
+        # y (the base product, the kernel before's output: after the wait) is read before s, so
+        # its round trip to HBM overlaps s's to L2 and the dot rather than following them
+        out = Y + rows[:, None].to(tl.int64) * stride_ym + ns[None, :]
+        mask = live[:, None] & n_ok[None, :]
+        y = tl.load(out, mask=mask, other=0.0)
         # each column's sub-projection (boundaries sub1 <= sub2, N past the last one): its
         # rank columns of s are the sub-projection's
         col_sub = (ns >= sub1).to(tl.int32) + (ns >= sub2).to(tl.int32)
@@ -255,19 +351,19 @@ def _expand_kernel(
                 )
             part = tl.dot(s.to(b.dtype), b, input_precision=PRECISION)
             delta += tl.where((col_sub == sub)[None, :], part, 0.0)
-        out = Y + rows[:, None].to(tl.int64) * stride_ym + ns[None, :]
-        mask = live[:, None] & n_ok[None, :]
-        y = tl.load(out, mask=mask, other=0.0)
         tl.store(out, (y.to(tl.float32) + delta).to(y.dtype), mask=mask)
 
 
-def shrink(x: torch.Tensor, a: torch.Tensor, layout: Layout) -> torch.Tensor:
+def shrink(
+    x: torch.Tensor, a: torch.Tensor, layout: Layout, config: ShrinkConfig | None = None
+) -> torch.Tensor:
     """x `[T, K]` times each token's slot's A `[slots, R_total, K]` (`layout` says which):
     float32 partial sums `[splits, T, R_total]` whose sum over the first axis is the product
     (`expand` takes them as they are; the rows of base tokens, slot -1, are left as they are:
-    `expand` never reads them)."""
+    `expand` never reads them). `config`: a decode pass's tiles, by default `shrink_config`'s
+    (a bench's sweep passes its candidates; a prefill has its own)."""
     if triton_support.enabled_for(x):
-        return _shrink_triton(x, a, layout)
+        return _shrink_triton(x, a, layout, config)
     assert layout.token_slots is not None
     return shrink_torch(x, a, layout.token_slots).unsqueeze(0)
 
@@ -278,16 +374,17 @@ def expand(
     b: torch.Tensor,
     layout: Layout,
     sub_sizes: Sequence[int] | None = None,
+    config: ExpandConfig | None = None,
 ) -> None:
     """y `[T, N]` += s (`shrink`'s partials `[splits, T, n_sub * R]`) times each token's slot's
     B `[slots, N, R]`, in place. `sub_sizes` are the widths of the sub-projections fused in y
     (at most three, summing to N; default one): sub-projection i's columns take s's columns
-    `[i * R, (i + 1) * R)`."""
+    `[i * R, (i + 1) * R)`. `config`: a decode pass's tiles, by default `expand_config`'s."""
     sizes = list(sub_sizes) if sub_sizes is not None else [y.shape[1]]
     if len(sizes) > 3 or sum(sizes) != y.shape[1]:
         raise ValueError(f"sub-projections {sizes} do not make {y.shape[1]} columns")
     if triton_support.enabled_for(y):
-        _expand_triton(y, s, b, layout, sizes)
+        _expand_triton(y, s, b, layout, sizes, config)
         return
     token_slots = layout.token_slots
     assert token_slots is not None
@@ -304,22 +401,25 @@ def expand(
         offset += size
 
 
-def _shrink_triton(x: torch.Tensor, a: torch.Tensor, layout: Layout) -> torch.Tensor:
+def _shrink_triton(
+    x: torch.Tensor, a: torch.Tensor, layout: Layout, config: ShrinkConfig | None
+) -> torch.Tensor:
     tokens, k = x.shape
     r_total = a.shape[1]
     grouped, grid, block_m = _grid(layout)
-    # a decode pass splits K and the rank columns so enough programs share the loads; a
-    # prefill has its segments
-    splits = min(_MAX_SPLITS, triton.cdiv(k, _DECODE_K_PER_SPLIT)) if grouped else 1
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), _BLOCK_K) * _BLOCK_K
-    splits = triton.cdiv(k, k_per_split)
+    if grouped:
+        # a decode pass splits K and the rank columns so enough programs share the loads
+        tile = config or shrink_config(k, r_total, tokens)
+        block_k, block_r, warps, stages = tile.block_k, tile.block_r, tile.warps, tile.stages
+        splits = min(tile.max_splits, triton.cdiv(k, tile.k_per_split))
+        k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
+        splits = triton.cdiv(k, k_per_split)
+    else:  # a prefill has its segments
+        block_k, block_r = _BLOCK_K, max(16, min(64, triton.next_power_of_2(r_total)))
+        warps, stages, splits, k_per_split = 4, 3, 1, triton.cdiv(k, _BLOCK_K) * _BLOCK_K
     out = torch.empty((splits, tokens, r_total), dtype=torch.float32, device=x.device)
     if tokens == 0 or grid[0] == 0:
         return out
-    if grouped:
-        block_k, block_r = _DECODE_BLOCK_K, _DECODE_BLOCK_R
-    else:
-        block_k, block_r = _BLOCK_K, max(16, min(64, triton.next_power_of_2(r_total)))
     _shrink_kernel[(*grid, splits * triton.cdiv(r_total, block_r))](
         x,
         a,
@@ -340,13 +440,20 @@ def _shrink_triton(x: torch.Tensor, a: torch.Tensor, layout: Layout) -> torch.Te
         BLOCK_R=block_r,
         BLOCK_K=block_k,
         PRECISION=triton_support.dot_precision(x.dtype),
+        num_warps=warps,
+        num_stages=stages,
         **triton_support.dependent_launch(x),
     )
     return out
 
 
 def _expand_triton(
-    y: torch.Tensor, s: torch.Tensor, b: torch.Tensor, layout: Layout, sizes: list[int]
+    y: torch.Tensor,
+    s: torch.Tensor,
+    b: torch.Tensor,
+    layout: Layout,
+    sizes: list[int],
+    config: ExpandConfig | None,
 ) -> None:
     tokens, n = y.shape
     rank = b.shape[2]
@@ -354,7 +461,9 @@ def _expand_triton(
     if tokens == 0 or grid[0] == 0:
         return
     bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
-    block_n, warps = _decode_expand_tile(n) if grouped else (_BLOCK_N, 4)
+    block_n, warps, stages = (
+        (config or expand_config(n, rank, tokens)) if grouped else (_BLOCK_N, 4, 3)
+    )
     _expand_kernel[(*grid, triton.cdiv(n, block_n))](
         s,
         b,
@@ -379,6 +488,7 @@ def _expand_triton(
         MAX_SPLITS=triton.next_power_of_2(s.shape[0]),
         PRECISION=triton_support.dot_precision(y.dtype),
         num_warps=warps,
+        num_stages=stages,
         **triton_support.dependent_launch(y),
     )
 
