@@ -132,21 +132,18 @@ def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
 
     More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
     each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
-    chunks, not its bytes (the 8B down, K 14336: 8 splits of 1792, 64 live programs on 132
-    SMs each walking 7 chunks, 4.5 us a layer for 1.2 us of bytes; o, K 4096: 4 splits, 32
-    live programs, 3.0 us for 0.3 us of bytes). So the split aims at about 16 splits, at
-    least 512 K each (two 256-wide chunks: the pipeline has something to prefetch): the down
-    shrink 14 splits of 1024 (112 live programs, 4 chunks each), K 4096 8 of 512 (o 64, qkv
-    192, gate/up 128 live programs). The cost is in expand: it loads every split's partial, 16
-    loads of a 1 KB [16, 16] float32 tile from L2 for the down's rather than 8. The chunk
-    stays 256 (x [16, 256] and A [256, 16], 8 KB each a stage); one rank block of 16 columns
-    (the rank) a program, so more programs share A's bytes. `r_total` is in the key for what
-    the sweep finds; these defaults do not depend on it. To be confirmed by lora_bench.py's
-    tile sweep (`kernels --sweep`)."""
+    chunks more than its bytes, so more splits pay where K is short: measured (lora_bench.py
+    `kernels --sweep`, one H200, 2026-12-04, 64 rows over 8 adapters, a step over 32 layers),
+    512 K a split (8 at K 4096) took the q/k/v shrink from 122 to 91 us and o's from 96 to 70,
+    gate/up even; 256-wide chunks, 4 warps and 3 stages were the best or within 3% of it on
+    every projection. The down projection (K 14336) keeps 8 splits of 1792: its expand then
+    sums 8 partials, not 14, and the pair measured 252 us against 270 with 1024 a split.
+    `r_total` is in the key for a later sweep; these do not depend on it."""
     if rows <= 1:
         return ShrinkConfig(256, 16, 1024, 8, 4, 3)
-    k_per_split = max(512, triton.cdiv(triton.cdiv(k, 16), 256) * 256)
-    return ShrinkConfig(256, 16, k_per_split, 16, 4, 3)
+    if k <= 8192:
+        return ShrinkConfig(256, 16, 512, 16, 4, 3)
+    return ShrinkConfig(256, 16, 1024, 8, 4, 3)
 
 
 def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
@@ -158,21 +155,14 @@ def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
 
     More rows, by 16-row blocks: a program loads B [BLOCK_N, 16] (issued before the wait for
     the kernel before), every split's s [16, 16], makes one 16 x 16 x BLOCK_N dot and reads,
-    adds and writes y [16, BLOCK_N]: a fixed chain of round trips with little arithmetic, so
-    the time is latency unless enough programs are in flight on each SM. The 8B gate/up (28672
-    columns: 7.3 MB of B and 7.3 MB of y a layer, ~3 us at 4.8 TB/s) ran 7.8 us a layer with
-    256 columns over 8 warps (896 live programs, ~7 an SM). 128 columns over 4 warps keep the
-    same bytes per thread (16 float32 of the tile) in twice the programs (1792, ~14 an SM,
-    54 warps of the 64 an SM holds: one wave if each thread keeps under ~32 registers, two
-    otherwise), so an SM has up to twice the independent chains; narrower projections (o,
-    down: 4096 columns, 256 live programs at 128) take 64 columns so each SM has ~4 programs
-    rather than 2. One stage: the loop over sub-projections runs once or twice, and the
-    pipeliner's prologue for it is only overhead. `rank` is in the key for what the sweep
-    finds (the dot's K is 16 lanes up to rank 16). To be confirmed by lora_bench.py's tile
-    sweep (`kernels --sweep`)."""
+    adds and writes y [16, BLOCK_N]. Measured (lora_bench.py `kernels --sweep`, one H200,
+    2026-12-04, 64 rows over 8 adapters): 256 columns over 4 warps with 3 stages was the
+    fastest of 12 candidates on all four projections (gate/up 263 us a step; 128 columns over
+    4 warps, 1 stage, the first guess for 16-row blocks, 336; 64 columns for o and down 127
+    and 143 against 91 and 135). `rank` is in the key for a later sweep."""
     if rows <= 1:
         return ExpandConfig(256 if n >= 8192 else 128, 8 if n >= 8192 else 4, 3)
-    return ExpandConfig(128 if n >= 8192 else 64, 4, 1)
+    return ExpandConfig(256, 4, 3)
 
 
 # The candidates scripts/gpu/lora_bench.py's tile sweep times at 64 rows over 8 adapters, each
