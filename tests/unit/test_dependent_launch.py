@@ -24,7 +24,6 @@ from radixserve.kernels import (  # noqa: E402
     gemv,
     lora,
     moe_gemv,
-    small_m,
     triton_support,
 )
 
@@ -81,42 +80,6 @@ KERNELS = {
             "LORA": True,
             "LORA_BLOCK_R": 16,
             "LORA_SPLITS": 16,
-        },
-    ),
-    # 2-16 rows (small-batch decode, the verify step): its pipelined tiles' cp.async after the
-    # wait too
-    "small_m (FP8, gated)": (
-        small_m._small_m_kernel,
-        {"W": "fp8e4nv", "Bias": "fp8e4nv", "Scale": "fp32"},
-        set(),
-        {
-            "HAS_BIAS": False,
-            "HAS_SCALE": True,
-            "GATED": True,
-            "BLOCK_M": 16,
-            "BLOCK_N": 16,
-            "BLOCK_K": 512,
-            "SPLITS": 4,
-            "CHUNK_MASK": False,
-            "NUM_STAGES": 4,
-            "DOT_PRECISION": "tf32",
-        },
-    ),
-    "small_m (bf16)": (
-        small_m._small_m_kernel,
-        {},
-        set(),
-        {
-            "HAS_BIAS": True,
-            "HAS_SCALE": False,
-            "GATED": False,
-            "BLOCK_M": 16,
-            "BLOCK_N": 16,
-            "BLOCK_K": 256,
-            "SPLITS": 4,
-            "CHUNK_MASK": True,
-            "NUM_STAGES": 4,
-            "DOT_PRECISION": "tf32",
         },
     ),
     "moe routing (top-k softmax)": (
@@ -262,8 +225,6 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
-    "small_m (FP8, gated)": {"Scale"},
-    "small_m (bf16)": {"Bias"},
     "gemv (bf16, gated, LoRA)": {"LoraSlot"},  # the row's adapter slot, a step input
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
@@ -278,8 +239,8 @@ EARLY_READS = {
 # one may then start while the one before still runs
 LAUNCH_NEXT_FIRST = {"rotary_store_kv"}
 
-# the GEMV's and small_m's sizes; other capitalised arguments are pointers
-UPPERCASE_SCALARS = {"M", "N", "K"}
+# the GEMV's sizes; other capitalised arguments are pointers
+UPPERCASE_SCALARS = {"N", "K"}
 MEMORY_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.global|red\.)")
 
 

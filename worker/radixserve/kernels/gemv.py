@@ -220,25 +220,19 @@ def block_config(n: int, k: int, fp8: bool = False) -> tuple[int, int, int, int]
     return 2, 1024, 4, 1  # 1B qkv, o, down
 
 
-def streams_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether a product of x's rows can stream `weight` through a Triton kernel (this GEMV at
-    one row, kernels/small_m.py at 2-16): x is a 2-D half-precision tensor on a CUDA device
-    where the fused kernels are on (tests turn them off through `triton_support.enabled_for`
-    to get the torch path), the weight is of x's dtype or FP8 with unit-stride rows. float32
-    stays on cuBLAS: it is the exactness reference, and not where speed is measured."""
+def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` (and `linear_silu_and_mul`) take the GEMV: x is one half-precision row on
+    a CUDA device where the fused kernels are on (tests turn them off through
+    `triton_support.enabled_for` to get the torch path), and the weight has unit-stride rows.
+    float32 stays on cuBLAS: it is the exactness reference, and not where speed is measured."""
     return (
         triton_support.enabled_for(x)
         and x.dim() == 2
+        and x.shape[0] == 1
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype in (x.dtype, torch.float8_e4m3fn)
         and weight.stride(1) == 1
     )
-
-
-def uses_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` (and `linear_silu_and_mul`) take the GEMV: one row of x, streaming the
-    weight (`streams_weight`)."""
-    return streams_weight(x, weight) and x.shape[0] == 1
 
 
 def gemv(

@@ -1,7 +1,6 @@
 """`linear` and the `Linear` layer: a projection that takes the batch-1 GEMV kernel where it
-applies (kernels/gemv.py), the 2-16 row kernel where that applies (kernels/small_m.py: decode
-at small batch, the speculative verify step) and cuBLAS elsewhere, and `linear_silu_and_mul`,
-which applies the MLP's activation in either kernel's epilogue."""
+applies (kernels/gemv.py) and cuBLAS elsewhere, and `linear_silu_and_mul`, which applies the
+MLP's activation in the GEMV's epilogue."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixserve.kernels.gemv import block_config, gemv, uses_gemv
-from radixserve.kernels.small_m import small_m, uses_small_m
 from radixserve.layers.activation import silu_and_mul
 
 
@@ -20,16 +18,13 @@ def linear(
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """F.linear(x, weight, bias).to(out_dtype), through the GEMV where `uses_gemv` says so and
-    the small-M kernel where `uses_small_m` does.
+    """F.linear(x, weight, bias).to(out_dtype), through the GEMV where `uses_gemv` says so.
 
-    `out_dtype=torch.float32` is for the logits: the kernels store the half-precision product
+    `out_dtype=torch.float32` is for the logits: the GEMV stores the half-precision product
     widened, the same values as `.float()` of it, without a cast kernel (4 us a step at a 128k
     vocabulary)."""
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape), out_dtype=out_dtype)
-    if uses_small_m(x, weight):
-        return small_m(x, weight, bias, out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 
@@ -37,21 +32,18 @@ def linear(
 def linear_silu_and_mul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """silu(gate) * up of the fused [gate; up] projection `weight`: one GEMV (or small-M)
-    launch with the activation in its epilogue where `uses_gemv` (`uses_small_m`) says so (the
-    activation kernel and its launch gap were about 2.5 us a layer of a 1B batch-1 step), else
-    the product and then the activation kernel."""
+    """silu(gate) * up of the fused [gate; up] projection `weight`: one GEMV launch with the
+    activation in its epilogue where `uses_gemv` says so (the activation kernel and its launch
+    gap were about 2.5 us a layer of a 1B batch-1 step), else the product and then the
+    activation kernel."""
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape), gated=True)
-    if uses_small_m(x, weight):
-        return small_m(x, weight, bias, gated=True)
     return silu_and_mul(linear(x, weight, bias))
 
 
 class Linear(nn.Linear):
     """nn.Linear (same parameters, same checkpoint names) whose batch-1 products on CUDA run
-    the GEMV and 2-16 row products the small-M kernel. `load_rows` is the loading protocol the
-    quantized linears share."""
+    the GEMV. `load_rows` is the loading protocol the quantized linears share."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return linear(x, self.weight, self.bias)

@@ -10,8 +10,6 @@ re-quantized per channel (so one kernel path serves every source).
 The products, by where they run:
 - CUDA, one row (batch-1 decode): the Triton GEMV streams the FP8 rows and scales each sum
   (weight-only: no activation quantization, half the bytes of bf16);
-- CUDA, 2-16 rows (small-batch decode, the speculative verify step): the same, through the
-  small-M kernel (kernels/small_m.py), which streams each weight tile once for all the rows;
 - CUDA on Hopper/Ada, more rows: the activations are quantized per token (a dynamic scale per
   row, one Triton launch) and `torch._scaled_mm` multiplies FP8 by FP8 with both scales;
 - anywhere else (the CPU, tests): the weight is dequantized and multiplied in the model dtype.
@@ -34,7 +32,6 @@ from radixserve.kernels.fp8_quant import (
     quantize_rows,
 )
 from radixserve.kernels.gemv import block_config, gemv, uses_gemv
-from radixserve.kernels.small_m import small_m, uses_small_m
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.quantization.base import QuantizationConfig, WeightStream
 
@@ -80,8 +77,6 @@ def fp8_linear(
     """F.linear(x, weight * scale[:, None], bias) for an FP8 weight [N, K] with channel scales."""
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape, fp8=True), scale=scale)
-    if uses_small_m(x, weight):
-        return small_m(x, weight, bias, scale=scale)
     if _uses_scaled_mm(x, weight):
         rows = x.reshape(-1, x.shape[-1])
         if rows.stride(-1) != 1:
@@ -118,13 +113,10 @@ class Fp8Linear(nn.Module):
         return fp8_linear(x, self.weight, self.weight_scale, self.bias)
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(gate) * up of this [gate; up] projection of x (one gated GEMV at batch 1, one
-        gated small-M launch at 2-16 rows)."""
+        """silu(gate) * up of this [gate; up] projection of x (one gated GEMV at batch 1)."""
         if uses_gemv(x, self.weight):
             config = block_config(*self.weight.shape, fp8=True)
             return gemv(x, self.weight, self.bias, *config, gated=True, scale=self.weight_scale)
-        if uses_small_m(x, self.weight):
-            return small_m(x, self.weight, self.bias, gated=True, scale=self.weight_scale)
         return silu_and_mul(self.forward(x))
 
     @torch.no_grad()
