@@ -27,11 +27,7 @@ OFF="--model $MODEL --context-length 4096 --input-len 1024 --input-len-min 256"
 BUDGET_S=${BUDGET_S:-330}
 
 for stage in $stages; do
-  if [ $((BUDGET_S - SECONDS)) -lt 30 ]; then
-    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
-    continue
-  fi
-  echo "=== $stage $(date +%T) (${SECONDS}s in)"
+  stage_starts "$stage" || continue
   case $stage in
     tests)
       timeout "$(limit 180)" python3 -m pytest -q -rA -p no:cacheprovider -s \

@@ -28,3 +28,12 @@ limit() {  # the stage's own limit $1, or what is left of $BUDGET_S if less (at 
   left=$((left < 1 ? 1 : left))
   echo $((left < $1 ? left : $1))
 }
+
+stage_starts() {  # stage_starts STAGE [MIN_S]: its header line, or a SKIPPED line and status 1
+  # when under MIN_S (30) of $BUDGET_S is left; the scripts' stage loops start with it
+  if [ $((BUDGET_S - SECONDS)) -lt "${2:-30}" ]; then
+    echo "=== $1 SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
+    return 1
+  fi
+  echo "=== $1 $(date +%T) (${SECONDS}s in)"
+}

@@ -9,11 +9,7 @@ set -u
 stages=${*:-grammar-host grammar router cold-start grammar-tests}
 BUDGET_S=${BUDGET_S:-500}
 for stage in $stages; do
-  if [ $((BUDGET_S - SECONDS)) -lt 20 ]; then
-    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
-    continue
-  fi
-  echo "=== $stage $(date +%T) (${SECONDS}s in)"
+  stage_starts "$stage" 20 || continue
   case $stage in
     cold-start)
       timeout $(limit 420) python3 scripts/gpu/cold_start.py "$OUT" ${COLD_START_BACKENDS:-triton auto} 2>&1 | tail -12 ;;

@@ -73,11 +73,7 @@ latency() {  # latency STAGE LIMIT MODEL BATCH-SIZES [flags...]
 }
 
 for stage in $stages; do
-  if [ $((BUDGET_S - SECONDS)) -lt 30 ]; then
-    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
-    continue
-  fi
-  echo "=== $stage $(date +%T) (${SECONDS}s in)"
+  stage_starts "$stage" || continue
   case $stage in
     latency-8b) latency latency-8b 100 $M8 1,64 ;;
     latency-fp8) latency latency-8b-fp8 80 $M8 1 --quantization fp8 ;;

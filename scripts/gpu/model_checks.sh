@@ -31,11 +31,7 @@ OFF="--context-length 4096 --attention-backend triton --input-len 1024 --input-l
 BUDGET_S=${BUDGET_S:-470}
 
 for stage in $stages; do
-  if [ $((BUDGET_S - SECONDS)) -lt 30 ]; then
-    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
-    continue
-  fi
-  echo "=== $stage $(date +%T) (${SECONDS}s in)"
+  stage_starts "$stage" || continue
   case $stage in
     tests)
       timeout $(limit 200) python3 -m pytest -q -rA -p no:cacheprovider -s \

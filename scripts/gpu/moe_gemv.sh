@@ -23,12 +23,8 @@ stages=${*:-tests qwen3 gpt-oss deepseek bench}
 BUDGET_S=${BUDGET_S:-570}
 
 for stage in $stages; do
+  stage_starts "$stage" || continue
   left=$((BUDGET_S - SECONDS))
-  if [ $left -lt 30 ]; then
-    echo "=== $stage SKIPPED: ${SECONDS}s of the ${BUDGET_S}s budget used"
-    continue
-  fi
-  echo "=== $stage $(date +%T) (${SECONDS}s in)"
   case $stage in
     tests)
       timeout "$(limit 80)" python3 -m pytest -q -rA -p no:cacheprovider \
