@@ -48,6 +48,22 @@ def routing_logits(tokens: int, experts: int, used: list[int] | None) -> torch.T
     return logits
 
 
+def oss_reference(x, w13, w2, weights, ids, b13, b2, swiglu=(1.702, 1.5)) -> torch.Tensor:
+    """gpt-oss's experts (biases after both products, the clamped SwiGLU) in float64: the
+    reference of every biased case (w13 and w2 as given, e.g. already dequantized)."""
+    return fused_moe_native(
+        x.double(),
+        w13.double(),
+        w2.double(),
+        weights.double(),
+        ids,
+        "swiglu_oai",
+        w13_bias=b13.double(),
+        w2_bias=b2.double(),
+        swiglu=swiglu,
+    )
+
+
 def check_alignment(topk_ids: torch.Tensor, experts: int, block_m: int) -> dict:
     use = torch.zeros(2, dtype=torch.int64)
     align = align_by_expert(topk_ids.to(torch.int32), experts, block_m, use)
@@ -164,17 +180,7 @@ for dtype in (torch.float32, torch.float16):
     )
     swiglu = (1.702, 1.5)
     extra = {"swiglu": swiglu}
-    ref = fused_moe_native(
-        x.double(),
-        w13.double(),
-        w2.double(),
-        weights.double(),
-        ids,
-        "swiglu_oai",
-        w13_bias=b13.double(),
-        w2_bias=b2.double(),
-        **extra,
-    )
+    ref = oss_reference(x, w13, w2, weights, ids, b13, b2, **extra)
     use = torch.zeros(2, dtype=torch.int64)
     out = fused_moe(
         x, w13, w2, weights, ids, use, "swiglu_oai", w13_bias=b13, w2_bias=b2, gemv=False, **extra
@@ -203,17 +209,7 @@ for dtype in (torch.float32, torch.float16):
     w13 = dequantize_mxfp4(w13_blocks, w13_scales, torch.float64)
     w2 = dequantize_mxfp4(w2_blocks, w2_scales, torch.float64)
     extra = {"swiglu": (1.702, 1.5)}
-    ref = fused_moe_native(
-        x.double(),
-        w13,
-        w2,
-        weights.double(),
-        ids,
-        "swiglu_oai",
-        w13_bias=b13.double(),
-        w2_bias=b2.double(),
-        **extra,
-    )
+    ref = oss_reference(x, w13, w2, weights, ids, b13, b2, **extra)
     use = torch.zeros(2, dtype=torch.int64)
     out = fused_moe(
         x,
@@ -318,31 +314,19 @@ for dtype in (torch.float32, torch.float16):
         routing_logits(tokens, experts, [0, 3, 4, 7, 1]), top_k, True, True
     )
     oss = {"w13_bias": b13, "w2_bias": b2, "swiglu": (1.702, 1.5)}
-    exact = fused_moe_native(
-        x.double(),
-        w13.double(),
-        w2.double(),
-        weights.double(),
-        ids,
-        "swiglu_oai",
-        w13_bias=b13.double(),
-        w2_bias=b2.double(),
-        swiglu=(1.702, 1.5),
-    )
+    exact = oss_reference(x, w13, w2, weights, ids, b13, b2)
     gate = x.double() @ w13[:, :inter].double().transpose(1, 2) + b13[:, None, :inter]
     case = gemv_case("gpt-oss biases", x, w13, w2, weights, ids, exact, "swiglu_oai", **oss)
     results["gemv"].append(case | {"clamped": float((gate > 1.5).double().mean())})
     (q13, s13), (q2, s2) = quantize_mxfp4(w13.float()), quantize_mxfp4(w2.float())
-    exact = fused_moe_native(
-        x.double(),
+    exact = oss_reference(
+        x,
         dequantize_mxfp4(q13, s13, torch.float64),
         dequantize_mxfp4(q2, s2, torch.float64),
-        weights.double(),
+        weights,
         ids,
-        "swiglu_oai",
-        w13_bias=b13.double(),
-        w2_bias=b2.double(),
-        swiglu=(1.702, 1.5),
+        b13,
+        b2,
     )
     mx = oss | {"w13_scale": s13, "w2_scale": s2}
     q13, q2 = q13.flatten(-2), q2.flatten(-2)
