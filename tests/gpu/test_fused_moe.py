@@ -57,6 +57,23 @@ def weights(experts: int, hidden: int, inter: int, gen: torch.Generator):
 @pytest.mark.parametrize("kind", ROUTINGS)
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("shape", list(SHAPES))
+def capture_without_sync(layer, x: torch.Tensor, logits: torch.Tensor):
+    """The layer's pass over the static (x, logits) captured in a CUDA graph after a warm-up
+    (compilation stays out of it), any host sync during capture an error: (graph, output)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        layer(x, logits)
+    stream.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.graph(graph, stream=stream):
+            out = layer(x, logits)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return graph, out
+
+
 def test_fused_moe_matches_reference_within_bf16(shape, tokens, kind):
     """Error against float64 no larger than the bf16 torch reference's own (plus slack):
     within bf16 norms, idle experts and pile-ups included."""
@@ -152,17 +169,7 @@ def test_moe_layer_decode_is_captured_in_a_cuda_graph():
     bs = 4
     x = torch.zeros(bs, hidden, device="cuda", dtype=torch.bfloat16)
     logits = torch.zeros(bs, experts, device="cuda", dtype=torch.bfloat16)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        layer(x, logits)  # warm-up: compilation stays out of the graph
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph, stream=stream):
-            out = layer(x, logits)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, out = capture_without_sync(layer, x, logits)
     for kind in ROUTINGS:
         x.copy_(torch.randn(bs, hidden, generator=gen).to(x))
         logits.copy_(routing(bs, experts, kind, gen).to(logits))
@@ -253,17 +260,7 @@ def test_batch1_moe_layer_takes_the_routed_gemv_in_a_cuda_graph(shape):
         layer.w13_bias.data, layer.w2_bias.data = extra["w13_bias"], extra["w2_bias"]
     x = torch.zeros(1, hidden, device="cuda", dtype=torch.bfloat16)
     logits = torch.zeros(1, experts, device="cuda", dtype=torch.bfloat16)
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        layer(x, logits)  # warm-up: compilation stays out of the graph
-    stream.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        with torch.cuda.graph(graph, stream=stream):
-            out = layer(x, logits)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    graph, out = capture_without_sync(layer, x, logits)
     seen = set()
     for kind in ROUTINGS + ["random"]:
         x.copy_(torch.randn(1, hidden, generator=gen).to(x))
