@@ -64,10 +64,6 @@ MAX_LORAS = 64  # spec.loras' length and spec.maxLoras' bound (the CRD's maxItem
 DEFAULT_MAX_LORAS = 4  # --max-loras when spec.maxLoras is unset (the worker's own default)
 LORA_NAME_IS_THE_MODELS = "spec.loras names must differ from the served model's name"
 LORA_NEEDS_MODEL_CACHE = "spec.loras sources on the model-cache volume need spec.modelCache"
-LORA_WITHOUT_SPECULATIVE = (
-    "LoRA adapters (spec.loras, spec.maxLoras, loraPlacement onDemand) and"
-    " engine.speculative are not served together yet"
-)
 
 
 class InvalidSpecError(ValueError):
@@ -276,8 +272,6 @@ def parse_spec(raw: Mapping[str, Any], *, name: str, default_image: str) -> Serv
     cache_raw = raw.get("modelCache")
     model = _parse_model(_mapping(raw, "model"), name)
     lora = _parse_lora(raw, model.served_name)
-    if lora.enabled and engine.speculative is not None:
-        raise InvalidSpecError(LORA_WITHOUT_SPECULATIVE)
     on_cache = [a for a in lora.adapters if not a.source.startswith("hf://")]
     if on_cache and not (cache_raw or {}).get("claimName"):
         raise InvalidSpecError(LORA_NEEDS_MODEL_CACHE)

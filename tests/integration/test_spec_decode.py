@@ -16,8 +16,6 @@ from engine_harness import check_against_hf, greedy, hf_greedy, make_scheduler, 
 from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
-from radixserve.server_args import ServerArgs
-from radixserve.speculative.speculator import Speculator, build_proposer
 
 SPEC = {"speculative_method": "ngram", "speculative_num_tokens": 4}
 
@@ -259,23 +257,25 @@ def test_draft_model_proposals(tiny_llama, draft, all_accepted):
     assert not proposer.rows
 
 
-def test_lora_rows_verify_with_their_adapters(tiny_llama, tmp_path):
-    """A verify step's rows carry their request's LoRA slot: outputs match PEFT's per adapter,
-    base rows beside them. (The CLI refuses LoRA with speculation for now; the engine serves
-    them together.)"""
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_lora_rows_verify_with_their_adapters(tiny_llama, tmp_path, method):
+    """Speculation with LoRA adapters: a verify step's rows carry their request's slot, and a
+    draft model proposes with its own weights (no adapter) while the target verifies with the
+    request's; outputs match PEFT's per adapter, base rows beside them."""
     from lora_adapters import ADAPTERS, peft_greedy, save_adapter
 
     source, hf = tiny_llama
     name, rank, alpha, targets = ADAPTERS[0]
     path = save_adapter(hf, tmp_path / name, rank, alpha, targets, 0)
     prompts = copy_heavy(source.config.vocab_size, 2, seed=9)
+    spec = dict(SPEC, speculative_method=method)
+    if method == "draft":
+        spec["speculative_draft_model"] = "random:tiny-llama"
     scheduler = make_scheduler(
-        "random:tiny-llama", source, lora_modules=[f"{name}={path}"], max_loras=1
+        "random:tiny-llama", source, lora_modules=[f"{name}={path}"], max_loras=1, **spec
     )
-    # the flags refuse LoRA with speculation for now (server_args): the engine is given a
-    # speculator by hand, to hold the verify step's LoRA rows
-    args = ServerArgs(**SPEC)
-    scheduler.speculator = Speculator(args, build_proposer(args, 8), scheduler.context_len)
+    if method == "draft":  # the draft serves no adapters
+        assert scheduler.speculator.proposer.runner.lora is None
     jobs = [(name, prompts[0]), (None, prompts[0]), (name, prompts[1])]
     for i, (adapter, prompt) in enumerate(jobs):
         scheduler.handle_generate_request(

@@ -390,8 +390,6 @@ class ServerArgs:
             self.max_loras = 4
         if len(names) > self.max_cpu_loras and self.lora_load == "eager":
             self.max_cpu_loras = len(names)  # the flag's adapters, checked at start, stay read
-        if self.max_loras and self.speculative_method is not None:
-            raise ValueError("LoRA adapters and speculative decoding are not served together yet")
 
     def _check_speculative(self) -> None:
         """The speculative flags agree with each other (method, its model, its bounds)."""

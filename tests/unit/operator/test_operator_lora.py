@@ -43,11 +43,6 @@ INVALID = {
         {"modelCache": None, "loras": [SQL]},
         "spec.loras sources on the model-cache volume need spec.modelCache",
     ),
-    "with speculative decoding": (
-        {"loraPlacement": "onDemand", "engine": {"speculative": {"method": "ngram"}}},
-        "LoRA adapters (spec.loras, spec.maxLoras, loraPlacement onDemand) and engine.speculative"
-        " are not served together yet",
-    ),
 }
 
 

@@ -52,6 +52,11 @@ class DraftProposer:
             model=server_args.speculative_draft_model,
             speculative_method=None,
             speculative_draft_model=None,
+            # the draft proposes with its own weights only: an adapter request's proposals are
+            # the base draft's, which the target (with the adapter) verifies exactly
+            lora_modules=None,
+            lora_modules_file=None,
+            max_loras=0,
             max_total_tokens=server_args.speculative_draft_max_tokens,
             max_running_requests=max_requests,
             # the target took its fraction of the device already: the draft's weights and pool
