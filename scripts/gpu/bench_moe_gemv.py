@@ -38,9 +38,9 @@ SHAPES = {
     "deepseek-v2-lite": (64, 6, 2048, 1408, False),
 }
 TOKENS = (1, 2, 4, 8)
-# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1; the first is the
-# default (`GemvTiles()`). Compiled for Hopper, the defaults hold 40 (gate/up) and 98 (down,
-# top 8) registers a thread, no spills: 12 and 5 programs an SM
+# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1 beside the shipped
+# tiles (`GemvTiles.for_intermediate`). Compiled for Hopper, the first guesses (the first of
+# each list) held 40 (gate/up) and 98 (down, top 8) registers a thread, no spills
 GATE_UP_TILES = [
     (1, 1024, 4),
     (2, 1024, 4),
@@ -88,7 +88,7 @@ class Layer:
             quantize = quantize_rows if fmt == "fp8" else _mxfp4_by_expert
             (self.w13, s13), (self.w2, s2) = quantize(self.w13), quantize(self.w2)
             self.extra |= {"w13_scale": s13, "w2_scale": s2}
-        self.experts, self.hidden = experts, hidden
+        self.experts, self.hidden, self.inter = experts, hidden, inter
         tensors = [self.w13, self.w2] + [v for v in self.extra.values() if torch.is_tensor(v)]
         self.expert_bytes = sum(t.numel() * t.element_size() for t in tensors) // experts
         self.gate_up_bytes = self.w13[0].numel() * self.w13.element_size()
@@ -181,21 +181,24 @@ def tile_sweep(layer: Layer, name: str) -> dict:
     """Each kernel alone at batch 1 over its tile candidates, against its bytes' floor; prints
     the best of each as the `GemvTiles` to take."""
     replicas = layer.routings(1)
-    with_acts = [(layer.gate_up(r, GemvTiles()), r[1], r[2]) for r in replicas]
+    shipped = GemvTiles.for_intermediate(layer.inter)
+    with_acts = [(layer.gate_up(r, shipped), r[1], r[2]) for r in replicas]
     kernels = {
         "gate_up": (GATE_UP_TILES, layer.gate_up, replicas, layer.gate_up_bytes),
         "down": (DOWN_TILES, layer.down, with_acts, layer.down_bytes),
     }
     result: dict = {}
     best_tiles = {}
-    for kernel, (candidates, run, inputs, nbytes) in kernels.items():
+    for kernel, (listed, run, inputs, nbytes) in kernels.items():
+        ours = tuple(getattr(shipped, f"{kernel}_{field}") for field in ("rows", "k", "warps"))
+        candidates = [ours] + [t for t in listed if t != ours]
         timings = {}
         for rows, k, warps in candidates:
             fields = {f"{kernel}_rows": rows, f"{kernel}_k": k, f"{kernel}_warps": warps}
             tiles = GemvTiles(**fields)
             timings[(rows, k, warps)] = microseconds(lambda r, t=tiles, f=run: f(r, t), inputs)
         floor = layer.top_k * nbytes / BANDWIDTH * 1e6
-        default, best = candidates[0], min(timings, key=timings.get)
+        best = min(timings, key=timings.get)
         best_tiles |= {
             f"{kernel}_rows": best[0],
             f"{kernel}_k": best[1],
@@ -205,8 +208,8 @@ def tile_sweep(layer: Layer, name: str) -> dict:
             "x".join(map(str, t)): us for t, us in timings.items()
         }
         print(
-            f"=== {name} {kernel} tiles (rows, K, warps): default {default}"
-            f" {timings[default]:6.1f} us ({100 * floor / timings[default]:4.1f}% of bw), best"
+            f"=== {name} {kernel} tiles (rows, K, warps): shipped {ours}"
+            f" {timings[ours]:6.1f} us ({100 * floor / timings[ours]:4.1f}% of bw), best"
             f" {best} {timings[best]:6.1f} us ({100 * floor / timings[best]:4.1f}%)",
             flush=True,
         )

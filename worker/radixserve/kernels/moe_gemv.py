@@ -283,14 +283,16 @@ def gate_up_gemv(
     w13_scale: torch.Tensor | None = None,
     w13_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
-    tiles: GemvTiles = GemvTiles(),
+    tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
     """acts [T * top_k, I]: act(gate_e(x_t)) * up_e(x_t) for every (token t, slot) pair, e its
-    expert; `expert_use` [2] int64 accumulates (distinct experts, passes)."""
+    expert; `expert_use` [2] int64 accumulates (distinct experts, passes). `tiles` by default
+    the measured ones for the experts' width."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
     numel = tokens * top_k
     inter = w13.shape[1] // 2
+    tiles = tiles or GemvTiles.for_intermediate(inter)
     mxfp4 = _check_weights(w13, w13_scale, tiles.gate_up_k)
     if hidden.stride(-1) != 1:
         raise ValueError("the MoE GEMV needs unit-stride hidden rows")
@@ -335,9 +337,11 @@ def down_gemv(
     topk_ids: torch.Tensor,
     w2_scale: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
-    tiles: GemvTiles = GemvTiles(),
+    tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """[T, H]: per token, sum over its slots of topk_weights * down_e(acts[pair])."""
+    """[T, H]: per token, sum over its slots of topk_weights * down_e(acts[pair]). `tiles` by
+    default the measured ones for the experts' width (acts' columns)."""
+    tiles = tiles or GemvTiles.for_intermediate(acts.shape[1])
     tokens, top_k = topk_ids.shape
     hidden_size = w2.shape[1]
     mxfp4 = _check_weights(w2, w2_scale, tiles.down_k)
@@ -386,9 +390,7 @@ def fused_moe_gemv(
     swiglu: tuple[float, float] = (1.702, 7.0),
     tiles: GemvTiles | None = None,
 ) -> torch.Tensor:
-    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches;
-    `tiles` by default the measured ones for the experts' width."""
-    tiles = tiles or GemvTiles.for_intermediate(w13.shape[1] // 2)
+    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches."""
     acts = gate_up_gemv(
         hidden, w13, topk_ids, expert_use, activation, w13_scale, w13_bias, swiglu, tiles
     )
