@@ -48,6 +48,15 @@ def routing_logits(tokens: int, experts: int, used: list[int] | None) -> torch.T
     return logits
 
 
+def oss_experts(tokens: int, experts: int, hidden: int, inter: int, dtype: torch.dtype):
+    """Random gpt-oss-style inputs: x, w13, w2 and their biases, scaled so that the clamped
+    SwiGLU's low test limit bites."""
+    x = randn(tokens, hidden, dtype=dtype)
+    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.3)
+    w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
+    return x, w13, w2, randn(experts, 2 * inter, dtype=dtype), randn(experts, hidden, dtype=dtype)
+
+
 def oss_reference(x, w13, w2, weights, ids, b13, b2, swiglu=(1.702, 1.5)) -> torch.Tensor:
     """gpt-oss's experts (biases after both products, the clamped SwiGLU) in float64: the
     reference of every biased case (w13 and w2 as given, e.g. already dequantized)."""
@@ -171,10 +180,7 @@ for tokens, experts, top_k, hidden, inter, used, activation in [
 # that the clamps bite on these values
 for dtype in (torch.float32, torch.float16):
     tokens, experts, top_k, hidden, inter = 9, 8, 4, 64, 48
-    x = randn(tokens, hidden, dtype=dtype)
-    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.3)
-    w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
-    b13, b2 = randn(experts, 2 * inter, dtype=dtype), randn(experts, hidden, dtype=dtype)
+    x, w13, w2, b13, b2 = oss_experts(tokens, experts, hidden, inter, dtype)
     weights, ids = select_experts_native(
         routing_logits(tokens, experts, [0, 3, 4, 7]), 4, True, True
     )
@@ -306,10 +312,7 @@ for tokens, experts, top_k, hidden, inter, used, activation, one_expert in [
 # gpt-oss: biases, the clamped SwiGLU with its clamps biting, then MXFP4 experts
 for dtype in (torch.float32, torch.float16):
     tokens, experts, top_k, hidden, inter = 2, 8, 4, 64, 64
-    x = randn(tokens, hidden, dtype=dtype)
-    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.3)
-    w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
-    b13, b2 = randn(experts, 2 * inter, dtype=dtype), randn(experts, hidden, dtype=dtype)
+    x, w13, w2, b13, b2 = oss_experts(tokens, experts, hidden, inter, dtype)
     weights, ids = select_experts_native(
         routing_logits(tokens, experts, [0, 3, 4, 7, 1]), top_k, True, True
     )
