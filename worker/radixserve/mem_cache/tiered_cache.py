@@ -171,7 +171,8 @@ class TieredRadixCache(RadixCache):
         device_len = sum(t.numel() for t in device)
         restorable = pos - device_len
         if self.disk is not None and len(key) - pos >= self.disk.block_tokens:
-            restorable += self._disk_run(key, pos)[1]
+            disk_key = self._disk_key(key)
+            restorable += self._disk_run(disk_key, pos)[1] if disk_key else 0
         indices = torch.cat(device) if device else empty_slots()
         return MatchResult(indices=indices, last_node=device_node, restorable=restorable)
 
@@ -185,13 +186,10 @@ class TieredRadixCache(RadixCache):
         identity = self.adapter_identity(lora_uid) if self.adapter_identity else None
         return DiskKey(tokens, identity, lora_uid) if identity else None
 
-    def _disk_run(self, key: Sequence[int], pos: int) -> tuple[list[str], int]:
-        """The block names of `key` and how many tokens past `pos` its consecutive disk blocks
+    def _disk_run(self, disk_key: DiskKey, pos: int) -> tuple[list[str], int]:
+        """The block names of a key and how many tokens past `pos` its consecutive disk blocks
         (from the one holding `pos`) cover."""
         assert self.disk is not None
-        disk_key = self._disk_key(key)
-        if disk_key is None:
-            return [], 0
         size = self.disk.block_tokens
         names = self.disk.block_names(disk_key.tokens, disk_key.adapter)
         end = pos
@@ -252,15 +250,17 @@ class TieredRadixCache(RadixCache):
         """Read the disk blocks past `pos` into host slots as a new host-only child of
         `parent`; return it (or `parent` when nothing could be read)."""
         assert self.disk is not None
-        names, covered = self._disk_run(key, pos)
+        disk_key = self._disk_key(key)
+        if disk_key is None:
+            return parent
+        names, covered = self._disk_run(disk_key, pos)
         if covered == 0:
             return parent
         size = self.disk.block_tokens
-        raw = split_adapter_key(key)[1]
         first = pos // size
         blocks = []
         for i in range(first, (pos + covered) // size):
-            tokens = list(raw[i * size : (i + 1) * size])
+            tokens = list(disk_key.tokens[i * size : (i + 1) * size])
             data = self.disk.read(names[i], self.disk.parent_of(names, i), tokens)
             if data is None or data.shape != (size, self.host_pool.bytes_per_token):
                 break
