@@ -75,6 +75,43 @@ def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
     assert sum(replays[False].values()) > used[False]
 
 
+@pytest.mark.parametrize("method", ["ngram", "draft"])
+def test_speculation_with_mixed_adapters_in_cuda_graphs_matches_peft(tmp_path, method):
+    """Speculation beside LoRA on the GPU: verify steps carry each row's adapter slot through
+    the graphs, a draft model proposes without adapters, and every row keeps PEFT's tokens."""
+    source = load_model_source("random:tiny-llama", device="cuda", dtype="float32")
+    hf = build_hf_reference(source).cpu()
+    dirs = {
+        name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
+        for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
+    }
+    # copy-heavy prompts (a span repeated) give the n-gram proposer something to find
+    base = random_prompts(4, source.config.vocab_size, 10, 40, seed=5)
+    prompts = [p + p[: len(p) // 2] + p for p in base]
+    names = [None, *dirs]
+    jobs = [(names[i % len(names)], p) for i, p in enumerate(prompts * 2)]
+    expected = [peft_greedy(hf, dirs.get(n), p, NEW) for n, p in jobs]
+    spec = {"speculative_method": method, "speculative_num_tokens": 4}
+    if method == "draft":
+        spec["speculative_draft_model"] = "random:tiny-llama"
+    scheduler = make_scheduler(
+        "random:tiny-llama",
+        source,
+        device="cuda",
+        dtype="float32",
+        attention_backend="triton",
+        lora_modules=[f"{n}={p}" for n, p in dirs.items()],
+        max_loras=3,
+        **spec,
+    )
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    assert graphs is not None and scheduler.overlap
+    assert run(scheduler, jobs) == expected
+    info = scheduler.get_server_info()
+    assert info["forward_steps_by_mode"]["verify"] > 0 and info["spec_accepted_tokens"] > 0
+    assert info["protected_size"] == 0
+
+
 def count_replays(graphs: dict) -> dict[int, int]:
     """Wrap each graph of `graphs` (by size) so its replays are counted: the counts."""
     counts = dict.fromkeys(graphs, 0)

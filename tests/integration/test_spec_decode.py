@@ -243,13 +243,17 @@ def test_draft_model_proposals(tiny_llama, draft, all_accepted):
         speculative_draft_model=draft,
         speculative_draft_max_tokens=2048,
     )
+    proposer = scheduler.speculator.proposer
+    catch_ups = []  # the steps after a request's first catch up as decode rows, not an extend
+    catch_up = proposer._catch_up
+    proposer._catch_up = lambda *a: catch_ups.append(a[2]) or catch_up(*a)
     results = run(scheduler, prompts, [greedy(20)] * len(prompts))
     check_against_hf(hf, prompts, results, 20)
+    assert catch_ups and max(max(lens) for lens in catch_ups) <= 2
     info = scheduler.get_server_info()
     assert info["spec_proposed_tokens"] > 0
     assert (info["spec_accepted_tokens"] == info["spec_proposed_tokens"]) == all_accepted
     assert_memory_back(scheduler)
-    proposer = scheduler.speculator.proposer
     del results
     gc.collect()  # finished requests are released by their finalizers, applied at a step
     proposer.propose([], [], [])

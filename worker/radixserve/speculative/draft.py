@@ -4,8 +4,9 @@ tokenizer proposes k tokens per request, greedily, one decode step at a time.
 It runs on our own model runner (`ModelRunner`: its own request rows, KV pool and allocator,
 and CUDA graphs for its decode steps on the GPU), sized by `--speculative-draft-max-tokens`.
 Per request it keeps the draft KV of the tokens it has seen; a step first extends it over the
-request's tokens it has not seen (its prompt at the first step; then the target's bonus token
-and the last one), whose last logits give the first proposal, then decodes the rest. After the
+request's tokens it has not seen (its prompt at the first step, an extend; then the target's
+bonus token and the last one, decode rows in a replayed graph), whose last logits give the first
+proposal, then decodes the rest. After the
 verify step the KV of its rejected proposals is given back (`on_verified`), and a finished
 request's row and KV go when the speculator lets go of it (`release`, applied at the next
 step: a release may come from the garbage collector at any moment).
@@ -17,6 +18,7 @@ Greedy proposals are a point mass, which the verify step's acceptance rule needs
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +32,10 @@ from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import load_model_source_for
 from radixserve.server_args import ServerArgs
 from radixserve.speculative.proposer import TokenHistory
+
+# a step's unseen tokens per request up to which they run as decode rows (_catch_up): after
+# the first step there are at most two (the target's bonus token and the last proposal)
+CATCH_UP_ROWS = 4
 
 
 @dataclass
@@ -102,19 +108,21 @@ class DraftProposer:
         return state
 
     def _extend(self, rids: list[str], histories: list[TokenHistory]) -> list[int]:
-        """One extend over each request's unseen tokens; the draft's next token for each."""
+        """One pass over each request's unseen tokens; the draft's next token for each."""
         states = [self.rows[rid] for rid in rids]
         new = [h.view()[s.kv_len :] for s, h in zip(states, histories, strict=True)]
         lens = [len(t) for t in new]
-        slots = self.runner.allocator.alloc(sum(lens))
-        self.runner.req_to_token_pool.write_batch(
-            [s.row for s in states], [s.kv_len for s in states], list(slots.split(lens))
-        )
         prefix = [s.kv_len for s in states]
         for state, n, h in zip(states, lens, histories, strict=True):
             state.kv_len += n
             state.base = len(h)
             state.unverified = True
+        if max(lens) <= CATCH_UP_ROWS:
+            return self._catch_up(states, new, lens)
+        slots = self.runner.allocator.alloc(sum(lens))
+        self.runner.req_to_token_pool.write_batch(
+            [s.row for s in states], prefix, list(slots.split(lens))
+        )
         batch = ModelWorkerBatch(
             forward_mode=ForwardMode.EXTEND,
             input_ids=torch.from_numpy(np.concatenate(new).astype(np.int64)),
@@ -127,6 +135,36 @@ class DraftProposer:
             extend_prefix_lens=prefix,
         )
         return self._greedy(batch)
+
+    def _catch_up(
+        self, states: list[DraftRow], new: list[np.ndarray], lens: list[int]
+    ) -> list[int]:
+        """The few unseen tokens of a step after the first (the target's bonus token and the
+        last proposal) as a decode pass of one row per position, as the target's verify step
+        runs (ScheduleBatch.prepare_for_verify): the row of position j attends to the KV up to
+        j, which the rows before it store in the same pass. A decode pass replays the draft's
+        CUDA graphs, where an extend would run eagerly, a launch per op of every layer: on a
+        small draft model that eager pass cost more than the whole target step."""
+        rows: list[int] = []
+        cols: list[int] = []
+        seq_lens: list[int] = []
+        for state, n in zip(states, lens, strict=True):
+            rows += [state.row] * n
+            cols += range(state.kv_len - n, state.kv_len)
+            seq_lens += range(state.kv_len - n + 1, state.kv_len + 1)
+        slots = self.runner.allocator.alloc(len(rows))
+        self.runner.req_to_token_pool.write_columns(rows, cols, slots, stored_by_pass=True)
+        batch = ModelWorkerBatch(
+            forward_mode=ForwardMode.DECODE,
+            input_ids=torch.from_numpy(np.concatenate(new).astype(np.int64)),
+            req_pool_indices=torch.tensor(rows, dtype=torch.int64),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            seq_lens_sum=sum(seq_lens),
+            out_cache_loc=slots,
+            sampling_info=None,
+        )
+        picks = self._greedy(batch)
+        return [picks[end - 1] for end in itertools.accumulate(lens)]
 
     def _decode(self, rids: list[str], tokens: list[int]) -> list[int]:
         """One decode step of the given requests, fed their last proposals."""
