@@ -230,10 +230,11 @@ def rows() -> list[tuple[str, list[Figure]]]:
 
 
 def spread(figure: Figure, values: list[float]) -> str:
-    """One run's value, or the lowest and highest of several ("29,510-29,951 total tok/s")."""
-    if len(values) == 1:
-        return figure.format(values[0])
+    """One run's value, or the lowest and highest of several ("29,510-29,951 total tok/s");
+    runs that print alike print once."""
     low, high = figure.format(min(values)), figure.format(max(values))
+    if low == high:
+        return low
     return f"{low.split(' ')[0].rstrip('%x')}-{high}"
 
 
