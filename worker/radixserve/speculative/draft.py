@@ -6,7 +6,8 @@ and CUDA graphs for its decode steps on the GPU), sized by `--speculative-draft-
 Per request it keeps the draft KV of the tokens it has seen; a step first extends it over the
 request's tokens it has not seen (its prompt at the first step, an extend; then the target's
 bonus token and the last one, decode rows in a replayed graph), whose last logits give the first
-proposal, then decodes the rest. After the
+proposal, then decodes the rest. The k passes are launched back to back, each reading the
+tokens of the one before on the device, and the host reads the proposals once at the end. After the
 verify step the KV of its rejected proposals is given back (`on_verified`), and a finished
 request's row and KV go when the speculator lets go of it (`release`, applied at the next
 step: a release may come from the garbage collector at any moment).
@@ -28,6 +29,7 @@ import torch
 from radixserve.forward.mode import ForwardMode
 from radixserve.forward.worker_batch import ModelWorkerBatch
 from radixserve.kernels.argmax import argmax
+from radixserve.model_executor.future_tokens import FutureSlots
 from radixserve.model_executor.model_runner import ModelRunner
 from radixserve.model_loader.loader import load_model_source_for
 from radixserve.server_args import ServerArgs
@@ -49,6 +51,15 @@ class DraftRow:
     # proposals made and not yet verified (a step that dropped them never verifies them: their
     # KV goes at the next proposal)
     unverified: bool = False
+
+
+@dataclass(frozen=True)
+class Launched:
+    """A draft pass in flight: its rows' greedy tokens (on the device), and the ring slots
+    through which the next pass reads them before the host has."""
+
+    ids: torch.Tensor
+    future: FutureSlots
 
 
 class DraftProposer:
@@ -81,15 +92,27 @@ class DraftProposer:
         need = sum(len(histories[i]) - self.rows[rids[i]].kv_len + budgets[i] - 1 for i in chosen)
         if not chosen or need > self.runner.allocator.available_size():
             return [[] for _ in rids]
-        proposals: list[list[int]] = [[] for _ in rids]
-        firsts = self._extend([rids[i] for i in chosen], [histories[i] for i in chosen])
-        for i, token in zip(chosen, firsts, strict=True):
-            proposals[i].append(token)
+        # every pass is launched before any is read: a pass names the tokens of the one before
+        # by their ring slots (FutureTokens' placeholders), so the device runs the k passes back
+        # to back and the host waits once, for all of them
+        passes: list[tuple[Launched, list[int], list[int]]] = []  # (pass, requests, their rows)
+        launched, rows = self._extend([rids[i] for i in chosen], [histories[i] for i in chosen])
+        passes.append((launched, chosen, rows))
         for step in range(1, max(budgets[i] for i in chosen)):
+            previous, requests, rows = passes[-1]
+            row_of = dict(zip(requests, rows, strict=True))
             going = [i for i in chosen if budgets[i] > step]
-            tokens = self._decode([rids[i] for i in going], [proposals[i][-1] for i in going])
-            for i, token in zip(going, tokens, strict=True):
-                proposals[i].append(token)
+            inputs = [previous.future.placeholder(row_of[i]) for i in going]
+            passes.append(
+                (self._decode([rids[i] for i in going], inputs), going, [*range(len(going))])
+            )
+        tokens = torch.cat([launched.ids for launched, _, _ in passes]).tolist()
+        proposals: list[list[int]] = [[] for _ in rids]
+        offset = 0
+        for launched, requests, rows in passes:
+            for i, row in zip(requests, rows, strict=True):
+                proposals[i].append(tokens[offset + row])
+            offset += launched.ids.numel()
         return proposals
 
     def _row(self, rid: str, length: int) -> DraftRow | None:
@@ -107,8 +130,9 @@ class DraftProposer:
             self._truncate(state, length - 1)
         return state
 
-    def _extend(self, rids: list[str], histories: list[TokenHistory]) -> list[int]:
-        """One pass over each request's unseen tokens; the draft's next token for each."""
+    def _extend(self, rids: list[str], histories: list[TokenHistory]) -> tuple[Launched, list[int]]:
+        """One pass over each request's unseen tokens; the row of the pass that holds the
+        draft's next token for each."""
         states = [self.rows[rid] for rid in rids]
         new = [h.view()[s.kv_len :] for s, h in zip(states, histories, strict=True)]
         lens = [len(t) for t in new]
@@ -134,11 +158,11 @@ class DraftProposer:
             extend_seq_lens=lens,
             extend_prefix_lens=prefix,
         )
-        return self._greedy(batch)
+        return self._launch(batch), [*range(len(states))]
 
     def _catch_up(
         self, states: list[DraftRow], new: list[np.ndarray], lens: list[int]
-    ) -> list[int]:
+    ) -> tuple[Launched, list[int]]:
         """The few unseen tokens of a step after the first (the target's bonus token and the
         last proposal) as a decode pass of one row per position, as the target's verify step
         runs (ScheduleBatch.prepare_for_verify): the row of position j attends to the KV up to
@@ -163,11 +187,11 @@ class DraftProposer:
             out_cache_loc=slots,
             sampling_info=None,
         )
-        picks = self._greedy(batch)
-        return [picks[end - 1] for end in itertools.accumulate(lens)]
+        return self._launch(batch), [end - 1 for end in itertools.accumulate(lens)]
 
-    def _decode(self, rids: list[str], tokens: list[int]) -> list[int]:
-        """One decode step of the given requests, fed their last proposals."""
+    def _decode(self, rids: list[str], inputs: list[int]) -> Launched:
+        """One decode step of the given requests, fed their last proposals (placeholders of
+        the pass before, still in flight)."""
         states = [self.rows[rid] for rid in rids]
         slots = self.runner.allocator.alloc(len(states))
         self.runner.req_to_token_pool.write_columns(
@@ -177,21 +201,27 @@ class DraftProposer:
             state.kv_len += 1
         batch = ModelWorkerBatch(
             forward_mode=ForwardMode.DECODE,
-            input_ids=torch.tensor(tokens, dtype=torch.int64),
+            input_ids=torch.tensor(inputs, dtype=torch.int64),
             req_pool_indices=torch.tensor([s.row for s in states], dtype=torch.int64),
             seq_lens=torch.tensor([s.kv_len for s in states], dtype=torch.int64),
             seq_lens_sum=sum(s.kv_len for s in states),
             out_cache_loc=slots,
             sampling_info=None,
+            has_future_ids=True,
         )
-        return self._greedy(batch)
+        return self._launch(batch)
 
     @torch.inference_mode()
-    def _greedy(self, batch: ModelWorkerBatch) -> list[int]:
+    def _launch(self, batch: ModelWorkerBatch) -> Launched:
+        """Launch a pass; its rows' greedy tokens, on the device and in its ring slots."""
         runner = self.runner
-        out = runner.forward(batch, runner.future_tokens.reserve(len(batch.seq_lens)))
-        ids = out.greedy_ids if out.greedy_ids is not None else argmax(out.logits)
-        return ids.tolist()  # the proposals are the host's: one sync per draft step
+        future = runner.future_tokens.reserve(len(batch.seq_lens))
+        out = runner.forward(batch, future)
+        if out.greedy_ids is not None:  # a replayed graph stored them in the ring already;
+            return Launched(out.greedy_ids.clone(), future)  # its next replay overwrites these
+        ids = argmax(out.logits)
+        runner.future_tokens.store(future, ids)
+        return Launched(ids, future)
 
     def on_verified(self, rid: str, proposed: int, accepted: int) -> None:
         """Keep the KV of the request's last token and its accepted proposals (the last
