@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from radixserve.api_errors import InvalidParameterError
 from radixserve.boundary import SCHEDULER_IMPORTED, PortArgs, run_scheduler_entry_point
 from radixserve.catalog.checkpoint_files import (
     gguf_file,
@@ -334,6 +335,31 @@ class Engine:
     # Every call reduces to a `GenerateRequest` and runs through the TokenizerManager's front
     # door and stream (`native.py` shapes the results), as `POST /generate` does.
 
+    def _native_request(
+        self,
+        prompt: str | list[str] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: dict | SamplingParams | list | None,
+        return_logprob: bool,
+        top_logprobs_num: int,
+        request_id: str | None,
+        lora_name: str | None,
+    ) -> tuple[GenerateRequest, bool]:
+        """The native request, with its adapter: a name the engine does not serve is refused
+        here, listing those it does (the HTTP API's 404 `model_not_found`)."""
+        request, batched = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
+        )
+        if lora_name is not None:
+            served = self.tokenizer_manager.lora_adapters
+            if lora_name not in served:
+                raise InvalidParameterError(
+                    f"no LoRA adapter {lora_name!r} is served; adapters: {sorted(served)}",
+                    "lora_name",
+                )
+            request.lora_name = lora_name
+        return request, batched
+
     async def async_generate(
         self,
         prompt: str | list[str] | None = None,
@@ -342,9 +368,16 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         request_id: str | None = None,
+        lora_name: str | None = None,
     ) -> dict | list[dict]:
-        request, batched = GenerateRequest.native(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
+        request, batched = self._native_request(
+            prompt,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            top_logprobs_num,
+            request_id,
+            lora_name,
         )
         results = await self._on_engine_loop(
             native.generate(self.tokenizer_manager, request, self.enforce_queue_limit)
@@ -358,14 +391,22 @@ class Engine:
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        lora_name: str | None = None,
     ) -> dict | list[dict]:
         """Generate for one prompt (a dict back) or a batch (a list back), with `n` samples per
-        prompt. Each dict: {"text", "output_ids", "meta_info": {"id", "prompt_tokens",
-        "completion_tokens", "cached_tokens", "finish_reason", "e2e_latency",
-        "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id, top]]}}."""
+        prompt, with the LoRA adapter `lora_name` (a name served, as the HTTP API's `model`
+        selects it; None: the base model). Each dict: {"text", "output_ids", "meta_info":
+        {"id", "prompt_tokens", "completion_tokens", "cached_tokens", "finish_reason",
+        "e2e_latency", "time_to_first_token", "output_token_logprobs"?: [[logprob, token_id,
+        top]]}}."""
         return self._run_sync(
             self.async_generate(
-                prompt, sampling_params, input_ids, return_logprob, top_logprobs_num
+                prompt,
+                sampling_params,
+                input_ids,
+                return_logprob,
+                top_logprobs_num,
+                lora_name=lora_name,
             )
         )
 
@@ -377,11 +418,18 @@ class Engine:
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
         request_id: str | None = None,
+        lora_name: str | None = None,
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: each dict carries the *new* text and output ids and the
         meta_info so far; the last one has a finish_reason."""
-        request, _ = GenerateRequest.native(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
+        request, _ = self._native_request(
+            prompt,
+            input_ids,
+            sampling_params,
+            return_logprob,
+            top_logprobs_num,
+            request_id,
+            lora_name,
         )
         stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
         async for item in self._stream_on_engine_loop(stream):
@@ -394,10 +442,11 @@ class Engine:
         input_ids: list[int] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
+        lora_name: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """The synchronous form of `async_generate_stream`; closing it early aborts the request."""
-        request, _ = GenerateRequest.native(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num
+        request, _ = self._native_request(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, None, lora_name
         )
         stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
         items: queue.Queue = queue.Queue()
