@@ -108,5 +108,5 @@ except (OSError, ValueError, KeyError, StopIteration) as error:
 PY
 
 echo "fp8-base SKIP: FP8 base weights with bf16 adapters wrap like any base, not measured yet"
-echo "tp SKIP: LoRA with --tp-size > 1 is refused (A/B not sharded yet)"
+echo "tp SKIP: one GPU here; LoRA under --tp-size 2 is checked against PEFT on the CPU (tests/integration/test_tensor_parallel.py)"
 echo "=== done $(date +%T)"
