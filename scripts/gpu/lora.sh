@@ -19,7 +19,9 @@
 #   default when STAGES=kernels alone), each projection's decode tiles too (kernels/lora.py
 #   SHRINK_SWEEP, EXPAND_SWEEP at 64 rows over 8 adapters): the best shrink and expand per
 #   projection, the step's total with them against the tiles before, in its "tile_sweep".
-# STAGES: the stages to run, in this order (default all: correctness kernels decode plain).
+# - fp8: the decode stage on FP8 base weights (--quantization fp8) with the same bf16 adapters,
+#   against that server's base rows (not in the default set: `STAGES=fp8`).
+# STAGES: the stages to run, in this order (default: correctness kernels decode plain).
 # The adapters (8 x ~84 MB) are written under /tmp/lora-bench first (about half a minute).
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/lora.sh
 #   the tile sweep alone (~1-2 min): STAGES=kernels bash scripts/gpu/lora.sh
@@ -107,6 +109,11 @@ except (OSError, ValueError, KeyError, StopIteration) as error:
     print(f"kernels: no result ({error!r})")
 PY
 
-echo "fp8-base SKIP: FP8 base weights with bf16 adapters wrap like any base, not measured yet"
+if stage fp8; then
+  echo "=== fp8 $(date +%T)"
+  timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" --quantization fp8 \
+    --json "$OUT/lora-decode-fp8.json" 2>&1 | grep -E "^batch|^single|Error|error" \
+    | sed 's/^/fp8-base /' | tail -4
+fi
 echo "tp SKIP: one GPU here; LoRA under --tp-size 2 is checked against PEFT on the CPU (tests/integration/test_tensor_parallel.py)"
 echo "=== done $(date +%T)"

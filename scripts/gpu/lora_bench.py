@@ -106,7 +106,9 @@ def decode_tok_s(scheduler, names: list[str | None], prompt_len: int, tokens: in
 def make(a, dirs: dict[str, Path]):
     """A server with the adapters resident, or without LoRA at all (`dirs` empty)."""
     if not dirs:
-        return build_scheduler(ServerArgs(model=a.model, device=a.device))
+        return build_scheduler(
+            ServerArgs(model=a.model, device=a.device, quantization=a.quantization)
+        )
     modules = [f"{name}={path}" for name, path in dirs.items()]
     args = ServerArgs(
         model=a.model,
@@ -115,6 +117,7 @@ def make(a, dirs: dict[str, Path]):
         max_loras=len(dirs),
         max_lora_rank=a.rank,
         max_cpu_loras=len(dirs),
+        quantization=a.quantization,
     )
     return build_scheduler(args)
 
@@ -378,6 +381,7 @@ def main() -> None:
     parser.add_argument("--adapter-dir", default=str(Path(tempfile.gettempdir()) / "lora-bench"))
     parser.add_argument("--json")
     parser.add_argument("--sweep", action="store_true", help="kernels: sweep the decode tiles")
+    parser.add_argument("--quantization", help="the base's (fp8: bf16 adapters on FP8 weights)")
     a = parser.parse_args()
     if a.section == "kernels":
         result = section_kernels(a)
