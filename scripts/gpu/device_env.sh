@@ -4,6 +4,21 @@
 # off, and `limit` for budgeted stages.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
+
+# A call brings back at most 8 files of $OUT: the outermost script of a call (not one it
+# runs) packs them, when there are more, into $OUT/out.tgz at its exit and keeps beside it
+# only the files named in $KEEP_OUT (default headline.json): nothing is left out.
+pack_out() {
+  local n; n=$(find "$OUT" -type f | wc -l)
+  [ "$n" -le 8 ] && return 0
+  (cd "$OUT" && tar czf /tmp/out.tgz . && find . -type f $(printf -- "! -name %s " ${KEEP_OUT:-headline.json}) -delete \
+    && find . -mindepth 1 -type d -empty -delete && mv /tmp/out.tgz out.tgz)
+  echo "=== $n files in \$OUT: packed into out.tgz (kept: $(cd "$OUT" && ls | grep -v '^out.tgz$' | tr '\n' ' '))"
+}
+if [ -z "${RADIXSERVE_DEVICE_SCRIPT:-}" ]; then
+  export RADIXSERVE_DEVICE_SCRIPT=$$
+  trap pack_out EXIT
+fi
 if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
   rm -f /tmp/site/.imports  # other wheels: check the imports again
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
