@@ -40,16 +40,19 @@ def run(scheduler, jobs) -> list[list[int]]:
     return [ids[f"r{i}"] for i in range(len(jobs))]
 
 
-def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
-    # random weights are drawn on the device they are for (a CUDA draw is not the CPU's): the
-    # reference holds the very weights the GPU worker serves, moved to the CPU
+def mixed_jobs(tmp_path, make_prompts, **kw):
+    """The three adapters and the base over `make_prompts(vocab)`, each prompt twice, on a
+    CUDA scheduler (float32, triton, graphs) with `kw`: the scheduler, the jobs, PEFT's tokens
+    for each and the reference model. Random weights are drawn on the device they are for (a
+    CUDA draw is not the CPU's): the reference holds the very weights the GPU worker serves,
+    moved to the CPU."""
     source = load_model_source("random:tiny-llama", device="cuda", dtype="float32")
     hf = build_hf_reference(source).cpu()
     dirs = {
         name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
         for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
     }
-    prompts = random_prompts(6, source.config.vocab_size, 5, 60, seed=3)
+    prompts = make_prompts(source.config.vocab_size)
     names = [None, *dirs]
     jobs = [(names[i % len(names)], p) for i, p in enumerate(prompts * 2)]
     expected = [peft_greedy(hf, dirs.get(n), p, NEW) for n, p in jobs]
@@ -61,7 +64,16 @@ def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
         attention_backend="triton",
         lora_modules=[f"{n}={p}" for n, p in dirs.items()],
         max_loras=3,
+        **kw,
     )
+    return scheduler, jobs, expected, hf
+
+
+def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
+    scheduler, jobs, expected, hf = mixed_jobs(
+        tmp_path, lambda vocab: random_prompts(6, vocab, 5, 60, seed=3)
+    )
+    prompts = [p for _, p in jobs[:6]]
     graphs = scheduler.worker.model_runner.cuda_graph_runner
     assert graphs is not None and scheduler.overlap
     replays = {True: count_replays(graphs.lora_graphs), False: count_replays(graphs.graphs)}
@@ -79,31 +91,14 @@ def test_mixed_adapters_in_cuda_graphs_match_peft(tmp_path):
 def test_speculation_with_mixed_adapters_in_cuda_graphs_matches_peft(tmp_path, method):
     """Speculation beside LoRA on the GPU: verify steps carry each row's adapter slot through
     the graphs, a draft model proposes without adapters, and every row keeps PEFT's tokens."""
-    source = load_model_source("random:tiny-llama", device="cuda", dtype="float32")
-    hf = build_hf_reference(source).cpu()
-    dirs = {
-        name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
-        for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
-    }
-    # copy-heavy prompts (a span repeated) give the n-gram proposer something to find
-    base = random_prompts(4, source.config.vocab_size, 10, 40, seed=5)
-    prompts = [p + p[: len(p) // 2] + p for p in base]
-    names = [None, *dirs]
-    jobs = [(names[i % len(names)], p) for i, p in enumerate(prompts * 2)]
-    expected = [peft_greedy(hf, dirs.get(n), p, NEW) for n, p in jobs]
     spec = {"speculative_method": method, "speculative_num_tokens": 4}
     if method == "draft":
         spec["speculative_draft_model"] = "random:tiny-llama"
-    scheduler = make_scheduler(
-        "random:tiny-llama",
-        source,
-        device="cuda",
-        dtype="float32",
-        attention_backend="triton",
-        lora_modules=[f"{n}={p}" for n, p in dirs.items()],
-        max_loras=3,
-        **spec,
-    )
+
+    def copy_heavy(vocab: int) -> list[list[int]]:  # a span repeated: the n-gram finds it
+        return [p + p[: len(p) // 2] + p for p in random_prompts(4, vocab, 10, 40, seed=5)]
+
+    scheduler, jobs, expected, _ = mixed_jobs(tmp_path, copy_heavy, **spec)
     graphs = scheduler.worker.model_runner.cuda_graph_runner
     assert graphs is not None and scheduler.overlap
     assert run(scheduler, jobs) == expected
