@@ -12,9 +12,11 @@ of x) A whole and B's rows of the rank's output columns; for a row-parallel one 
 rank sees its slice of x) A's columns of that slice and B whole. A rank's shrink of o or down
 is then a partial sum, and its expand adds `partial · Bᵀ` to its partial output before the
 layer's all-reduce, which sums the adapter's term with the base's: no communication of its
-own. Writing an adapter into a slot is a few copies per
-projection, queued on the compute stream from pinned host memory, so it never waits for the
-device and is ordered after every pass launched before it.
+own.
+
+Writing an adapter into a slot is a few copies per projection, queued on the compute stream
+from pinned host memory, so it never waits for the device and is ordered after every pass
+launched before it.
 """
 
 from __future__ import annotations

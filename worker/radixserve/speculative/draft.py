@@ -3,14 +3,14 @@ tokenizer proposes k tokens per request, greedily, one decode step at a time.
 
 It runs on our own model runner (`ModelRunner`: its own request rows, KV pool and allocator,
 and CUDA graphs for its decode steps on the GPU), sized by `--speculative-draft-max-tokens`.
-Per request it keeps the draft KV of the tokens it has seen; a step first extends it over the
+Per request it keeps the draft KV of the tokens it has seen; a step first runs a pass over the
 request's tokens it has not seen (its prompt at the first step, an extend; then the target's
-bonus token and the last one, decode rows in a replayed graph), whose last logits give the first
-proposal, then decodes the rest. The k passes are launched back to back, each reading the
-tokens of the one before on the device, and the host reads the proposals once at the end. After the
-verify step the KV of its rejected proposals is given back (`on_verified`), and a finished
-request's row and KV go when the speculator lets go of it (`release`, applied at the next
-step: a release may come from the garbage collector at any moment).
+bonus token and the last one, decode rows in a replayed graph), whose last logits give the
+first proposal, then decodes the rest. The k passes are launched back to back, each reading
+the tokens of the one before on the device, and the host reads the proposals once at the end.
+After the verify step the KV of its rejected proposals is given back (`on_verified`), and a
+finished request's row and KV go when the speculator lets go of it (`release`, applied at the
+next step: a release may come from the garbage collector at any moment).
 
 Greedy proposals are a point mass, which the verify step's acceptance rule needs
 (speculative/verify.py).
