@@ -16,8 +16,8 @@ from engine_harness import random_prompts
 
 from radixserve.api_errors import InvalidParameterError
 from radixserve.frontend.engine import Engine
-from radixserve.model_loader.loader import build_hf_reference, load_model_source
 from radixserve.model_loader import random_init
+from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
 # tiny random weights, but a vocabulary large enough for the bundled tokenizer: text, grammars
