@@ -3,8 +3,11 @@ greedy output for each: the reference the engine's adapters are checked against.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -96,3 +99,47 @@ def peft_greedy(hf_model, adapter_dir: Path | None, prompt: list[int], new: int)
             pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
+
+
+@contextlib.contextmanager
+def tp2_engine_with_adapters(tmp_path: Path, device: str, **engine_kw) -> Iterator[tuple]:
+    """An Engine of random:tiny-llama with --tp-size 2 on `device` serving the three adapters,
+    after the base and the adapters, two prompts each, were sent to it at once: (the engine,
+    every job's output ids, PEFT's greedy tokens for each, a prompt). Random weights are drawn
+    on the device they are for: the reference holds that draw, moved to the CPU."""
+    from engine_harness import random_prompts
+
+    from radixserve.frontend.engine import Engine
+    from radixserve.model_loader.loader import build_hf_reference, load_model_source
+
+    source = load_model_source("random:tiny-llama", device=device, dtype="float32")
+    hf = build_hf_reference(source).cpu()
+    dirs = {
+        name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
+        for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
+    }
+    prompts = random_prompts(2, source.config.vocab_size, 5, 30, seed=33)
+    jobs = [(name, p) for name in [None, *dirs] for p in prompts]
+    expected = [peft_greedy(hf, dirs.get(name), p, 8) for name, p in jobs]
+    params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+    with Engine(
+        model="random:tiny-llama",
+        device=device,
+        dtype="float32",
+        tp_size=2,
+        max_total_tokens=4096,
+        lora_modules=[f"{name}={path}" for name, path in dirs.items()],
+        max_loras=3,
+        **engine_kw,
+    ) as engine:
+
+        async def all_at_once() -> list[dict]:
+            return await asyncio.gather(
+                *(
+                    engine.async_generate(input_ids=p, sampling_params=params, lora_name=name)
+                    for name, p in jobs
+                )
+            )
+
+        outs = asyncio.run(all_at_once())
+        yield engine, [o["output_ids"] for o in outs], expected, prompts[0]

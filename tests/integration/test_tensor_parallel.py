@@ -4,7 +4,6 @@ their intermediate dimension too); and the ranks end together."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import signal
@@ -17,7 +16,6 @@ from engine_harness import random_prompts
 from radixserve.api_errors import InvalidParameterError
 from radixserve.frontend.engine import Engine
 from radixserve.model_loader import random_init
-from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 GREEDY = {"max_new_tokens": 16, "temperature": 0.0, "ignore_eos": True}
 # tiny random weights, but a vocabulary large enough for the bundled tokenizer: text, grammars
@@ -160,37 +158,11 @@ def test_tp2_lora_adapters_give_pefts_tokens(tmp_path):
     adapters' partial terms. The base and three adapters of ranks 4-16, mixed in one batch, give
     PEFT's greedy tokens on the whole model; an unknown adapter is refused by name."""
     pytest.importorskip("peft")
-    from lora_adapters import ADAPTERS, peft_greedy, save_adapter
+    from lora_adapters import tp2_engine_with_adapters
 
-    source = load_model_source("random:tiny-llama", device="cpu")
-    hf = build_hf_reference(source)
-    dirs = {
-        name: save_adapter(hf, tmp_path / name, rank, alpha, targets, seed)
-        for seed, (name, rank, alpha, targets) in enumerate(ADAPTERS)
-    }
-    prompts = random_prompts(2, source.config.vocab_size, 5, 30, seed=33)
-    jobs = [(name, p) for name in [None, *dirs] for p in prompts]
-    expected = [peft_greedy(hf, dirs.get(name), p, 8) for name, p in jobs]
-    params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
-    with Engine(
-        model="random:tiny-llama",
-        device="cpu",
-        tp_size=2,
-        max_total_tokens=4096,
-        lora_modules=[f"{name}={path}" for name, path in dirs.items()],
-        max_loras=3,
-    ) as engine:
-
-        async def all_at_once() -> list[dict]:
-            return await asyncio.gather(
-                *(
-                    engine.async_generate(input_ids=p, sampling_params=params, lora_name=name)
-                    for name, p in jobs
-                )
-            )
-
-        outs = asyncio.run(all_at_once())
-        assert [o["output_ids"] for o in outs] == expected
+    with tp2_engine_with_adapters(tmp_path, "cpu") as (engine, got, expected, prompt):
+        assert got == expected
+        params = {"max_new_tokens": 4}
         with pytest.raises(InvalidParameterError, match="'delta'.*alpha") as error:
-            engine.generate(input_ids=prompts[0], sampling_params=params, lora_name="delta")
+            engine.generate(input_ids=prompt, sampling_params=params, lora_name="delta")
         assert error.value.param == "lora_name"
