@@ -28,22 +28,38 @@ def batch(start: float, end: float) -> Batch:
 
 def test_gaps_count_only_while_work_is_queued_and_decode_pairs_apart() -> None:
     timeline = GpuTimeline()
-    timeline.add(batch(0, 10), decode=False)  # a prefill: no gap before the first batch
-    timeline.add(batch(13, 15), decode=True)  # decode after prefill: a gap, not a decode gap
-    timeline.add(batch(16, 18), decode=True)  # decode after decode: 1 ms decode gap
-    timeline.add(batch(18.5, 20.5), decode=True)  # and 0.5 ms
+    timeline.add(batch(0, 10), "prefill")  # a prefill: no gap before the first batch
+    timeline.add(batch(13, 15), "decode")  # decode after prefill: a gap, not a decode gap
+    timeline.add(batch(16, 18), "decode")  # decode after decode: 1 ms decode gap
+    timeline.add(batch(18.5, 20.5), "decode")  # and 0.5 ms
     timeline.mark_idle()  # the queue ran dry: the pause until the next launch is not a gap
-    timeline.add(batch(100, 102), decode=True)
-    timeline.add(batch(103, 110), decode=False)  # prefill after decode: a gap, not a decode gap
-    timeline.add(batch(111, 112), decode=True)
+    timeline.add(batch(100, 102), "decode")
+    timeline.add(batch(103, 110), "prefill")  # prefill after decode: a gap, not a decode gap
+    timeline.add(batch(111, 112), "decode")
     assert timeline.busy_ms == 10 + 2 + 2 + 2 + 2 + 7 + 1
     assert timeline.gap_ms == 3 + 1 + 0.5 + 1 + 1
     assert timeline.decode_busy_ms == 2 + 2
     assert timeline.decode_gap_ms == 1 + 0.5
 
 
+def test_busy_time_tokens_and_the_gaps_before_them_by_mode() -> None:
+    timeline = GpuTimeline()
+    timeline.add(batch(0, 10), "prefill", 4096)
+    timeline.add(batch(12, 14), "decode", 64)  # 2 ms gap before a decode batch
+    timeline.add(batch(14.5, 16.5), "decode", 64)
+    timeline.add(batch(20, 28), "mixed", 2048)  # 3.5 ms before a mixed one
+    timeline.add(batch(29, 31), "verify", 80)
+    assert timeline.busy_ms_by_mode == {"prefill": 10, "decode": 4, "mixed": 8, "verify": 2}
+    assert timeline.tokens_by_mode == {"prefill": 4096, "decode": 128, "mixed": 2048, "verify": 80}
+    assert timeline.gap_ms_before_mode == {"decode": 2.5, "mixed": 3.5, "verify": 1}
+    assert sum(timeline.busy_ms_by_mode.values()) == timeline.busy_ms
+    assert sum(timeline.gap_ms_before_mode.values()) == timeline.gap_ms
+    timeline.reset()
+    assert not timeline.busy_ms_by_mode and not timeline.tokens_by_mode
+
+
 def test_batches_without_events_leave_the_timeline_alone() -> None:
     timeline = GpuTimeline()  # the CPU device records no events
-    timeline.add(Batch(None, None), decode=True)
-    timeline.add(Batch(None, None), decode=True)
+    timeline.add(Batch(None, None), "decode")
+    timeline.add(Batch(None, None), "decode")
     assert (timeline.busy_ms, timeline.gap_ms, timeline.decode_gap_ms) == (0.0, 0.0, 0.0)

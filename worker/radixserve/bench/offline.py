@@ -172,6 +172,20 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
         gap = info.get(gap_key, 0.0) - before.get(gap_key, 0.0)
         return gap / (busy + gap) if busy + gap else None
 
+    def by_mode() -> dict[str, dict[str, float]]:
+        """Each forward mode's device time, the gaps before its batches and its tokens, over
+        this run (the GPU records them; the CPU records nothing)."""
+        modes: dict[str, dict[str, float]] = {}
+        for key, name in (
+            ("gpu_busy_ms_by_mode", "busy_ms"),
+            ("gpu_gap_ms_before_mode", "gap_before_ms"),
+            ("gpu_tokens_by_mode", "tokens"),
+        ):
+            old = before.get(key, {})
+            for mode, value in info.get(key, {}).items():
+                modes.setdefault(mode, {})[name] = value - old.get(mode, 0)
+        return modes
+
     produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     return Result(
@@ -187,8 +201,43 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
             "overlap": info.get("overlap"),
             "gpu_idle_between_batches": idle_share("gpu_busy_ms", "gpu_gap_ms"),
             "gpu_idle_between_decode_steps": idle_share("gpu_decode_busy_ms", "gpu_decode_gap_ms"),
+            "gpu_by_mode": by_mode(),
         },
     )
+
+
+def breakdown(
+    modes: dict[str, dict[str, float]], params: int, peak: float | None
+) -> dict[str, dict[str, float]]:
+    """Where the device's time went by forward mode: each mode's share of the run's device
+    span (busy and the gaps before its batches), its tokens, and its own MFU (2 x params FLOPs
+    a token over its busy time, against the measured bf16 matmul rate; attention left out)."""
+    span = sum(m.get("busy_ms", 0.0) + m.get("gap_before_ms", 0.0) for m in modes.values())
+    out: dict[str, dict[str, float]] = {}
+    for mode, m in sorted(modes.items()):
+        busy, gap, tokens = m.get("busy_ms", 0.0), m.get("gap_before_ms", 0.0), m.get("tokens", 0)
+        row = {
+            "busy_share": busy / span if span else 0.0,
+            "gap_before_share": gap / span if span else 0.0,
+            "tokens": tokens,
+            "busy_ms": busy,
+        }
+        if peak and busy:
+            row["mfu"] = tokens * 2 * params / (busy / 1e3) / 1e12 / peak
+        out[mode] = row
+    return out
+
+
+def breakdown_lines(rows: dict[str, dict[str, float]]) -> list[str]:
+    """The by-mode breakdown as a table."""
+    lines = [f"{'mode':<10}{'device time':>13}{'idle before':>13}{'tokens':>12}{'MFU':>8}"]
+    for mode, row in rows.items():
+        mfu = f"{100 * row['mfu']:.1f}%" if "mfu" in row else "—"
+        lines.append(
+            f"{mode:<10}{100 * row['busy_share']:>12.1f}%{100 * row['gap_before_share']:>12.2f}%"
+            f"{int(row['tokens']):>12}{mfu:>8}"
+        )
+    return lines
 
 
 def run_transformers(
@@ -336,6 +385,10 @@ def run(args: argparse.Namespace) -> int:
             f"compute: {achieved:.1f} TFLOP/s of a measured {peak:.0f} bf16 TFLOP/s "
             f"({100 * achieved / peak:.1f}% MFU, 2 x params FLOPs per token)"
         )
+    modes = results[0].extra.get("gpu_by_mode") or {}
+    if modes:
+        summary["gpu_by_mode"] = breakdown(modes, params, peak)
+        print("\n".join(["", *breakdown_lines(summary["gpu_by_mode"])]))
     if args.output_json:
         with open(args.output_json, "w") as f:
             json.dump(summary, f, indent=2)

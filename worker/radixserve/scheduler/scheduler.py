@@ -462,6 +462,9 @@ class Scheduler:
             "gpu_gap_ms": self.worker.timeline.gap_ms,
             "gpu_decode_busy_ms": self.worker.timeline.decode_busy_ms,
             "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
+            "gpu_busy_ms_by_mode": dict(self.worker.timeline.busy_ms_by_mode),
+            "gpu_gap_ms_before_mode": dict(self.worker.timeline.gap_ms_before_mode),
+            "gpu_tokens_by_mode": dict(self.worker.timeline.tokens_by_mode),
             "matmul_parameters": self.model.matmul_parameters,
             "speculative_method": self.server_args.speculative_method,
             **(self.speculator.info() if self.speculator is not None else {}),
@@ -620,7 +623,7 @@ class Scheduler:
         matcher (`is_terminated` answers from what the accepts recorded). So only the accepts
         and the fill lie between this batch's tokens and the next batch's sampling."""
         result = launched.pending.resolve()
-        self.worker.timeline.add(launched.pending, launched.mode.is_decode())
+        self.worker.timeline.add(launched.pending, launched.mode.metric_label, launched.num_tokens)
         elapsed = time.perf_counter() - launched.start
         self.counters.count_step(
             launched.mode.metric_label, len(launched.reqs), launched.num_tokens, elapsed

@@ -137,7 +137,9 @@ class GpuTimeline:
     """Where the device's time went, from events it records as it reaches them: busy = inside a
     batch, gap = between one batch's end and the next one's start while work was queued. The
     decode_ pair counts only decode batches that follow a decode batch: steady-state decoding,
-    where overlap must hide all host work (a prefill's admission may not)."""
+    where overlap must hide all host work (a prefill's admission may not). By mode (the forward
+    mode's metric label: prefill, decode, mixed, verify): each mode's busy time and tokens (its
+    compute rate), and the gaps before its batches (which host work the device waited for)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -148,18 +150,25 @@ class GpuTimeline:
         self.gap_ms = 0.0
         self.decode_busy_ms = 0.0
         self.decode_gap_ms = 0.0
+        self.busy_ms_by_mode: dict[str, float] = {}
+        self.gap_ms_before_mode: dict[str, float] = {}
+        self.tokens_by_mode: dict[str, int] = {}
         self._last_done: torch.cuda.Event | None = None
         self._last_was_decode = False
 
-    def add(self, pending: PendingBatchResult, decode: bool) -> None:
-        """Add a resolved batch (call in launch order)."""
+    def add(self, pending: PendingBatchResult, mode: str, tokens: int = 0) -> None:
+        """Add a resolved batch of `mode` that ran `tokens` tokens (call in launch order)."""
         if pending.started is None or pending.done is None:
             return
+        decode = mode == "decode"
         busy = pending.started.elapsed_time(pending.done)
         self.busy_ms += busy
+        self.busy_ms_by_mode[mode] = self.busy_ms_by_mode.get(mode, 0.0) + busy
+        self.tokens_by_mode[mode] = self.tokens_by_mode.get(mode, 0) + tokens
         if self._last_done is not None:
             gap = self._last_done.elapsed_time(pending.started)
             self.gap_ms += gap
+            self.gap_ms_before_mode[mode] = self.gap_ms_before_mode.get(mode, 0.0) + gap
             if decode and self._last_was_decode:
                 self.decode_busy_ms += busy
                 self.decode_gap_ms += gap
