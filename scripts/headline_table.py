@@ -356,7 +356,22 @@ def collect(out_dir: Path, recorded_path: Path = RECORDED) -> dict[str, Any]:
     print(f"=== headline figures; last recorded: {recorded['measured']}")
     for line in compare(now, before):
         print(f"=== {line}")
+    modes = runs.get("offline-8b", {}).get("gpu_by_mode")
+    if modes:
+        print(f"=== offline by mode: {by_mode(modes)}")
     return result
+
+
+def by_mode(modes: dict[str, dict[str, float]]) -> str:
+    """`bench offline`'s device time by forward mode, one line: where the MFU goes."""
+    parts = []
+    for mode, row in modes.items():
+        mfu = f", MFU {100 * row['mfu']:.1f}%" if "mfu" in row else ""
+        parts.append(
+            f"{mode} {100 * row['busy_share']:.1f}% of the device time{mfu}, "
+            f"idle before it {100 * row['gap_before_share']:.2f}%"
+        )
+    return "; ".join(parts)
 
 
 def record(

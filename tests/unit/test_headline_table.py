@@ -62,6 +62,10 @@ def write_runs(out: Path) -> None:
         "latency-8b-fp8": latency([(1, 0.0025, 0.78)]),
         "offline-8b": {
             "results": [{"total_tok_s": 25000.0, "extra": {"gpu_idle_between_batches": 0.02}}],
+            "gpu_by_mode": {
+                "decode": {"busy_share": 0.4, "gap_before_share": 0.01, "tokens": 9, "mfu": 0.2},
+                "prefill": {"busy_share": 0.58, "gap_before_share": 0.01, "tokens": 9, "mfu": 0.8},
+            },
             "bf16_matmul_tflops": 800.0,
             "achieved_tflops": 460.0,
         },
@@ -94,7 +98,12 @@ def test_collect_reads_each_driver_and_flags_what_got_worse(headline, tmp_path, 
     # the stages that did not run have no figure
     assert "1b-bs1-ms" not in figures and "moe-bs64-mbu" not in figures
     assert json.loads((tmp_path / "headline.json").read_text()) == result
-    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines()[3:]}
+    out = capsys.readouterr().out.splitlines()
+    assert out[-1] == (
+        "=== offline by mode: decode 40.0% of the device time, MFU 20.0%, idle before it 1.00%; "
+        "prefill 58.0% of the device time, MFU 80.0%, idle before it 1.00%"
+    )
+    lines = {line.split()[1]: line for line in out[3:-1]}
     assert "WORSE by 15%" in lines["offline-tok-s"]  # 25,000 against 29,510 at the least
     assert "WORSE" not in lines["8b-bs1-ms"]  # 4.0 against 3.945: within 5%
     assert "not run" in lines["1b-bs1-mbu"]
