@@ -4,10 +4,10 @@ its figures to a JSON file.
 
 - `copy MODEL`: a copy-heavy request (rewrite a given text, the answer repeats most of it) at
   batch 1, greedy, with --speculative-method ngram and without: tokens/s of each, the output
-  identical, the acceptance length (tokens per verified step), for each k of `--k-sweep`;
-  tokens/s after the first token ("decode", the target: the prompt's prefill is the same work
-  either way) and end to end
-  (speculation pays more per step the longer the copied runs: one line per k). The request
+  identical, the acceptance length (tokens per verified step), for each k of `--k-sweep`
+  (speculation pays more per step the longer the copied runs: one line per k); tokens/s after
+  the first token ("decode", what the target is judged on: the prompt's prefill is the same
+  work either way) and end to end. The request
   ends where the model's answer ends (its EOS, `--tokens` at most): what follows an answer's
   end is no rewrite of anything (`--ignore-eos` measures past it). Target: the best k >= 2x.
   `--phases`: where the host's time of a step goes (per phase, exclusive, per step), plain and
@@ -215,8 +215,9 @@ def section_copy(a) -> dict:
     if a.section == "draft" and a.draft == a.model:
         verdict = "(the target drafting for itself: the draft's cost)" if same else "FAIL"
     print(
-        f"{a.section} batch 1: best k={best} x{figures[best]['decode_speedup']:.2f} decode tok/s, "
-        f"x{figures[best]['speedup']:.2f} end to end (target {target:.0f}x), output identical for every k: {same} {verdict}"
+        f"{a.section} batch 1: best k={best} x{figures[best]['decode_speedup']:.2f} decode "
+        f"tok/s, x{figures[best]['speedup']:.2f} end to end (target {target:.0f}x), output "
+        f"identical for every k: {same} {verdict}"
     )
     result = {
         "off_tok_s": off_tok_s,
