@@ -103,10 +103,11 @@ def peft_greedy(hf_model, adapter_dir: Path | None, prompt: list[int], new: int)
 
 @contextlib.contextmanager
 def tp2_engine_with_adapters(tmp_path: Path, device: str, **engine_kw) -> Iterator[tuple]:
-    """An Engine of random:tiny-llama with --tp-size 2 on `device` serving the three adapters,
-    after the base and the adapters, two prompts each, were sent to it at once: (the engine,
-    every job's output ids, PEFT's greedy tokens for each, a prompt). Random weights are drawn
-    on the device they are for: the reference holds that draw, moved to the CPU."""
+    """An Engine of random:tiny-llama with --tp-size 2 on `device` serving the three adapters
+    (`engine_kw` adds or overrides its arguments), after the base and the adapters, two prompts
+    each, were sent to it at once: (the engine, every job's output ids, PEFT's greedy tokens for
+    each job, the jobs). Random weights are drawn on the device they are for: the reference
+    holds that draw, moved to the CPU."""
     from engine_harness import random_prompts
 
     from radixserve.frontend.engine import Engine
@@ -122,16 +123,16 @@ def tp2_engine_with_adapters(tmp_path: Path, device: str, **engine_kw) -> Iterat
     jobs = [(name, p) for name in [None, *dirs] for p in prompts]
     expected = [peft_greedy(hf, dirs.get(name), p, 8) for name, p in jobs]
     params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
-    with Engine(
-        model="random:tiny-llama",
-        device=device,
-        dtype="float32",
-        tp_size=2,
-        max_total_tokens=4096,
-        lora_modules=[f"{name}={path}" for name, path in dirs.items()],
-        max_loras=3,
-        **engine_kw,
-    ) as engine:
+    args = {
+        "model": "random:tiny-llama",
+        "device": device,
+        "dtype": "float32",
+        "tp_size": 2,
+        "max_total_tokens": 4096,
+        "lora_modules": [f"{name}={path}" for name, path in dirs.items()],
+        "max_loras": 3,
+    }
+    with Engine(**(args | engine_kw)) as engine:
 
         async def all_at_once() -> list[dict]:
             return await asyncio.gather(
@@ -142,4 +143,4 @@ def tp2_engine_with_adapters(tmp_path: Path, device: str, **engine_kw) -> Iterat
             )
 
         outs = asyncio.run(all_at_once())
-        yield engine, [o["output_ids"] for o in outs], expected, prompts[0]
+        yield engine, [o["output_ids"] for o in outs], expected, jobs

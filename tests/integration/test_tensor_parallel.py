@@ -156,13 +156,36 @@ def test_tp2_lora_adapters_give_pefts_tokens(tmp_path):
     """LoRA under --tp-size 2: each rank holds its part of every adapter (B's rows of q/k/v and
     gate/up, A's columns of o and down, cut as the base is), and the base's all-reduce sums the
     adapters' partial terms. The base and three adapters of ranks 4-16, mixed in one batch, give
-    PEFT's greedy tokens on the whole model; an unknown adapter is refused by name."""
+    PEFT's greedy tokens on the whole model; an unknown adapter is refused by name; an adapter
+    unloaded and loaded again through the admin path serves its tokens again (every rank reads
+    it at the same message)."""
     pytest.importorskip("peft")
     from lora_adapters import tp2_engine_with_adapters
 
-    with tp2_engine_with_adapters(tmp_path, "cpu") as (engine, got, expected, prompt):
+    with tp2_engine_with_adapters(tmp_path, "cpu") as (engine, got, expected, jobs):
         assert got == expected
-        params = {"max_new_tokens": 4}
+        params = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+        name, prompt = jobs[2]  # the first adapter's first prompt
         with pytest.raises(InvalidParameterError, match="'delta'.*alpha") as error:
             engine.generate(input_ids=prompt, sampling_params=params, lora_name="delta")
         assert error.value.param == "lora_name"
+        engine.unload_lora_adapter(name)
+        with pytest.raises(InvalidParameterError, match=f"no LoRA adapter '{name}'"):
+            engine.generate(input_ids=prompt, sampling_params=params, lora_name=name)
+        engine.load_lora_adapter(name, str(tmp_path / name))
+        out = engine.generate(input_ids=prompt, sampling_params=params, lora_name=name)
+        assert out["output_ids"] == expected[2]
+
+
+def test_tp2_adapters_read_at_admission_stay_in_lockstep(tmp_path):
+    """--lora-load lazy with one device slot and one host copy: every admission of another
+    adapter reads it from disk again, on each rank at the same step (a rank that saw its read
+    end a step later would form another batch, and the collectives would part)."""
+    pytest.importorskip("peft")
+    from lora_adapters import tp2_engine_with_adapters
+
+    lazy = {"lora_load": "lazy", "max_loras": 1, "max_cpu_loras": 1}
+    with tp2_engine_with_adapters(tmp_path, "cpu", **lazy) as (engine, got, expected, _):
+        info = engine.get_server_info()
+    assert got == expected
+    assert info["lora_loads"] >= 3 and info["lora_evictions"] >= 2

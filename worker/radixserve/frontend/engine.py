@@ -484,6 +484,22 @@ class Engine:
     def flush_cache(self) -> bool:
         return self._run_sync(self.async_flush_cache())
 
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        """Serve the LoRA adapter at `path` as `name` (what `POST /v1/load_lora_adapter`
+        does); InvalidParameterError with the scheduler's reason when it cannot be served."""
+        self._change_lora_adapter(name, path, "lora_path")
+
+    def unload_lora_adapter(self, name: str) -> None:
+        """Stop serving `name` (`POST /v1/unload_lora_adapter`); InvalidParameterError when
+        it is not served."""
+        self._change_lora_adapter(name, None, "lora_name")
+
+    def _change_lora_adapter(self, name: str, path: str | None, param: str) -> None:
+        change = self.tokenizer_manager.change_lora_adapter(name, path)
+        reply = self._run_sync(self._on_engine_loop(change))
+        if not reply.success:
+            raise InvalidParameterError(reply.message, param)
+
     def get_model_info(self) -> dict[str, Any]:
         tokenizer = self.tokenizer_manager.tokenizer
         return {

@@ -7,9 +7,15 @@ every other request keeps running. An adapter is served either read (`add`: chec
 is served, --lora-load eager) or only known by its path (`register`, --lora-load lazy: read
 on its first request, so a service may list more adapters than its hosts could hold). A read
 that fails ends the requests waiting for it; the next request after `RETRY_FAILED_READ_SECONDS`
-reads again (a Hub repo that was briefly unreachable is served once it is back). Moving a host copy into a free slot (or the least recently
-used slot that no request holds) is a few queued copies, done at admission. A slot a request
-holds is never given to another adapter.
+reads again (a Hub repo that was briefly unreachable is served once it is back). Moving a host
+copy into a free slot (or the least recently used slot that no request holds) is a few queued
+copies, done at admission. A slot a request holds is never given to another adapter.
+
+Under tensor parallelism (`lockstep`) every rank must admit the same requests at the same step,
+so no rank may see a read end at a moment of its own: reads then happen on the step loop, the
+admin load's at its message and a dropped or lazy adapter's at the admission that needs it (the
+step waits for one adapter's read), and a failed read is retried only when the adapter is
+loaded again (a retry by the clock could come at different steps on different ranks).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
 import torch
@@ -61,8 +67,10 @@ class LoRAManager:
         num_layers: int,
         shapes: dict[str, tuple[int, int]],
         dtype: torch.dtype,
+        lockstep: bool = False,
     ) -> None:
         self.pool = pool
+        self.lockstep = lockstep
         self.max_cpu_loras = max_cpu_loras
         self._read_args = (pool.max_rank, num_layers, shapes, dtype)
         self._pin = pool.batch.device.type == "cuda"
@@ -166,7 +174,7 @@ class LoRAManager:
         RETRY_FAILED_READ_SECONDS: later, it is read again)."""
         failure = self.failed.get(name)
         if failure is not None:
-            if time.monotonic() - failure[1] < RETRY_FAILED_READ_SECONDS:
+            if self.lockstep or time.monotonic() - failure[1] < RETRY_FAILED_READ_SECONDS:
                 raise LoRALoadError(failure[0])
             del self.failed[name]
         slot = self.slot_of.get(name)
@@ -215,8 +223,10 @@ class LoRAManager:
             return self.host[name]
         future = self.reading.get(name)
         if future is None:
-            self.reading[name] = self.read_async(self.paths[name])
-            return None
+            future = self.reading[name] = self.read_async(self.paths[name])
+            if not self.lockstep:
+                return None
+            wait([future])  # every rank has the copy at this same admission
         if not future.done():
             return None
         del self.reading[name]

@@ -278,6 +278,7 @@ class ModelRunner:
             hf_config.num_hidden_layers,
             projection_shapes(hf_config),
             self.dtype,
+            lockstep=tp_size() > 1,
         )
 
     def _prepare_lora(self, batch: ModelWorkerBatch, padded: int | None) -> None:

@@ -1113,7 +1113,8 @@ class Scheduler:
         elif isinstance(msg, GetServerInfoReq):
             return GetServerInfoReqOutput(self.get_server_info())
         elif isinstance(msg, LoRAAdapterReq):
-            return self.change_lora_adapters(msg, wait=False)
+            # under tensor parallelism every rank serves the adapter from this same message on
+            return self.change_lora_adapters(msg, wait=self.lora is not None and self.lora.lockstep)
         else:
             logger.warning("ignoring unknown message %r", type(msg).__name__)
         return None
