@@ -335,30 +335,19 @@ class Engine:
     # Every call reduces to a `GenerateRequest` and runs through the TokenizerManager's front
     # door and stream (`native.py` shapes the results), as `POST /generate` does.
 
-    def _native_request(
-        self,
-        prompt: str | list[str] | None,
-        input_ids: list[int] | list[list[int]] | None,
-        sampling_params: dict | SamplingParams | list | None,
-        return_logprob: bool,
-        top_logprobs_num: int,
-        request_id: str | None,
-        lora_name: str | None,
-    ) -> tuple[GenerateRequest, bool]:
-        """The native request, with its adapter: a name the engine does not serve is refused
-        here, listing those it does (the HTTP API's 404 `model_not_found`)."""
-        request, batched = GenerateRequest.native(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
-        )
-        if lora_name is not None:
-            served = self.tokenizer_manager.lora_adapters
-            if lora_name not in served:
-                raise InvalidParameterError(
-                    f"no LoRA adapter {lora_name!r} is served; adapters: {sorted(served)}",
-                    "lora_name",
-                )
-            request.lora_name = lora_name
-        return request, batched
+    def _select_adapter(self, request: GenerateRequest, lora_name: str | None) -> None:
+        """Serve `request` with the LoRA adapter `lora_name` (None: the base model); a name the
+        engine does not serve is refused here, listing those it does (the HTTP API's 404
+        `model_not_found`)."""
+        if lora_name is None:
+            return
+        served = self.tokenizer_manager.lora_adapters
+        if lora_name not in served:
+            raise InvalidParameterError(
+                f"no LoRA adapter {lora_name!r} is served; adapters: {sorted(served)}",
+                "lora_name",
+            )
+        request.lora_name = lora_name
 
     async def async_generate(
         self,
@@ -370,15 +359,10 @@ class Engine:
         request_id: str | None = None,
         lora_name: str | None = None,
     ) -> dict | list[dict]:
-        request, batched = self._native_request(
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            top_logprobs_num,
-            request_id,
-            lora_name,
+        request, batched = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
         )
+        self._select_adapter(request, lora_name)
         results = await self._on_engine_loop(
             native.generate(self.tokenizer_manager, request, self.enforce_queue_limit)
         )
@@ -422,15 +406,10 @@ class Engine:
     ) -> AsyncIterator[dict[str, Any]]:
         """Stream one request: each dict carries the *new* text and output ids and the
         meta_info so far; the last one has a finish_reason."""
-        request, _ = self._native_request(
-            prompt,
-            input_ids,
-            sampling_params,
-            return_logprob,
-            top_logprobs_num,
-            request_id,
-            lora_name,
+        request, _ = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, request_id
         )
+        self._select_adapter(request, lora_name)
         stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
         async for item in self._stream_on_engine_loop(stream):
             yield item
@@ -445,9 +424,10 @@ class Engine:
         lora_name: str | None = None,
     ) -> Iterator[dict[str, Any]]:
         """The synchronous form of `async_generate_stream`; closing it early aborts the request."""
-        request, _ = self._native_request(
-            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num, None, lora_name
+        request, _ = GenerateRequest.native(
+            prompt, input_ids, sampling_params, return_logprob, top_logprobs_num
         )
+        self._select_adapter(request, lora_name)
         stream = native.generate_stream(self.tokenizer_manager, request, self.enforce_queue_limit)
         items: queue.Queue = queue.Queue()
         future = self._pump(stream, items.put)
