@@ -146,8 +146,6 @@ class GpuTimeline:
 
     def reset(self) -> None:
         """Forget everything recorded so far."""
-        self.busy_ms = 0.0
-        self.gap_ms = 0.0
         self.decode_busy_ms = 0.0
         self.decode_gap_ms = 0.0
         self.busy_ms_by_mode: dict[str, float] = {}
@@ -162,18 +160,24 @@ class GpuTimeline:
             return
         decode = mode == "decode"
         busy = pending.started.elapsed_time(pending.done)
-        self.busy_ms += busy
         self.busy_ms_by_mode[mode] = self.busy_ms_by_mode.get(mode, 0.0) + busy
         self.tokens_by_mode[mode] = self.tokens_by_mode.get(mode, 0) + tokens
         if self._last_done is not None:
             gap = self._last_done.elapsed_time(pending.started)
-            self.gap_ms += gap
             self.gap_ms_before_mode[mode] = self.gap_ms_before_mode.get(mode, 0.0) + gap
             if decode and self._last_was_decode:
                 self.decode_busy_ms += busy
                 self.decode_gap_ms += gap
         self._last_done = pending.done
         self._last_was_decode = decode
+
+    @property
+    def busy_ms(self) -> float:
+        return sum(self.busy_ms_by_mode.values())
+
+    @property
+    def gap_ms(self) -> float:
+        return sum(self.gap_ms_before_mode.values())
 
     def mark_idle(self) -> None:
         """Nothing is queued: the time until the next launch is not a scheduling gap."""
