@@ -233,19 +233,20 @@ def kernel_times(weights: dict, row_slots: list[int], slots: int, layers: int) -
             w = torch.randn(sum(outs), fan_in, device=device, dtype=dtype) * 0.01
             base = partial(gemv, x, w, None, *block_config(*w.shape), gated=name == "gate_up")
             one["gemv_us"] = graph_us(base, layers)
-            epilogue = LoRAEpilogue(s, b_w, layout.seg_slots[:1])
+            subs = () if name == "gate_up" else tuple(outs)
+            epilogue = LoRAEpilogue(s, b_w, layout.seg_slots[:1], subs)
             one["gemv_lora_us"] = graph_us(partial(base, lora=epilogue), layers)
         per[name] = {k: round(v, 1) for k, v in one.items()}
     return per
 
 
 def lora_step_us(per: dict) -> float:
-    """The LoRA kernels' us of a step as the layers launch them: at one row o, gate/up and down
-    add their expand in the GEMV's epilogue (its cost over the plain GEMV), q/k/v the kernel."""
+    """The LoRA kernels' us of a step as the layers launch them: at one row every projection
+    adds its expand in the GEMV's epilogue (its cost over the plain GEMV)."""
     total = 0.0
-    for name, one in per.items():
+    for one in per.values():
         total += one["shrink_us"]
-        if "gemv_us" in one and name != "qkv":
+        if "gemv_us" in one:
             total += one["gemv_lora_us"] - one["gemv_us"]
         else:
             total += one["expand_us"]

@@ -33,7 +33,9 @@ gen = torch.Generator().manual_seed(0)
 # decode pass whose K splits over programs (2100: three splits, the last one short) with three
 # fused sub-projections whose boundaries fall inside column blocks, a base-only decode pass;
 # then grouped decode patterns: random slots with base rows, every row one adapter (three
-# blocks, the last partial), every row a different adapter (a pool of 6 slots)
+# blocks, the last partial), every row a different adapter (a pool of 6 slots); one row
+# (`_shrink_row_kernel`): fused sub-projections over 17 chunks of 256 (the last short), a K past
+# 8192 in chunks of 512, the base row
 CASES = [
     ([20, 3, 17], [1, -1, 0], 96, [80], 16, 3),
     ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8, 3),
@@ -45,6 +47,9 @@ CASES = [
     ([1] * 45, torch.randint(-1, 5, (45,), generator=gen).tolist(), 96, [48, 16], 16, 5),
     ([1] * 37, [1] * 37, 64, [40], 8, 3),
     ([1] * 6, [5, 0, 3, 1, 4, 2], 64, [24, 8, 8], 16, 6),
+    ([1], [1], 4100, [40, 20, 20], 16, 3),
+    ([1], [0], 9000, [48], 8, 2),
+    ([1], [-1], 300, [40], 16, 3),
 ]
 results = []
 with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x: True):
@@ -97,10 +102,9 @@ with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda x:
         unfused_decode = layer(x_decode)
 wrapper_rel_err = max(rel(fused, unfused.double()), rel(fused_decode, unfused_decode.double()))
 
-# batch 1 (one half-precision row): fused q/k/v-like sub-projections through the expand
-# kernel, one projection with the adapter's expand in the base GEMV's epilogue, and gated (the
-# MLP's activation after both halves' adapter terms, in the epilogue too), for each slot and
-# the base (-1), against the torch path of the same wrapper
+# batch 1 (one half-precision row): the adapter's expand in the base GEMV's epilogue for fused
+# q/k/v-like sub-projections, one projection, and gated (the MLP's activation after both halves'
+# adapter terms), for each slot and the base (-1), against the torch path of the same wrapper
 epilogue = []
 batch = LoRABatch(torch.device("cpu"), 1, 3)
 for sizes, gated in (([24, 12, 12], False), ([48], False), ([40, 40], True)):

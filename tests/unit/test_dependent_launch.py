@@ -65,7 +65,8 @@ KERNELS = {
             "LORA_SPLITS": 1,
         },
     ),
-    # an adapter's expand in the epilogue (batch 1 with LoRA): all of it after the K loop
+    # an adapter's expand in the epilogue (batch 1 with LoRA): B and the slot read early, s
+    # (the shrink's output) after the K loop
     "gemv (bf16, gated, LoRA)": (
         gemv._gemv_kernel,
         {"LoraS": "fp32", "LoraSlot": "i32"},
@@ -200,6 +201,12 @@ KERNELS = {
         set(),
         {"GROUPED": True, "BLOCK_M": 16, "BLOCK_R": 16, "BLOCK_K": 256, "PRECISION": "tf32"},
     ),
+    "lora shrink (one row)": (
+        lora._shrink_row_kernel,
+        {"Out": "fp32", "SegSlot": "i32"},
+        set(),
+        {"BLOCK_R": 16, "BLOCK_K": 256},
+    ),
     "lora expand (decode)": (
         lora._expand_kernel,
         {"S": "fp32", "SegStart": "i32", "SegSlot": "i32", "Blocks": "i32"},
@@ -225,19 +232,21 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
-    "gemv (bf16, gated, LoRA)": {"LoraSlot"},  # the row's adapter slot, a step input
+    # the row's adapter slot, a step input, and its B rows
+    "gemv (bf16, gated, LoRA)": {"LoraSlot", "LoraB"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
+    "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A tile
     "lora expand (decode)": {"Blocks", "B"},
     "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }
 # kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next
 # one may then start while the one before still runs
-LAUNCH_NEXT_FIRST = {"rotary_store_kv"}
+LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)"}
 
 # the GEMV's sizes; other capitalised arguments are pointers
 UPPERCASE_SCALARS = {"N", "K"}

@@ -30,16 +30,18 @@ from radixserve.kernels.triton_support import (
 
 
 class LoRAEpilogue(NamedTuple):
-    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue, for one
-    projection or a gated [gate; up] pair: the row's `s` (kernels/lora.py `shrink`'s partials
-    `[splits, 1, rank]`, or `2 * rank` for the pair), the slot-stacked B `[slots, N, rank]`
-    and the row's slot (a one-element int32 tensor, -1 for the base model: read on the
-    device, so a captured graph serves any adapter). At batch 1 this saves the expand's launch
-    and keeps the gated epilogue (the MLP's activation) for adapters too."""
+    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's
+    `s` (kernels/lora.py `shrink`'s partials `[splits, 1, n_sub * rank]`), the slot-stacked B
+    `[slots, N, rank]` and the row's slot (a one-element int32 tensor, -1 for the base model:
+    read on the device, so a captured graph serves any adapter). `sub_sizes`: the widths of
+    the projections fused in the weight (q, k, v: at most three; default one), each with its
+    own rank columns of s; a gated [gate; up] pair is two. At batch 1 this saves the expand's
+    launch and keeps the gated epilogue (the MLP's activation) for adapters too."""
 
     s: torch.Tensor
     b: torch.Tensor
     slot: torch.Tensor
+    sub_sizes: tuple[int, ...] = ()
 
 
 @jit
@@ -93,6 +95,8 @@ def _gemv_kernel(
     stride_wn,
     lora_splits,
     lora_rank,
+    lora_sub1,
+    lora_sub2,
     stride_ls,
     stride_lbs,
     stride_lbn,
@@ -118,8 +122,12 @@ def _gemv_kernel(
 
     LORA: the row's adapter term (`LoRAEpilogue`) is added to each rounded output, gate and up
     alike, and the sum rounded again: the values of the GEMV followed by the expand kernel.
-    One projection, or for GATED the gate (s's first rank columns) and up (the next, B's up
-    rows at N + row).
+    Output row r belongs to sub-projection (r >= lora_sub1) + (r >= lora_sub2) (q, k, v; both
+    N for one projection), which takes that many rank columns of s; for GATED the gate takes
+    s's first rank columns and up the next (B's up rows at N + row). B's rows and the slot are
+    read before the wait (a constant and a step input: their HBM round trip was most of the
+    epilogue's cost, 4 us a step at the 8B down projection, when read after the loop); s, the
+    shrink's output just written, is read after the loop (from L2).
 
     NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
     chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
@@ -136,8 +144,16 @@ def _gemv_kernel(
         bias = tl.load(Bias + rows, mask=mask_n, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(Bias + N + rows, mask=mask_n, other=0.0).to(tl.float32)
-    if LORA:  # the row's adapter slot is a step input: one scalar, its round trip off the tail
+    if LORA:  # the row's adapter slot is a step input, B a constant: off the tail
         lora_slot = tl.load(LoraSlot).to(tl.int64)
+        subs = (rows >= lora_sub1).to(tl.int32) + (rows >= lora_sub2).to(tl.int32)
+        b_lora, lora_on = _lora_b_rows(
+            LoraB, lora_slot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+        )
+        if GATED:
+            b_lora_up, _ = _lora_b_rows(
+                LoraB, lora_slot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
+            )
     wait_for_prior_kernel(PDL)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
@@ -161,11 +177,7 @@ def _gemv_kernel(
         y += bias
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
-    if LORA:  # after the K loop: nothing of it held in registers across the loop
-        subs = rows * 0  # the projection's (or the gate's) rank columns of s
-        b_lora, lora_on = _lora_b_rows(
-            LoraB, lora_slot, rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
-        )
+    if LORA:
         s_lora = _lora_s_rows(
             LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
         )
@@ -180,9 +192,6 @@ def _gemv_kernel(
         gate = y.to(tl.float32)
         up = up.to(X.dtype.element_ty)
         if LORA:
-            b_lora_up, _ = _lora_b_rows(
-                LoraB, lora_slot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
-            )
             s_lora_up = _lora_s_rows(
                 LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,
                 LORA_SPLITS,
@@ -267,11 +276,15 @@ def gemv(
             raise ValueError(f"LoRA B {tuple(lora.b.shape)} does not fit {weight.shape[0]} rows")
         rank = lora.b.shape[2]
         s_lora, b_lora, slot = lora.s, lora.b, lora.slot
-        lora_args = (lora.s.shape[0], rank)
+        sizes = lora.sub_sizes or (n,)
+        if len(sizes) > 3 or sum(sizes) != n or (gated and len(sizes) > 1):
+            raise ValueError(f"sub-projections {sizes} do not make {n} output rows")
+        bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
+        lora_args = (lora.s.shape[0], rank, bounds[0], bounds[1])
         lora_strides = (lora.s.stride(0), lora.b.stride(0), lora.b.stride(1))
     else:
         s_lora = b_lora = slot = weight
-        lora_args, lora_strides, rank = (1, 1), (0, 0, 0), 1
+        lora_args, lora_strides, rank = (1, 1, n, n), (0, 0, 0), 1
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
         weight,

@@ -26,6 +26,14 @@ A decode pass's tiles (the shrink's chunk, rank block, split, warps, stages; the
 columns, warps, stages) come from `shrink_config` and `expand_config` by shape and row count, or
 from the caller (scripts/gpu/lora_bench.py's sweep over `SHRINK_SWEEP` and `EXPAND_SWEEP`).
 
+One row (batch 1) has its own shrink, `_shrink_row_kernel`: there the LoRA work is a chain of
+small launches between the step's GEMVs, and what each costs is its time after its wait for the
+kernel before, not its bytes (the grouped shrink, which reads A after that wait in a loop of
+dependent chunks over 4-8 programs, took ~2.9 us a launch against 0.73 for an empty launch,
+H200 2026-12-04). A program takes one chunk of K for 16 rank columns and reads its A tile
+before the wait (A is a constant, the row's slot a step input), so after the wait it reads
+only x's chunk, which the kernel before has just written (L2), and stores its partial.
+
 The adapters' weights are stacked by slot: A `[slots, n_sub * R, K]` (the sub-projections of a
 fused projection, q/k/v or gate/up, one after the other, each padded to the pool's rank R) and
 B `[slots, N, R]`. `expand` adds every sub-projection's output columns in one launch: a column
@@ -126,11 +134,8 @@ class ExpandConfig(NamedTuple):
 def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     """The decode shrink's tiles for x `[rows, k]` times A `[slots, r_total, k]`.
 
-    One row (batch 1): the tiles the batch-1 path ran with in this morning's H200 measurement
-    (scripts/gpu/lora.sh, 2026-12-04: 1024 K a split, at most 8, 256-wide chunks, Triton's
-    default 4 warps and 3 stages), kept as they were.
-
-    More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
+    One row takes `_shrink_row_kernel` and `row_shrink_chunk` instead. More rows go by 16-row
+    blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
     each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
     chunks more than its bytes, so more splits pay where K is short: measured (lora_bench.py
     `kernels --sweep`, one H200, 2026-12-04, 64 rows over 8 adapters, a step over 32 layers),
@@ -139,11 +144,18 @@ def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     every projection. The down projection (K 14336) keeps 8 splits of 1792: its expand then
     sums 8 partials, not 14, and the pair measured 252 us against 270 with 1024 a split.
     `r_total` is in the key for a later sweep; these do not depend on it."""
-    if rows <= 1:
-        return ShrinkConfig(256, 16, 1024, 8, 4, 3)
     if k <= 8192:
         return ShrinkConfig(256, 16, 512, 16, 4, 3)
     return ShrinkConfig(256, 16, 1024, 8, 4, 3)
+
+
+def row_shrink_chunk(k: int) -> int:
+    """The K chunk a program of the one-row shrink takes (its A tile is 16 rank columns of it,
+    held in registers from before the wait): 256 (8 KB of bf16; 16 splits at K 4096), 512
+    where K is long (28 splits at 14336: every consumer of the partials sums them, a load
+    each, and `gemv`'s epilogue unrolls those loads up to the next power of two). Not swept:
+    the batch-1 LoRA kernels' cost is latency, which these sizes keep to one round trip."""
+    return 256 if k <= 8192 else 512
 
 
 def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
@@ -271,6 +283,44 @@ def _shrink_kernel(
 
 
 @jit
+def _shrink_row_kernel(
+    X,
+    A,
+    Out,
+    SegSlot,
+    K,
+    r_total,
+    stride_as,
+    stride_ar,
+    stride_osplit,
+    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One row's x `[K]` times its slot's A: program (split, rank block) sums BLOCK_K of K for
+    BLOCK_R columns into float32 partial `Out[split, 0, cols]`. The A tile is read before the
+    wait, the only read after it is x's chunk; the next kernel (the GEMV that takes these
+    partials in its epilogue) launches first, its own early reads being constants too. A base
+    row (slot -1) reads no A and stores zeros (nothing reads them)."""
+    split = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ks = split * BLOCK_K + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    col_ok = cols < r_total
+    slot = tl.load(SegSlot).to(tl.int64)
+    on = col_ok & (cols * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
+    a = tl.load(
+        A + tl.maximum(slot, 0) * stride_as + cols[:, None].to(tl.int64) * stride_ar + ks[None, :],
+        mask=on[:, None] & k_ok[None, :],
+        other=0.0,
+    )
+    wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
+    x = tl.load(X + ks, mask=k_ok, other=0.0).to(tl.float32)
+    partial = tl.sum(a.to(tl.float32) * x[None, :], axis=1)
+    tl.store(Out + split * stride_osplit + cols, partial, mask=col_ok)
+
+
+@jit
 def _expand_kernel(
     S,
     B,
@@ -351,8 +401,11 @@ def shrink(
     float32 partial sums `[splits, T, R_total]` whose sum over the first axis is the product
     (`expand` takes them as they are; the rows of base tokens, slot -1, are left as they are:
     `expand` never reads them). `config`: a decode pass's tiles, by default `shrink_config`'s
-    (a bench's sweep passes its candidates; a prefill has its own)."""
+    (a bench's sweep passes its candidates; a prefill has its own). One row without a
+    `config` takes `_shrink_row_kernel`."""
     if triton_support.enabled_for(x):
+        if x.shape[0] == 1 and layout.seg_slots.shape[0] == 1 and config is None:
+            return _shrink_row(x, a, layout.seg_slots)
         return _shrink_triton(x, a, layout, config)
     assert layout.token_slots is not None
     return shrink_torch(x, a, layout.token_slots).unsqueeze(0)
@@ -389,6 +442,29 @@ def expand(
             token_slots,
         )
         offset += size
+
+
+def _shrink_row(x: torch.Tensor, a: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    k, r_total = x.shape[1], a.shape[1]
+    block_k, block_r = row_shrink_chunk(k), 16
+    splits = triton.cdiv(k, block_k)
+    out = torch.empty((splits, 1, r_total), dtype=torch.float32, device=x.device)
+    _shrink_row_kernel[(splits, triton.cdiv(r_total, block_r))](
+        x.contiguous(),
+        a,
+        out,
+        slot,
+        k,
+        r_total,
+        a.stride(0),
+        a.stride(1),
+        out.stride(0),
+        BLOCK_R=block_r,
+        BLOCK_K=block_k,
+        num_warps=4,
+        **triton_support.dependent_launch(x),
+    )
+    return out
 
 
 def _shrink_triton(

@@ -71,8 +71,9 @@ def wait_for_prior_kernel(PDL: tl.constexpr, LAUNCH_NEXT_FIRST: tl.constexpr = F
 
     LAUNCH_NEXT_FIRST is for a short kernel before one with early reads of its own: the
     rotary kernel (about 1 us) before the decode attention, whose programs are then resident
-    and have their KV slots at hand when it ends. Everywhere else it measured slower
-    (docs/benchmark-log.md, 2026-12-03 late morning)."""
+    and have their KV slots at hand when it ends, and the one-row LoRA shrink before its GEMV
+    (kernels/lora.py). Everywhere else it measured slower (docs/benchmark-log.md, 2026-12-03
+    late morning)."""
     if PDL:
         if LAUNCH_NEXT_FIRST:
             tl.extra.cuda.gdc_launch_dependents()

@@ -133,10 +133,10 @@ class LoRALinear(nn.Module):
         if not batch.active:
             return self.base(x)
         shrunk = self._shrink(x)
-        # batch 1: a single projection's expand in the GEMV's epilogue (o 0 us against 3.0 us
-        # for the expand kernel, down 4.0 against 4.1, H200 2026-12-04); fused q/k/v keep the
-        # kernel (their epilogue cost 7.1 us a layer against 3.7)
-        if len(self.sub_sizes) == 1 and uses_gemv(x, self.base.weight):
+        # batch 1: the expand in the GEMV's epilogue, fused q/k/v too, now that the epilogue
+        # reads B before the GEMV's wait (read after its loop, q/k/v's epilogue cost 7.1 us a
+        # layer against 3.7 for the expand kernel, H200 2026-12-04)
+        if uses_gemv(x, self.base.weight):
             return self._gemv(x, shrunk, gated=False)
         y = self.base(x)
         lora_kernels.expand(y, shrunk, self.lora_b, batch.layout, self.sub_sizes)
@@ -168,5 +168,10 @@ class LoRALinear(nn.Module):
             *block_config(*weight.shape, fp8=fp8),
             gated=gated,
             scale=self.base.weight_scale if fp8 else None,
-            lora=LoRAEpilogue(shrunk, self.lora_b, self.batch.layout.seg_slots[:1]),
+            lora=LoRAEpilogue(
+                shrunk,
+                self.lora_b,
+                self.batch.layout.seg_slots[:1],
+                () if gated else tuple(self.sub_sizes),
+            ),
         )
