@@ -34,8 +34,8 @@ gen = torch.Generator().manual_seed(0)
 # fused sub-projections whose boundaries fall inside column blocks, a base-only decode pass;
 # then grouped decode patterns: random slots with base rows, every row one adapter (three
 # blocks, the last partial), every row a different adapter (a pool of 6 slots); one row
-# (`_shrink_row_kernel`): fused sub-projections over 17 chunks of 256 (the last short), a K past
-# 8192 in chunks of 512, the base row
+# (`_shrink_row_kernel`): fused sub-projections with K not a power of two, a K past 8192, the
+# base row
 CASES = [
     ([20, 3, 17], [1, -1, 0], 96, [80], 16, 3),
     ([1, 1, 1, 1, 1, 1], [2, 0, -1, 2, 1, -1], 64, [48], 8, 3),

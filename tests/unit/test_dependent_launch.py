@@ -205,7 +205,7 @@ KERNELS = {
         lora._shrink_row_kernel,
         {"Out": "fp32", "SegSlot": "i32"},
         set(),
-        {"BLOCK_R": 16, "BLOCK_K": 256},
+        {"BLOCK_K": 4096},
     ),
     "lora expand (decode)": (
         lora._expand_kernel,
@@ -240,7 +240,7 @@ EARLY_READS = {
     "decode merge": {"Seq_lens"},
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
-    "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A tile
+    "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A row
     "lora expand (decode)": {"Blocks", "B"},
     "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }

@@ -30,9 +30,9 @@ One row (batch 1) has its own shrink, `_shrink_row_kernel`: there the LoRA work 
 small launches between the step's GEMVs, and what each costs is its time after its wait for the
 kernel before, not its bytes (the grouped shrink, which reads A after that wait in a loop of
 dependent chunks over 4-8 programs, took ~2.9 us a launch against 0.73 for an empty launch,
-H200 2026-12-04). A program takes one chunk of K for 16 rank columns and reads its A tile
+H200 2026-12-04). A program takes one rank column over the whole of K and reads its A row
 before the wait (A is a constant, the row's slot a step input), so after the wait it reads
-only x's chunk, which the kernel before has just written (L2), and stores its partial.
+only x, which the kernel before has just written (L2), and stores its column of s whole.
 
 The adapters' weights are stacked by slot: A `[slots, n_sub * R, K]` (the sub-projections of a
 fused projection, q/k/v or gate/up, one after the other, each padded to the pool's rank R) and
@@ -134,8 +134,7 @@ class ExpandConfig(NamedTuple):
 def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     """The decode shrink's tiles for x `[rows, k]` times A `[slots, r_total, k]`.
 
-    One row takes `_shrink_row_kernel` and `row_shrink_chunk` instead. More rows go by 16-row
-    blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
+    One row takes `_shrink_row_kernel` instead. More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
     each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
     chunks more than its bytes, so more splits pay where K is short: measured (lora_bench.py
     `kernels --sweep`, one H200, 2026-12-04, 64 rows over 8 adapters, a step over 32 layers),
@@ -147,15 +146,6 @@ def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     if k <= 8192:
         return ShrinkConfig(256, 16, 512, 16, 4, 3)
     return ShrinkConfig(256, 16, 1024, 8, 4, 3)
-
-
-def row_shrink_chunk(k: int) -> int:
-    """The K chunk a program of the one-row shrink takes (its A tile is 16 rank columns of it,
-    held in registers from before the wait): 256 (8 KB of bf16; 16 splits at K 4096), 512
-    where K is long (28 splits at 14336: every consumer of the partials sums them, a load
-    each, and `gemv`'s epilogue unrolls those loads up to the next power of two). Not swept:
-    the batch-1 LoRA kernels' cost is latency, which these sizes keep to one round trip."""
-    return 256 if k <= 8192 else 512
 
 
 def expand_config(n: int, rank: int, rows: int) -> ExpandConfig:
@@ -289,35 +279,27 @@ def _shrink_row_kernel(
     Out,
     SegSlot,
     K,
-    r_total,
     stride_as,
     stride_ar,
-    stride_osplit,
-    BLOCK_R: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """One row's x `[K]` times its slot's A: program (split, rank block) sums BLOCK_K of K for
-    BLOCK_R columns into float32 partial `Out[split, 0, cols]`. The A tile is read before the
-    wait, the only read after it is x's chunk; the next kernel (the GEMV that takes these
-    partials in its epilogue) launches first, its own early reads being constants too. A base
-    row (slot -1) reads no A and stores zeros (nothing reads them)."""
-    split = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ks = split * BLOCK_K + tl.arange(0, BLOCK_K)
+    """One row's x `[K]` times its slot's A: program r sums the whole of K for rank column r
+    into `Out[0, 0, r]`, so the product leaves complete, one split (every program of the GEMV
+    after it reads s in its epilogue: 16-28 partials each, read by thousands of programs, cost
+    more than the shrink saved, H200 2026-12-04). The A row (8-28 KB) is read before the wait,
+    the only read after it is x (the kernel before's output, in L2); the next kernel (the GEMV)
+    launches first, its own early reads being constants too. A base row (slot -1) reads no A
+    and stores zero (nothing reads it)."""
+    r = tl.program_id(0)
+    ks = tl.arange(0, BLOCK_K)
     k_ok = ks < K
-    col_ok = cols < r_total
     slot = tl.load(SegSlot).to(tl.int64)
-    on = col_ok & (cols * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
-    a = tl.load(
-        A + tl.maximum(slot, 0) * stride_as + cols[:, None].to(tl.int64) * stride_ar + ks[None, :],
-        mask=on[:, None] & k_ok[None, :],
-        other=0.0,
-    )
+    on = k_ok & (ks * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
+    a = tl.load(A + tl.maximum(slot, 0) * stride_as + r * stride_ar + ks, mask=on, other=0.0)
     wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
-    x = tl.load(X + ks, mask=k_ok, other=0.0).to(tl.float32)
-    partial = tl.sum(a.to(tl.float32) * x[None, :], axis=1)
-    tl.store(Out + split * stride_osplit + cols, partial, mask=col_ok)
+    x = tl.load(X + ks, mask=k_ok, other=0.0)
+    tl.store(Out + r, tl.sum(a.to(tl.float32) * x.to(tl.float32), axis=0))
 
 
 @jit
@@ -446,22 +428,18 @@ def expand(
 
 def _shrink_row(x: torch.Tensor, a: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
     k, r_total = x.shape[1], a.shape[1]
-    block_k, block_r = row_shrink_chunk(k), 16
-    splits = triton.cdiv(k, block_k)
-    out = torch.empty((splits, 1, r_total), dtype=torch.float32, device=x.device)
-    _shrink_row_kernel[(splits, triton.cdiv(r_total, block_r))](
+    out = torch.empty((1, 1, r_total), dtype=torch.float32, device=x.device)
+    block_k = triton.next_power_of_2(k)
+    _shrink_row_kernel[(r_total,)](
         x.contiguous(),
         a,
         out,
         slot,
         k,
-        r_total,
         a.stride(0),
         a.stride(1),
-        out.stride(0),
-        BLOCK_R=block_r,
         BLOCK_K=block_k,
-        num_warps=4,
+        num_warps=4 if block_k <= 4096 else 8,
         **triton_support.dependent_launch(x),
     )
     return out
