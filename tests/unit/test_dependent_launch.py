@@ -46,7 +46,6 @@ KERNELS = {
             "NUM_STAGES": 3,
             "LORA": False,
             "LORA_BLOCK_R": 16,
-            "LORA_SPLITS": 1,
         },
     ),
     "gemv (bf16)": (
@@ -62,7 +61,6 @@ KERNELS = {
             "NUM_STAGES": 1,
             "LORA": False,
             "LORA_BLOCK_R": 16,
-            "LORA_SPLITS": 1,
         },
     ),
     # an adapter's expand in the epilogue (batch 1 with LoRA): B and the slot read early, s
@@ -80,7 +78,6 @@ KERNELS = {
             "NUM_STAGES": 1,
             "LORA": True,
             "LORA_BLOCK_R": 16,
-            "LORA_SPLITS": 16,
         },
     ),
     "moe routing (top-k softmax)": (

@@ -31,7 +31,7 @@ from radixserve.kernels.triton_support import (
 
 class LoRAEpilogue(NamedTuple):
     """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's
-    `s` (kernels/lora.py `shrink`'s partials `[splits, 1, n_sub * rank]`), the slot-stacked B
+    `s` (kernels/lora.py `shrink`'s output for one row, whole: `[1, 1, n_sub * rank]`), the slot-stacked B
     `[slots, N, rank]` and the row's slot (a one-element int32 tensor, -1 for the base model:
     read on the device, so a captured graph serves any adapter). `sub_sizes`: the widths of
     the projections fused in the weight (q, k, v: at most three; default one), each with its
@@ -62,22 +62,14 @@ def _lora_b_rows(B, slot, b_rows, row_ok, rank, stride_bs, stride_bn, BLOCK_R: t
 
 
 @jit
-def _lora_s_rows(
-    S, subs, rows_on, splits, rank, stride_split, BLOCK_R: tl.constexpr, MAX_SPLITS: tl.constexpr
-):
-    """Each row's s[sub * rank : (sub + 1) * rank], summed over the shrink's K splits (their
-    loads independent, out together), rounded to B's dtype as the expand kernel's dot takes it."""
+def _lora_s_rows(S, subs, rows_on, rank, BLOCK_R: tl.constexpr):
+    """Each row's s[sub * rank : (sub + 1) * rank] (the one-row shrink's output, whole)."""
     rs = tl.arange(0, BLOCK_R)
-    ok = rows_on[:, None] & (rs < rank)[None, :]
-    s = tl.zeros(ok.shape, dtype=tl.float32)
-    for split in tl.static_range(MAX_SPLITS):
-        split_ok = ok & (subs * 0 + split < splits)[:, None]
-        s += tl.load(
-            S + split * stride_split + (subs * rank)[:, None] + rs[None, :],
-            mask=split_ok,
-            other=0.0,
-        )
-    return s
+    return tl.load(
+        S + (subs * rank)[:, None] + rs[None, :],
+        mask=rows_on[:, None] & (rs < rank)[None, :],
+        other=0.0,
+    )
 
 
 @jit
@@ -93,11 +85,9 @@ def _gemv_kernel(
     N,
     K,
     stride_wn,
-    lora_splits,
     lora_rank,
     lora_sub1,
     lora_sub2,
-    stride_ls,
     stride_lbs,
     stride_lbn,
     HAS_BIAS: tl.constexpr,
@@ -108,7 +98,6 @@ def _gemv_kernel(
     NUM_STAGES: tl.constexpr,
     LORA: tl.constexpr,
     LORA_BLOCK_R: tl.constexpr,
-    LORA_SPLITS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """y[BLOCK_N rows] = W[rows] . x: products accumulate elementwise in float32 across the
@@ -127,7 +116,9 @@ def _gemv_kernel(
     s's first rank columns and up the next (B's up rows at N + row). B's rows and the slot are
     read before the wait (a constant and a step input: their HBM round trip was most of the
     epilogue's cost, 4 us a step at the 8B down projection, when read after the loop); s, the
-    shrink's output just written, is read after the loop (from L2).
+    shrink's output just written, right after the wait: its loads are in flight while the loop
+    streams W (read after the loop, each program paid an L2 round trip at its end, once a wave
+    of programs: gate/up's GEMV took 8.5 us longer at 14 waves, H200 2026-12-04).
 
     NUM_STAGES > 1: the loop is software-pipelined, its chunks' loads issued NUM_STAGES - 1
     chunks ahead into shared memory (cp.async); 1 is the plain loop, each chunk loaded where it
@@ -155,6 +146,10 @@ def _gemv_kernel(
                 LoraB, lora_slot, N + rows, mask_n, lora_rank, stride_lbs, stride_lbn, LORA_BLOCK_R
             )
     wait_for_prior_kernel(PDL)
+    if LORA:  # s, the shrink's output: its loads issued here, their latency under the loop's
+        s_lora = _lora_s_rows(LoraS, subs, lora_on, lora_rank, LORA_BLOCK_R)
+        if GATED:
+            s_lora_up = _lora_s_rows(LoraS, subs + 1, lora_on, lora_rank, LORA_BLOCK_R)
     w_rows = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     if GATED:
@@ -178,9 +173,6 @@ def _gemv_kernel(
     # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
     y = y.to(X.dtype.element_ty)
     if LORA:
-        s_lora = _lora_s_rows(
-            LoraS, subs, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R, LORA_SPLITS
-        )
         delta = tl.sum(s_lora.to(LoraB.dtype.element_ty).to(tl.float32) * b_lora.to(tl.float32), 1)
         y = (y.to(tl.float32) + delta).to(X.dtype.element_ty)
     if GATED:
@@ -192,10 +184,6 @@ def _gemv_kernel(
         gate = y.to(tl.float32)
         up = up.to(X.dtype.element_ty)
         if LORA:
-            s_lora_up = _lora_s_rows(
-                LoraS, subs + 1, lora_on, lora_splits, lora_rank, stride_ls, LORA_BLOCK_R,
-                LORA_SPLITS,
-            )  # fmt: skip
             up_s = s_lora_up.to(LoraB.dtype.element_ty).to(tl.float32)
             delta_up = tl.sum(up_s * b_lora_up.to(tl.float32), 1)
             up = (up.to(tl.float32) + delta_up).to(X.dtype.element_ty)
@@ -274,17 +262,19 @@ def gemv(
     if lora is not None:
         if lora.b.shape[1] != weight.shape[0]:
             raise ValueError(f"LoRA B {tuple(lora.b.shape)} does not fit {weight.shape[0]} rows")
+        if lora.s.shape[:2] != (1, 1) or lora.s.stride(2) != 1:
+            raise ValueError(f"LoRA s {tuple(lora.s.shape)} is not one row's whole product")
         rank = lora.b.shape[2]
         s_lora, b_lora, slot = lora.s, lora.b, lora.slot
         sizes = lora.sub_sizes or (n,)
         if len(sizes) > 3 or sum(sizes) != n or (gated and len(sizes) > 1):
             raise ValueError(f"sub-projections {sizes} do not make {n} output rows")
         bounds = [sum(sizes[: i + 1]) for i in range(len(sizes) - 1)] + [n, n]
-        lora_args = (lora.s.shape[0], rank, bounds[0], bounds[1])
-        lora_strides = (lora.s.stride(0), lora.b.stride(0), lora.b.stride(1))
+        lora_args = (rank, bounds[0], bounds[1])
+        lora_strides = (lora.b.stride(0), lora.b.stride(1))
     else:
         s_lora = b_lora = slot = weight
-        lora_args, lora_strides, rank = (1, 1, n, n), (0, 0, 0), 1
+        lora_args, lora_strides, rank = (1, n, n), (0, 0), 1
     _gemv_kernel[(triton.cdiv(n, block_n),)](
         x.contiguous(),
         weight,
@@ -307,7 +297,6 @@ def gemv(
         NUM_STAGES=num_stages,
         LORA=lora is not None,
         LORA_BLOCK_R=max(16, triton.next_power_of_2(rank)),
-        LORA_SPLITS=triton.next_power_of_2(lora_args[0]),
         num_warps=num_warps,
         **dependent_launch(x),
     )
