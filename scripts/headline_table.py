@@ -367,9 +367,15 @@ def by_mode(modes: dict[str, dict[str, float]]) -> str:
     parts = []
     for mode, row in modes.items():
         mfu = f", MFU {100 * row['mfu']:.1f}%" if "mfu" in row else ""
+        longest = row.get("longest_gaps_ms")
+        gaps = (
+            f" ({row['gaps']} gaps, the longest {', '.join(f'{g:.1f}' for g in longest)} ms)"
+            if longest
+            else ""
+        )
         parts.append(
             f"{mode} {100 * row['busy_share']:.1f}% of the device time{mfu}, "
-            f"idle before it {100 * row['gap_before_share']:.2f}%"
+            f"idle before it {100 * row['gap_before_share']:.2f}%{gaps}"
         )
     return "; ".join(parts)
 

@@ -53,6 +53,12 @@ def test_busy_time_tokens_and_the_gaps_before_them_by_mode() -> None:
     assert timeline.tokens_by_mode == {"prefill": 4096, "decode": 128, "mixed": 2048, "verify": 80}
     assert timeline.gap_ms_before_mode == {"decode": 2.5, "mixed": 3.5, "verify": 1}
     assert (timeline.busy_ms, timeline.gap_ms) == (24, 7)
+    assert timeline.gap_count_before_mode == {"decode": 2, "mixed": 1, "verify": 1}
+    assert timeline.longest_gaps_ms_before_mode == {
+        "decode": [2, 0.5],
+        "mixed": [3.5],
+        "verify": [1],
+    }
     timeline.reset()
     assert not timeline.busy_ms_by_mode and not timeline.tokens_by_mode
 
@@ -62,3 +68,13 @@ def test_batches_without_events_leave_the_timeline_alone() -> None:
     timeline.add(Batch(None, None), "decode")
     timeline.add(Batch(None, None), "decode")
     assert (timeline.busy_ms, timeline.gap_ms, timeline.decode_gap_ms) == (0.0, 0.0, 0.0)
+
+
+def test_the_longest_gaps_kept_are_the_five_longest_longest_first() -> None:
+    timeline = GpuTimeline()
+    end = 0.0
+    for gap in (1, 9, 2, 8, 3, 7, 4, 6):
+        timeline.add(batch(end + gap, end + gap + 1), "prefill")
+        end += gap + 1
+    assert timeline.gap_count_before_mode == {"prefill": 7}  # the first batch has none before
+    assert timeline.longest_gaps_ms_before_mode == {"prefill": [9, 8, 7, 6, 4]}

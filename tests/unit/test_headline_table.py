@@ -64,7 +64,14 @@ def write_runs(out: Path) -> None:
             "results": [{"total_tok_s": 25000.0, "extra": {"gpu_idle_between_batches": 0.02}}],
             "gpu_by_mode": {
                 "decode": {"busy_share": 0.4, "gap_before_share": 0.01, "tokens": 9, "mfu": 0.2},
-                "prefill": {"busy_share": 0.58, "gap_before_share": 0.01, "tokens": 9, "mfu": 0.8},
+                "prefill": {
+                    "busy_share": 0.58,
+                    "gap_before_share": 0.01,
+                    "tokens": 9,
+                    "mfu": 0.8,
+                    "gaps": 40,
+                    "longest_gaps_ms": [350.25, 12.0],
+                },
             },
             "bf16_matmul_tflops": 800.0,
             "achieved_tflops": 460.0,
@@ -101,7 +108,8 @@ def test_collect_reads_each_driver_and_flags_what_got_worse(headline, tmp_path, 
     out = capsys.readouterr().out.splitlines()
     assert out[-1] == (
         "=== offline by mode: decode 40.0% of the device time, MFU 20.0%, idle before it 1.00%; "
-        "prefill 58.0% of the device time, MFU 80.0%, idle before it 1.00%"
+        "prefill 58.0% of the device time, MFU 80.0%, idle before it 1.00% (40 gaps, the "
+        "longest 350.2, 12.0 ms)"
     )
     lines = {line.split()[1]: line for line in out[3:-1]}
     assert "WORSE by 15%" in lines["offline-tok-s"]  # 25,000 against 29,510 at the least

@@ -175,15 +175,21 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
     def by_mode() -> dict[str, dict[str, float]]:
         """Each forward mode's device time, the gaps before its batches and its tokens, over
         this run (the GPU records them; the CPU records nothing)."""
-        modes: dict[str, dict[str, float]] = {}
+        modes: dict[str, Any] = {}
         for key, name in (
             ("gpu_busy_ms_by_mode", "busy_ms"),
             ("gpu_gap_ms_before_mode", "gap_before_ms"),
             ("gpu_tokens_by_mode", "tokens"),
+            ("gpu_gap_count_before_mode", "gaps"),
         ):
             old = before.get(key, {})
             for mode, value in info.get(key, {}).items():
                 modes.setdefault(mode, {})[name] = value - old.get(mode, 0)
+        old_longest = before.get("gpu_longest_gaps_ms_before_mode", {})
+        for mode, gaps in info.get("gpu_longest_gaps_ms_before_mode", {}).items():
+            modes.setdefault(mode, {})["longest_gaps_ms"] = gaps_since(
+                old_longest.get(mode, []), gaps
+            )
         return modes
 
     produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
@@ -206,14 +212,27 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
     )
 
 
-def breakdown(
-    modes: dict[str, dict[str, float]], params: int, peak: float | None
-) -> dict[str, dict[str, float]]:
+def gaps_since(before: list[float], after: list[float]) -> list[float]:
+    """The longest gaps of a run: those of the server's list after it (`after`) that its list
+    before it (the warm-up's few short decode gaps) did not hold already."""
+    earlier = list(before)
+    run = []
+    for gap in after:
+        if gap in earlier:
+            earlier.remove(gap)
+        else:
+            run.append(gap)
+    return run
+
+
+def breakdown(modes: dict[str, dict[str, Any]], params: int, peak: float | None) -> dict[str, Any]:
     """Where the device's time went by forward mode: each mode's share of the run's device
     span (busy and the gaps before its batches), its tokens, and its own MFU (2 x params FLOPs
-    a token over its busy time, against the measured bf16 matmul rate; attention left out)."""
+    a token over its busy time, against the measured bf16 matmul rate; attention left out);
+    how many gaps came before its batches and the longest of them (a few long gaps are a
+    stall, many short ones host work the overlap did not hide)."""
     span = sum(m.get("busy_ms", 0.0) + m.get("gap_before_ms", 0.0) for m in modes.values())
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, Any] = {}
     for mode, m in sorted(modes.items()):
         busy, gap, tokens = m.get("busy_ms", 0.0), m.get("gap_before_ms", 0.0), m.get("tokens", 0)
         row = {
@@ -221,6 +240,8 @@ def breakdown(
             "gap_before_share": gap / span if span else 0.0,
             "tokens": tokens,
             "busy_ms": busy,
+            "gaps": m.get("gaps", 0),
+            "longest_gaps_ms": [round(g, 2) for g in m.get("longest_gaps_ms", [])],
         }
         if peak and busy:
             row["mfu"] = tokens * 2 * params / (busy / 1e3) / 1e12 / peak
@@ -228,14 +249,18 @@ def breakdown(
     return out
 
 
-def breakdown_lines(rows: dict[str, dict[str, float]]) -> list[str]:
+def breakdown_lines(rows: dict[str, Any]) -> list[str]:
     """The by-mode breakdown as a table."""
-    lines = [f"{'mode':<10}{'device time':>13}{'idle before':>13}{'tokens':>12}{'MFU':>8}"]
+    lines = [
+        f"{'mode':<10}{'device time':>13}{'idle before':>13}{'tokens':>12}{'MFU':>8}"
+        f"{'gaps':>8}  longest gaps (ms)"
+    ]
     for mode, row in rows.items():
         mfu = f"{100 * row['mfu']:.1f}%" if "mfu" in row else "—"
+        longest = ", ".join(f"{g:.1f}" for g in row.get("longest_gaps_ms", [])) or "—"
         lines.append(
             f"{mode:<10}{100 * row['busy_share']:>12.1f}%{100 * row['gap_before_share']:>12.2f}%"
-            f"{int(row['tokens']):>12}{mfu:>8}"
+            f"{int(row['tokens']):>12}{mfu:>8}{int(row.get('gaps', 0)):>8}  {longest}"
         )
     return lines
 

@@ -464,6 +464,11 @@ class Scheduler:
             "gpu_decode_gap_ms": self.worker.timeline.decode_gap_ms,
             "gpu_busy_ms_by_mode": dict(self.worker.timeline.busy_ms_by_mode),
             "gpu_gap_ms_before_mode": dict(self.worker.timeline.gap_ms_before_mode),
+            "gpu_gap_count_before_mode": dict(self.worker.timeline.gap_count_before_mode),
+            "gpu_longest_gaps_ms_before_mode": {
+                mode: list(gaps)
+                for mode, gaps in self.worker.timeline.longest_gaps_ms_before_mode.items()
+            },
             "gpu_tokens_by_mode": dict(self.worker.timeline.tokens_by_mode),
             "matmul_parameters": self.model.matmul_parameters,
             "speculative_method": self.server_args.speculative_method,

@@ -133,6 +133,9 @@ class PendingBatchResult:
         )
 
 
+LONGEST_GAPS = 5  # the longest gaps before each mode's batches that the timeline keeps
+
+
 class GpuTimeline:
     """Where the device's time went, from events it records as it reaches them: busy = inside a
     batch, gap = between one batch's end and the next one's start while work was queued. The
@@ -151,6 +154,11 @@ class GpuTimeline:
         self.busy_ms_by_mode: dict[str, float] = {}
         self.gap_ms_before_mode: dict[str, float] = {}
         self.tokens_by_mode: dict[str, int] = {}
+        # how many gaps came before each mode's batches, and the longest few: a few long ones
+        # (a kernel compiled mid-run, a blocking host call) and many short ones (host work not
+        # overlapped) are different faults with the same total
+        self.gap_count_before_mode: dict[str, int] = {}
+        self.longest_gaps_ms_before_mode: dict[str, list[float]] = {}
         self._last_done: torch.cuda.Event | None = None
         self._last_was_decode = False
 
@@ -165,6 +173,11 @@ class GpuTimeline:
         if self._last_done is not None:
             gap = self._last_done.elapsed_time(pending.started)
             self.gap_ms_before_mode[mode] = self.gap_ms_before_mode.get(mode, 0.0) + gap
+            self.gap_count_before_mode[mode] = self.gap_count_before_mode.get(mode, 0) + 1
+            longest = self.longest_gaps_ms_before_mode.setdefault(mode, [])
+            longest.append(gap)
+            longest.sort(reverse=True)
+            del longest[LONGEST_GAPS:]
             if decode and self._last_was_decode:
                 self.decode_busy_ms += busy
                 self.decode_gap_ms += gap
