@@ -95,6 +95,13 @@ class ServerArgs:
     schedule_policy: str = option(
         "lpm", "admission order: lpm (longest cached prefix first) or fcfs"
     )
+    min_admission_batch: int = option(
+        8,
+        "when the running batch is full but for fewer free request slots than this and more "
+        "requests wait than are free, a prefill pass waits (at most this many steps) until "
+        "this many are free instead of admitting one or two as each finishes: every prefill "
+        "pass costs a whole eager launch; 1 admits as soon as a slot frees",
+    )
     enable_mixed_chunk: bool = option(
         False,
         "run the running batch's decode step inside a prefill pass instead of pausing decode "
@@ -298,7 +305,13 @@ class ServerArgs:
             value = getattr(self, name)
             if value not in allowed:
                 raise ValueError(f"{flag_of(name)} must be one of {allowed}, got {value!r}")
-        positive = ("port", "chunked_prefill_size", "max_prefill_tokens", "cuda_graph_max_bs")
+        positive = (
+            "port",
+            "chunked_prefill_size",
+            "max_prefill_tokens",
+            "cuda_graph_max_bs",
+            "min_admission_batch",
+        )
         positive += ("tp_size", "max_queued_requests", "max_concurrent_grammar_compiles")
         for name in positive:
             if getattr(self, name) < 1:
