@@ -1,66 +1,167 @@
-"""Host timings per step of the offline workload, in process, with each batch's GPU gap."""
-import cProfile, pstats, random, time, sys, collections, statistics, json, os
-import torch
+"""Where the device waits in an offline run: the scheduler in process on `bench offline`'s
+workload (random prompts of 256-1024 tokens, 64-256 out, all submitted at once), each step's
+host time split into forming the next batch, launching it and resolving the one before, beside
+the gap the device saw before each batch (the GPU timeline's events).
+
+It prints, by forward mode, the batches with a gap over 2 ms and what their steps' host times
+were, which batch came before them, and a few examples; with PROF=1, a cProfile of the run
+(sorted by own time: the launches' host costs). Writes every step to $OUT/steps.json.
+
+Usage (device tool): python3 scripts/gpu/offline_steps.py MODEL REQUESTS DEVICE [MIN_ADMISSION]
+e.g. `python3 scripts/gpu/offline_steps.py random:llama-3-8b 1000 cuda`
+(CPU: `random:tiny-llama 60 cpu`, which checks the plumbing; its gaps are zero).
+"""
+
+from __future__ import annotations
+
+import collections
+import cProfile
+import json
+import os
+import pstats
+import random
+import statistics
+import sys
+import time
+
 from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler_process import build_scheduler
 from radixserve.server_args import ServerArgs
 
-model = sys.argv[1]; N = int(sys.argv[2]); dev = sys.argv[3]
-source = load_model_source(model, dtype="auto", device=dev, context_length=4096)
-args = ServerArgs(model=model, device=dev, context_length=4096, attention_backend="triton" if dev == "cuda" else "torch_native")
-s = build_scheduler(args, source)
-print("max running", s.max_running_requests, "max total", s.worker.max_total_tokens, flush=True)
+model, requests, device = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+min_admission = int(sys.argv[4]) if len(sys.argv) > 4 else ServerArgs.min_admission_batch
+source = load_model_source(model, dtype="auto", device=device, context_length=4096)
+args = ServerArgs(
+    model=model,
+    device=device,
+    context_length=4096,
+    attention_backend="triton" if device == "cuda" else "torch_native",
+    min_admission_batch=min_admission,
+)
+scheduler = build_scheduler(args, source)
+print(f"max running {scheduler.max_running_requests}, KV {scheduler.worker.max_total_tokens}")
 rng = random.Random(0)
-def submit(n, tag):
+
+
+def submit(n: int, tag: str) -> None:
     for i in range(n):
         ids = [rng.randrange(10, 1000) for _ in range(rng.randint(256, 1024))]
-        p = SamplingParams(max_new_tokens=rng.randint(64, 256), temperature=0.0, ignore_eos=True)
-        s.dispatch(TokenizedGenerateReqInput(f"{tag}{i}", ids, p))
-submit(8, "w")
-while s.has_work(): s.step(); s.pop_outputs()
-rows = []  # per launched batch: mode, form, launch host ms
-gaps = []  # per batch in launch order: mode, gap ms
-orig_add = s.worker.timeline.add
-def add(pending, mode, tokens=0):
-    before = sum(s.worker.timeline.gap_ms_before_mode.values())
-    orig_add(pending, mode, tokens)
-    gaps.append((mode, sum(s.worker.timeline.gap_ms_before_mode.values()) - before, tokens))
-s.worker.timeline.add = add
-orig_next, orig_launch, orig_resolve = s.get_next_batch_to_run, s._launch, s._resolve
-cur = {}
-def timed_next():
-    a = time.perf_counter(); b = orig_next(); cur["form"] = time.perf_counter() - a; return b
+        params = SamplingParams(
+            max_new_tokens=rng.randint(64, 256), temperature=0.0, ignore_eos=True
+        )
+        scheduler.dispatch(TokenizedGenerateReqInput(f"{tag}{i}", ids, params))
+
+
+def run() -> None:
+    while scheduler.has_work():
+        scheduler.step()
+        scheduler.pop_outputs()
+
+
+submit(8, "warm")  # kernels compiled, graphs captured: the run times steady work
+run()
+
+steps: list[dict] = []  # per launched batch: mode, requests, host ms of its step's phases
+gaps: list[float] = []  # per batch in launch order: the device's gap before it (ms)
+timeline = scheduler.worker.timeline
+add, form, launch, resolve = (
+    timeline.add,
+    scheduler.get_next_batch_to_run,
+    scheduler._launch,
+    scheduler._resolve,
+)
+formed_ms = [0.0]
+
+
+def timed_add(pending, mode, tokens=0):
+    before = timeline.gap_ms
+    add(pending, mode, tokens)
+    gaps.append(timeline.gap_ms - before)
+
+
+def timed_form():
+    start = time.perf_counter()
+    batch = form()
+    formed_ms[0] = (time.perf_counter() - start) * 1e3
+    return batch
+
+
 def timed_launch(batch):
-    a = time.perf_counter(); r = orig_launch(batch)
-    rows.append({"mode": batch.forward_mode.metric_label, "form": cur["form"] * 1e3, "launch": (time.perf_counter() - a) * 1e3, "reqs": len(batch.reqs)}); return r
+    start = time.perf_counter()
+    launched = launch(batch)
+    steps.append(
+        {
+            "mode": batch.forward_mode.metric_label,
+            "requests": len(batch.reqs),
+            "tokens": int(batch.input_ids.numel()),
+            "form_ms": formed_ms[0],
+            "launch_ms": (time.perf_counter() - start) * 1e3,
+        }
+    )
+    return launched
+
+
 def timed_resolve(launched, masked=None):
-    a = time.perf_counter(); launched.pending.resolve(); w = time.perf_counter() - a
-    r = orig_resolve(launched, masked); rows[-1].setdefault("resolve_prev", []).append(((time.perf_counter() - a) * 1e3, w * 1e3, launched.mode.metric_label)); return r
-s.get_next_batch_to_run = timed_next; s._launch = timed_launch; s._resolve = timed_resolve
-submit(N, "r")
-prof = cProfile.Profile()
-if os.environ.get("PROF"): prof.enable()
+    start = time.perf_counter()
+    launched.pending.resolve()  # the wait for the device, then the host's own work
+    waited = time.perf_counter() - start
+    resolve(launched, masked)
+    steps[-1]["resolve_before_ms"] = (time.perf_counter() - start) * 1e3
+    steps[-1]["resolve_wait_ms"] = waited * 1e3
+
+
+timeline.add = timed_add
+scheduler.get_next_batch_to_run = timed_form
+scheduler._launch = timed_launch
+scheduler._resolve = timed_resolve
+
+submit(requests, "r")
+profiler = cProfile.Profile()
+if os.environ.get("PROF"):
+    profiler.enable()
 start = time.perf_counter()
-while s.has_work(): s.step(); s.pop_outputs()
-prof.disable()
-print("wall", time.perf_counter() - start, "batches", len(rows), len(gaps))
-for r, g in zip(rows, gaps): r["gap"] = g[1]; r["tokens"] = g[2]
-def summ(sel, key):
-    v = [r[key] for r in sel]; return f"{key} mean {statistics.mean(v):.2f} p50 {statistics.median(v):.2f} max {max(v):.2f}" if v else ""
-for mode in ("prefill", "decode"):
-    sel = [r for r in rows if r["mode"] == mode]
-    big = [r for r in sel if r["gap"] > 2]
-    print(mode, len(sel), "gap>2ms", len(big), summ(sel, "gap"), "|", summ(sel, "form"), "|", summ(sel, "launch"), "|", summ(sel, "tokens"))
-    print("  big-gap steps:", summ(big, "form"), "|", summ(big, "launch"), "|", summ(big, "reqs"), "|", summ(big, "tokens"))
-# previous batch of each prefill with a big gap
-prev = collections.Counter(rows[i - 1]["mode"] for i, r in enumerate(rows) if i and r["mode"] == "prefill" and r["gap"] > 2)
-print("batch before a big-gap prefill:", dict(prev))
-for i, r in enumerate(rows):
-    if r["mode"] == "prefill" and r["gap"] > 8:
-        print(" ex", i, json.dumps({k: (round(v, 2) if isinstance(v, float) else v) for k, v in r.items()}), "prev", rows[i-1]["mode"], round(rows[i-1]["launch"], 2), rows[i-1].get("resolve_prev"))
-        if i > 400: break
-out = os.environ.get("OUT", "/tmp")
-json.dump(rows, open(f"{out}/steps.json", "w"))
-if os.environ.get("PROF"): pstats.Stats(prof).sort_stats("tottime").print_stats(30)
+run()
+profiler.disable()
+print(f"wall {time.perf_counter() - start:.2f} s, {len(steps)} batches")
+for step, gap in zip(steps, gaps, strict=True):
+    step["gap_ms"] = gap
+
+
+def summary(rows: list[dict], key: str) -> str:
+    values = [r[key] for r in rows if key in r]
+    if not values:
+        return f"{key} -"
+    return (
+        f"{key} mean {statistics.mean(values):.2f} p50 {statistics.median(values):.2f} "
+        f"max {max(values):.2f}"
+    )
+
+
+for mode in sorted({s["mode"] for s in steps}):
+    rows = [s for s in steps if s["mode"] == mode]
+    long = [s for s in rows if s["gap_ms"] > 2]
+    print(
+        f"{mode}: {len(rows)} batches, {len(long)} with a gap over 2 ms; "
+        + "; ".join(summary(rows, k) for k in ("gap_ms", "form_ms", "launch_ms", "tokens"))
+    )
+    print(
+        "  those over 2 ms: "
+        + "; ".join(summary(long, k) for k in ("form_ms", "launch_ms", "requests", "tokens"))
+    )
+    before = collections.Counter(
+        steps[i - 1]["mode"] for i, s in enumerate(steps) if i and s in long
+    )
+    print(f"  the batch before them: {dict(before)}")
+for i, step in enumerate(steps):
+    if i and step["gap_ms"] > 8:
+        print(
+            f"  e.g. #{i} {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in step.items()})}"
+        )
+        if sum(1 for s in steps[: i + 1] if s["gap_ms"] > 8) >= 6:
+            break
+with open(os.path.join(os.environ.get("OUT", "/tmp"), "steps.json"), "w") as f:
+    json.dump(steps, f)
+if os.environ.get("PROF"):
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(30)
