@@ -2,9 +2,7 @@
 GEMMs (kernels/fused_moe.py, `gemv=False`) and the floor (the routed experts' bytes over the
 copy bandwidth), at the Qwen3-30B-A3B, gpt-oss-20b (biases, clamped SwiGLU) and
 DeepSeek-V2-Lite shapes, 1 to 8 tokens; then, at batch 1, FP8 experts (Qwen3) and MXFP4 ones
-(gpt-oss), and a sweep of each GEMV kernel's tiles (`GemvTiles`) alone; then V2-Lite's shared
-experts at 1 and 2 tokens, as extra slots of the GEMV's two launches (`SharedSlots`) against
-the routed GEMV followed by the shared MLP's own GEMVs and an add (what the model ran before).
+(gpt-oss), and a sweep of each GEMV kernel's tiles (`GemvTiles`) alone.
 
 Timed as CUDA graph replays over E / top_k routings that each reach other experts, so a pass
 finds its experts in DRAM, not in L2, as a decode step does (a layer's experts are 1.1-1.6 GB;
@@ -25,13 +23,10 @@ from radixserve.kernels.fp8_quant import quantize_rows
 from radixserve.kernels.fused_moe import fused_moe
 from radixserve.kernels.moe_gemv import (
     GemvTiles,
-    SharedSlots,
     down_gemv,
     gate_up_gemv,
     uses_moe_gemv,
 )
-from radixserve.layers.activation import silu_and_mul
-from radixserve.layers.linear import linear
 from radixserve.layers.quantization.mxfp4 import quantize_mxfp4
 
 DEVICE = "cuda"  # (a CPU dry run of the logic under the interpreter sets "cpu")
@@ -222,57 +217,6 @@ def tile_sweep(layer: Layer, name: str) -> dict:
     return result
 
 
-def shared_paths(tokens_list: tuple[int, ...]) -> dict:
-    """V2-Lite's layer with its shared MLP (2 x 1408 wide): folded into the GEMV's launches
-    against unfused, each replica with its own shared weights (a step's 26 MoE layers each
-    read theirs from DRAM), against the floor of the routed and shared bytes."""
-    layer = Layer("deepseek-v2-lite")
-    width, bf16 = 2 * layer.inter, torch.bfloat16
-    gen = torch.Generator(device=DEVICE).manual_seed(1)
-    rows = {}
-    for tokens in tokens_list:
-        replicas = layer.routings(tokens)
-        mlps = [
-            SharedSlots(
-                torch.randn(2 * width, layer.hidden, generator=gen, device=DEVICE).to(bf16)
-                * layer.hidden**-0.5,
-                torch.randn(layer.hidden, width, generator=gen, device=DEVICE).to(bf16)
-                * width**-0.5,
-            )
-            for _ in replicas
-        ]
-        pairs = list(zip(replicas, mlps, strict=True))
-
-        def folded(pair: tuple) -> torch.Tensor:
-            (x, weights, ids), mlp = pair
-            return fused_moe(x, layer.w13, layer.w2, weights, ids, layer.use, shared=mlp)
-
-        def unfused(pair: tuple) -> torch.Tensor:
-            (x, weights, ids), mlp = pair
-            routed = fused_moe(x, layer.w13, layer.w2, weights, ids, layer.use)
-            return routed + linear(silu_and_mul(linear(x, mlp.w13)), mlp.w2)
-
-        err = relative_error(folded(pairs[0]), unfused(pairs[0]))
-        folded_us, unfused_us = microseconds(folded, pairs), microseconds(unfused, pairs)
-        shared_bytes = 3 * width * layer.hidden * 2
-        floor = layer.floor_us(replicas) + shared_bytes / BANDWIDTH * 1e6
-        rows[tokens] = {
-            "folded_us": folded_us,
-            "unfused_us": unfused_us,
-            "floor_us": floor,
-            "folded_vs_unfused_rel_err": err,
-        }
-        ok = err < 1e-2 and (tokens > 1 or folded_us < unfused_us)
-        print(
-            f"=== deepseek-v2-lite + shared T={tokens}: folded {folded_us:7.1f} us"
-            f" ({100 * floor / folded_us:4.1f}% of bw)  unfused {unfused_us:7.1f} us"
-            f" ({100 * floor / unfused_us:4.1f}%)  floor {floor:6.1f} us  err {err:.1e}"
-            f"  {'PASS' if ok else 'FAIL'}",
-            flush=True,
-        )
-    return rows
-
-
 def main() -> None:
     results: dict = {}
     for shape in SHAPES:
@@ -285,7 +229,6 @@ def main() -> None:
         results[shape][fmt] = paths(layer, f"{shape} {fmt}", (1,))
         del layer
         torch.cuda.empty_cache()
-    results["deepseek-v2-lite"]["shared"] = shared_paths((1, 2))
     if len(sys.argv) > 1:
         with open(sys.argv[1], "w") as f:
             json.dump(results, f, indent=1)

@@ -14,7 +14,6 @@ os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
 from radixserve.kernels.fused_moe import (  # noqa: E402
@@ -25,7 +24,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts_native,
 )
 from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
-from radixserve.kernels.moe_gemv import GemvTiles, SharedSlots, fused_moe_gemv  # noqa: E402
+from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv  # noqa: E402
 from radixserve.kernels.triton_support import jit, tl  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
@@ -337,65 +336,6 @@ for dtype in (torch.float32, torch.float16):
     results["gemv"].append(
         gemv_case("gpt-oss mxfp4", x, q13, q2, weights, ids, exact, "swiglu_oai", **mx)
     )
-
-
-# shared experts (DeepSeek's) as extra slots of the routed GEMV: against the float64 routed
-# reference plus the shared MLP as a dense one; 1-3 shared slots beside top-k 2, 3 and 6 (slot
-# counts 3, 5, 8: padded slots and none), two tokens, FP8 (the MLP's per-row scales), and
-# `fused_moe` passing them on by itself. bfloat16 too: Triton's interpreter rounds to it by
-# truncating (not to nearest as the GPU does), hence its own looser bound in the test.
-def shared_mlp(x, w13, w2, activation, w13_s=None, w2_s=None) -> torch.Tensor:
-    """The shared experts as the model runs them unfused: one dense gated MLP, in float64."""
-    if w13_s is not None:
-        w13, w2 = w13.double() * w13_s.double()[:, None], w2.double() * w2_s.double()[:, None]
-    gate, up = F.linear(x.double(), w13.double()).chunk(2, dim=-1)
-    act = F.silu(gate) if activation == "silu" else F.gelu(gate, approximate="tanh")
-    return F.linear(act * up, w2.double())
-
-
-results["shared"] = []
-for tokens, experts, top_k, shared, hidden, inter, activation, dtypes in [
-    (1, 8, 3, 2, 64, 24, "silu", (torch.float32, torch.float16, torch.bfloat16)),
-    (2, 16, 6, 2, 96, 40, "silu", (torch.float32, torch.float16)),
-    (1, 8, 2, 1, 48, 40, "gelu_pytorch_tanh", (torch.float32,)),
-    (2, 8, 2, 3, 64, 24, "silu", (torch.float16,)),
-]:
-    for dtype in dtypes:
-        x = randn(tokens, hidden, dtype=dtype)
-        w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.2)
-        w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
-        s13 = randn(2 * shared * inter, hidden, dtype=dtype, std=0.2)
-        s2 = randn(hidden, shared * inter, dtype=dtype, std=0.2)
-        weights, ids = select_experts_native(
-            routing_logits(tokens, experts, None), top_k, False, False
-        )
-        weights = weights * 2.5  # a routed_scaling_factor: the shared slots keep weight 1
-        exact = fused_moe_native(
-            x.double(), w13.double(), w2.double(), weights.double(), ids, activation
-        ) + shared_mlp(x, s13, s2, activation)
-        name = f"{tokens}x{experts}e top{top_k} +{shared} shared {activation}"
-        slots = SharedSlots(s13, s2)
-        results["shared"].append(
-            gemv_case(name, x, w13, w2, weights, ids, exact, activation, shared=slots)
-        )
-    # FP8: routed experts per (expert, channel), the shared MLP's projections per row
-    (w13_q, w13_s), (w2_q, w2_s) = quantize_rows(w13.float()), quantize_rows(w2.float())
-    (s13_q, s13_s), (s2_q, s2_s) = quantize_rows(s13.float()), quantize_rows(s2.float())
-    x = randn(tokens, hidden, dtype=torch.float16)
-    exact = fused_moe_native(
-        x.double(), w13_q, w2_q, weights.double(), ids, activation, w13_s, w2_s
-    ) + shared_mlp(x, s13_q, s2_q, activation, s13_s, s2_s)
-    fp8 = {"w13_scale": w13_s, "w2_scale": w2_s, "shared": SharedSlots(s13_q, s2_q, s13_s, s2_s)}
-    results["shared"].append(
-        gemv_case(f"{name} fp8", x, w13_q, w2_q, weights, ids, exact, activation, **fp8)
-    )
-# the grouped path refuses shared slots rather than dropping them
-try:
-    fused_moe(x, w13_q, w2_q, weights, ids, torch.zeros(2, dtype=torch.int64), gemv=False,
-              w13_scale=w13_s, w2_scale=w2_s, shared=fp8["shared"])  # fmt: skip
-    results["shared_grouped_refused"] = False
-except ValueError:
-    results["shared_grouped_refused"] = True
 
 
 # the MXFP4 decode (float32 bit patterns built with integer operations) bit for bit against the

@@ -16,9 +16,6 @@ from radixserve.layers.activation import clamped_swiglu_native
 from radixserve.layers.moe.reference import fused_moe_native
 
 TOLERANCE = {"torch.float32": 1e-6, "torch.float16": 2e-3}
-# Triton's interpreter rounds to bfloat16 by truncating (the GPU rounds to nearest): the
-# routed GEMV alone is ~2e-2 from float64 there, the torch bf16 reference ~4e-3
-INTERPRETED_BF16 = 4e-2
 
 
 @pytest.fixture(scope="module")
@@ -86,24 +83,6 @@ def test_routed_gemv_matches_reference(interpreted):
         assert case["auto_rel_err"] < TOLERANCE[case["dtype"]], case
         assert case["expert_use"] == case["auto_expert_use"] == case["expected_use"], case
         assert case.get("clamped", 1.0) > 0.05, case
-
-
-def test_shared_slots_ride_the_routed_gemv(interpreted):
-    """DeepSeek's shared experts as extra slots of the GEMV's two launches equal the routed
-    experts plus the shared MLP run densely (float64): 1-3 slots, padded slot tiles and full
-    ones, two tokens, float32, float16, bfloat16 and FP8, weight 1 beside scaled routed
-    weights; `fused_moe` passes them to the GEMV by itself, `expert_use` counts only the routed
-    experts, and the grouped path refuses them rather than dropping them."""
-    cases = interpreted["shared"]
-    assert len(cases) == 11
-    assert {case["dtype"] for case in cases} >= {"torch.bfloat16", "torch.float32"}
-    for case in cases:
-        bound = INTERPRETED_BF16 if case["dtype"] == "torch.bfloat16" else TOLERANCE[case["dtype"]]
-        assert case["shape_ok"], case
-        assert case["rel_err"] < bound, case
-        assert case["auto_rel_err"] < bound, case
-        assert case["expert_use"] == case["auto_expert_use"] == case["expected_use"], case
-    assert interpreted["shared_grouped_refused"]
 
 
 def test_mxfp4_decode_is_bit_exact(interpreted):

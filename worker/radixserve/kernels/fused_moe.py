@@ -18,7 +18,7 @@ a decode step is captured in a CUDA graph like any other layer:
 
 A pass of a few tokens (decode at batch 1: `moe_gemv.uses_moe_gemv`) skips steps 2 to 5 for
 the routed GEMV of moe_gemv.py: two launches that stream the routed experts as GEMVs, the
-top-k sum in the down kernel, and a model's shared experts (DeepSeek) as extra slots of both.
+top-k sum in the down kernel.
 
 Expert weights may be FP8 with one scale per (expert, output channel): the tiles are widened
 to the activation dtype and the scale applied to the accumulator (weight-only FP8: decode
@@ -47,7 +47,7 @@ from radixserve.kernels.moe_experts import (
     gated_activation,
     mxfp4_tile,
 )
-from radixserve.kernels.moe_gemv import SharedSlots, fused_moe_gemv, uses_moe_gemv
+from radixserve.kernels.moe_gemv import fused_moe_gemv, uses_moe_gemv
 from radixserve.kernels.triton_support import (
     dependent_launch,
     dot_precision,
@@ -465,7 +465,6 @@ def fused_moe(
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
     gemv: bool | None = None,
-    shared: SharedSlots | None = None,
 ) -> torch.Tensor:
     """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
 
@@ -477,8 +476,7 @@ def fused_moe(
 
     `gemv`: take the routed GEMV (moe_gemv.py: two launches, no sort) rather than the grouped
     GEMMs; None takes it for the few tokens it is made for (`uses_moe_gemv`). `config` is the
-    grouped GEMMs' tiles. `shared`: a dense MLP every token also takes, added to the result as
-    extra slots of the GEMV's launches (moe_gemv.SharedSlots); the GEMV path only."""
+    grouped GEMMs' tiles."""
     tokens, hidden_size = hidden.shape
     num_experts, two_i, _ = w13.shape
     top_k = topk_ids.shape[1]
@@ -496,10 +494,7 @@ def fused_moe(
             w13_bias,
             w2_bias,
             swiglu,
-            shared=shared,
         )
-    if shared is not None:
-        raise ValueError("shared slots ride the routed GEMV only: run the shared MLP by itself")
     numel = tokens * top_k
     config = config or gemm_config(numel, hidden.dtype)
     align = align_by_expert(topk_ids, num_experts, config.block_m, expert_use)

@@ -18,12 +18,6 @@ the GPU streaming, and sums the top-k rows in a last pass. Here, as for the dens
    loads in flight together) and writes the routing-weighted sum: each program owns its
    output rows, so no atomics and no sum pass.
 
-Shared experts (DeepSeek's: a dense gated MLP every token also takes, `SharedSlots`) ride the
-same two launches as extra slots after each token's top-k: a dense MLP of intermediate S is
-S / I experts of width I with weight 1 (any split of its intermediate rows is one: the
-activation is elementwise and down is linear), read in place from the MLP's own weights. Its
-gate/up GEMV, down GEMV and the add of its output are then three launches fewer a layer.
-
 Weights: the model dtype, FP8 with per (expert, channel) scales, MXFP4 decoded in registers;
 biases and the gated activations (SiLU, GELU-tanh, gpt-oss's clamped SwiGLU) through the
 helpers the grouped GEMM uses (moe_experts.py), rounded where it rounds, so both paths give the
@@ -86,52 +80,8 @@ class GemvTiles:
 
 
 def uses_moe_gemv(tokens: int, top_k: int) -> bool:
-    """Whether a pass of `tokens` tokens routed to `top_k` experts each takes these kernels
-    (shared slots, which every token streams, ride along and are not counted)."""
+    """Whether a pass of `tokens` tokens routed to `top_k` experts each takes these kernels."""
     return 0 < tokens * top_k <= MAX_GEMV_PAIRS
-
-
-@dataclass(frozen=True)
-class SharedSlots:
-    """A dense gated MLP every token also takes (DeepSeek's shared experts), read in place:
-    `w13` [2S, H] ([gate; up], the MLP's gate_up_proj), `w2` [H, S] (its down_proj), FP8
-    channel scales [2S] and [H] or None; no biases, the experts' activation and weight format.
-    S is a multiple of the experts' width I: slot s (of S / I) is gate and up rows [s I,
-    (s + 1) I) and down columns [s I, (s + 1) I), weighted 1."""
-
-    w13: torch.Tensor
-    w2: torch.Tensor
-    w13_scale: torch.Tensor | None = None
-    w2_scale: torch.Tensor | None = None
-
-    def fits(
-        self, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, inter: int
-    ) -> bool:
-        """Whether these ride with routed experts `inter` wide whose weights are `w` (with
-        `scale`, `bias`): the same format, no biases, not MXFP4, whole slots, unit-stride rows."""
-        width = self.w2.shape[1]
-        scaled = {self.w13_scale is not None, self.w2_scale is not None}
-        return (
-            width % inter == 0
-            and self.w13.shape[0] == 2 * width
-            and w.dtype != torch.uint8
-            and bias is None
-            and {self.w13.dtype, self.w2.dtype} == {w.dtype}
-            and scaled == {scale is not None}
-            and self.w13.stride(-1) == 1
-            and self.w2.stride(-1) == 1
-        )
-
-    def count(
-        self, w: torch.Tensor, scale: torch.Tensor | None, bias: torch.Tensor | None, inter: int
-    ) -> int:
-        """The slots these are beside routed experts `inter` wide (`fits`, or this raises)."""
-        if not self.fits(w, scale, bias, inter):
-            raise ValueError(
-                f"shared experts {tuple(self.w13.shape)} {self.w13.dtype} cannot ride with "
-                f"routed experts {tuple(w.shape)} {w.dtype} (see SharedSlots.fits)"
-            )
-        return self.w2.shape[1] // inter
 
 
 @jit
@@ -168,8 +118,6 @@ def _gate_up_gemv_kernel(
     W,
     Scale,
     Bias,
-    SharedW,
-    SharedScale,
     TopkIds,
     Acts,
     ExpertUse,
@@ -182,12 +130,10 @@ def _gate_up_gemv_kernel(
     stride_se,
     stride_sn,
     stride_biase,
-    stride_shared_n,
     stride_am,
     alpha,
     limit,
     TOP_K: tl.constexpr,
-    SHARED: tl.constexpr,
     ACT: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
@@ -197,39 +143,23 @@ def _gate_up_gemv_kernel(
     BLOCK_P: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Acts[pair, rows] = act(gate . x) * (up . x) for pair's token t = pair // (TOP_K +
-    SHARED) and slot j: the routed expert e = TopkIds[t, j] for j < TOP_K, whose [gate; up] is
-    W[e] ([E, 2N, K], unit-stride K; or MXFP4 [E, 2N, K / 2] with Scale [E, 2N, K / 32]; FP8
-    (HAS_SCALE): Scale [E, 2N]; Bias [E, 2N]), else shared slot s = j - TOP_K: gate rows
-    s N.. and up rows (SHARED + s) N.. of SharedW [2 SHARED N, K] (FP8: SharedScale [2 SHARED
-    N]). Products accumulate elementwise in float32 across the K loop and are reduced once at
-    the end."""
+    """Acts[pair, rows] = act(gate_e . x) * (up_e . x) for pair's expert e = TopkIds[pair] and
+    token pair // TOP_K. W is [E, 2N, K] ([gate; up], unit-stride K), or MXFP4 [E, 2N, K / 2]
+    with Scale [E, 2N, K / 32]; FP8 (HAS_SCALE): Scale [E, 2N]; Bias [E, 2N]. Products
+    accumulate elementwise in float32 across the K loop and are reduced once at the end."""
     pair = tl.program_id(0)
     block = tl.program_id(1)
-    token = pair // (TOP_K + SHARED)
-    slot = pair % (TOP_K + SHARED)
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     wait_for_prior_kernel(PDL)
     if (pair == 0) & (block == 0):
         _count_experts(TopkIds, ExpertUse, numel, BLOCK_P)
-    routed = slot < TOP_K
-    expert = tl.load(TopkIds + token * TOP_K + slot, mask=routed, other=0).to(tl.int64)
-    x_row = X + token.to(tl.int64) * stride_xm
-    w_base = W + expert * stride_we
-    channels = Scale + expert * stride_se
-    row_stride = stride_wn
-    up_first = N  # the up half's first row (and channel), past the gate half
-    if SHARED > 0:
-        first = (slot - TOP_K).to(tl.int64) * N  # the shared slot's first intermediate row
-        w_base = tl.where(routed, w_base, SharedW + first * stride_shared_n)
-        channels = tl.where(routed, channels, SharedScale + first)
-        row_stride = tl.where(routed, stride_wn, stride_shared_n)
-        up_first = tl.where(routed, N, SHARED * N)
-    gate_rows = w_base + rows[None, :].to(tl.int64) * row_stride
-    up_rows = w_base + (rows + up_first)[None, :].to(tl.int64) * row_stride
-    gate_scales = channels + rows[None, :].to(tl.int64) * stride_sn
-    up_scales = channels + (rows + up_first)[None, :].to(tl.int64) * stride_sn
+    expert = tl.load(TopkIds + pair).to(tl.int64)
+    x_row = X + (pair // TOP_K).to(tl.int64) * stride_xm
+    gate_rows = W + expert * stride_we + rows[None, :].to(tl.int64) * stride_wn
+    up_rows = W + expert * stride_we + (rows + N)[None, :].to(tl.int64) * stride_wn
+    gate_scales = Scale + expert * stride_se + rows[None, :].to(tl.int64) * stride_sn
+    up_scales = Scale + expert * stride_se + (rows + N)[None, :].to(tl.int64) * stride_sn
     acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
@@ -240,12 +170,13 @@ def _gate_up_gemv_kernel(
         acc += _weight_tile(gate_rows, gate_scales, ks, mask, MXFP4) * x
         acc_up += _weight_tile(up_rows, up_scales, ks, mask, MXFP4) * x
     dtype = Acts.dtype.element_ty
+    channels = Scale + expert * stride_se
     biases = Bias + expert * stride_biase
     gate = finish_product(
         tl.sum(acc, 0), channels, biases, rows, n_mask, dtype, HAS_SCALE, HAS_BIAS
     )
     up = finish_product(
-        tl.sum(acc_up, 0), channels + up_first, biases + N, rows, n_mask, dtype, HAS_SCALE, HAS_BIAS
+        tl.sum(acc_up, 0), channels + N, biases + N, rows, n_mask, dtype, HAS_SCALE, HAS_BIAS
     )
     out = gated_activation(gate, up, alpha, limit, ACT)
     tl.store(Acts + pair.to(tl.int64) * stride_am + rows, out.to(dtype), mask=n_mask)
@@ -257,8 +188,6 @@ def _down_gemv_kernel(
     W,
     Scale,
     Bias,
-    SharedW,
-    SharedScale,
     TopkIds,
     TopkWeights,
     Out,
@@ -270,56 +199,40 @@ def _down_gemv_kernel(
     stride_se,
     stride_sn,
     stride_biase,
-    stride_shared_n,
     stride_om,
     TOP_K: tl.constexpr,
-    SHARED: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     MXFP4: tl.constexpr,
     BLOCK_P: tl.constexpr,
-    BLOCK_S: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Out[token, rows] = sum over the token's slots of its weight times (down . Acts[pair] (+
-    bias)): each slot's product finished (scale, rounding, bias) and weighted, rounded to the
+    """Out[token, rows] = sum over the token's slots of TopkWeights[pair] * (down_e . Acts[pair]
+    (+ bias)): each slot's product finished (scale, rounding, bias) and weighted, rounded to the
     activation dtype as the grouped GEMM stores it, and summed in float32 as its top-k sum is.
-    Routed slot j < TOP_K: down = W[TopkIds[token, j]] ([E, N, K], or MXFP4 [E, N, K / 2] with
-    Scale [E, N, K / 32]; FP8: Scale [E, N]), weight TopkWeights[token, j]. Shared slot s <
-    SHARED (Acts row TOP_K + s of the token's): columns s K.. of SharedW [N, SHARED K] (FP8:
-    SharedScale [N]), weight 1.
+    W is [E, N, K], or MXFP4 [E, N, K / 2] with Scale [E, N, K / 32]; FP8: Scale [E, N].
 
-    All the token's slots stream in the same K loop, a [BLOCK_P, BLOCK_K, BLOCK_N] tile a chunk
-    for the routed ones (BLOCK_P >= TOP_K) and a [BLOCK_S, BLOCK_K, BLOCK_N] one for the shared
-    ones: the experts' loads are in flight together, not one expert's after the other's (one
-    expert's down rows spread over the GPU are too few bytes a program to keep the memory busy
-    at Qwen3's 768-wide intermediate). The shared tile is its own, not more rows of the routed
-    one: with per-slot bases and row strides chosen between the two tensors, Triton no longer
-    proved the rows aligned and split the tile's 16-byte loads (compiled for Hopper)."""
+    All the token's slots (BLOCK_P >= TOP_K of them) stream in the same K loop, a [BLOCK_P,
+    BLOCK_K, BLOCK_N] tile a chunk: the experts' loads are in flight together, not one expert's
+    after the other's (one expert's down rows spread over the GPU are too few bytes a
+    program to keep the memory busy at Qwen3's 768-wide intermediate)."""
     token = tl.program_id(0)
     rows = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = rows < N
     slots = tl.arange(0, BLOCK_P)
     slot_mask = slots < TOP_K
-    picks = token * TOP_K + slots  # the routed slots' entries of TopkIds and TopkWeights
-    first_pair = token * (TOP_K + SHARED)  # the token's first row of Acts
+    pairs = token * TOP_K + slots
     wait_for_prior_kernel(PDL)
-    experts = tl.load(TopkIds + picks, mask=slot_mask, other=0).to(tl.int64)[:, None]
-    weights = tl.load(TopkWeights + picks, mask=slot_mask, other=0.0)
-    a_rows = Acts + (first_pair + slots).to(tl.int64)[:, None] * stride_am
+    experts = tl.load(TopkIds + pairs, mask=slot_mask, other=0).to(tl.int64)[:, None]
+    weights = tl.load(TopkWeights + pairs, mask=slot_mask, other=0.0)
+    a_rows = Acts + pairs.to(tl.int64)[:, None] * stride_am
     row_offsets = rows.to(tl.int64)[None, None, :]
     w_rows = (W + experts * stride_we)[:, :, None] + row_offsets * stride_wn
     s_rows = (Scale + experts * stride_se)[:, :, None] + row_offsets * stride_sn
     row_mask = slot_mask[:, None, None] & n_mask[None, None, :]
     acc = tl.zeros([BLOCK_P, BLOCK_K, BLOCK_N], dtype=tl.float32)
-    shared = tl.arange(0, BLOCK_S)
-    shared_mask = shared < SHARED
-    shared_a = Acts + (first_pair + TOP_K + shared).to(tl.int64)[:, None] * stride_am
-    shared_w = SharedW + (shared.to(tl.int64) * K)[:, None, None] + row_offsets * stride_shared_n
-    shared_row_mask = shared_mask[:, None, None] & n_mask[None, None, :]
-    shared_acc = tl.zeros([BLOCK_S, BLOCK_K, BLOCK_N], dtype=tl.float32)
     for k0 in range(0, K, BLOCK_K):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
@@ -327,31 +240,21 @@ def _down_gemv_kernel(
         a = tl.load(a_rows + ks[None, :], mask=a_mask, other=0.0).to(tl.float32)
         tile = _weight_tile(w_rows, s_rows, ks, row_mask & k_mask[None, :, None], MXFP4)
         acc += tile * a[:, :, None]
-        if SHARED > 0:
-            a_mask = shared_mask[:, None] & k_mask[None, :]
-            a = tl.load(shared_a + ks[None, :], mask=a_mask, other=0.0).to(tl.float32)
-            mask = shared_row_mask & k_mask[None, :, None]
-            tile = tl.load(shared_w + ks[None, :, None], mask=mask, other=0.0).to(tl.float32)
-            shared_acc += tile * a[:, :, None]
-    dtype = Out.dtype.element_ty
     y = finish_product(
         tl.sum(acc, 1),
         Scale + experts * stride_se,
         Bias + experts * stride_biase,
         rows[None, :],
         n_mask[None, :],
-        dtype,
+        Out.dtype.element_ty,
         HAS_SCALE,
         HAS_BIAS,
     )
-    total = tl.sum((y * weights[:, None]).to(dtype).to(tl.float32), 0)
-    if SHARED > 0:  # weight 1: the products as finished, rounded
-        y = finish_product(
-            tl.sum(shared_acc, 1), SharedScale, Bias, rows[None, :], n_mask[None, :], dtype,
-            HAS_SCALE, False,
-        )  # fmt: skip
-        total += tl.sum(tl.where(shared_mask[:, None], y, 0.0), 0)
-    tl.store(Out + token.to(tl.int64) * stride_om + rows, total.to(dtype), mask=n_mask)
+    weighted = (y * weights[:, None]).to(Out.dtype.element_ty).to(tl.float32)
+    total = tl.sum(weighted, 0)
+    tl.store(
+        Out + token.to(tl.int64) * stride_om + rows, total.to(Out.dtype.element_ty), mask=n_mask
+    )
 
 
 def _scale_strides(scale: torch.Tensor | None, mxfp4: bool) -> tuple[int, int]:
@@ -381,54 +284,46 @@ def gate_up_gemv(
     w13_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
     tiles: GemvTiles | None = None,
-    shared: SharedSlots | None = None,
 ) -> torch.Tensor:
-    """acts [T * (top_k + shared slots), I]: act(gate_e(x_t)) * up_e(x_t) for every (token t,
-    slot) pair, e its expert, each token's routed slots then its shared ones; `expert_use` [2]
-    int64 accumulates (distinct routed experts, passes). `tiles` by default the measured ones
-    for the experts' width."""
+    """acts [T * top_k, I]: act(gate_e(x_t)) * up_e(x_t) for every (token t, slot) pair, e its
+    expert; `expert_use` [2] int64 accumulates (distinct experts, passes). `tiles` by default
+    the measured ones for the experts' width."""
     tokens, hidden_size = hidden.shape
     top_k = topk_ids.shape[1]
+    numel = tokens * top_k
     inter = w13.shape[1] // 2
     tiles = tiles or GemvTiles.for_intermediate(inter)
     mxfp4 = _check_weights(w13, w13_scale, tiles.gate_up_k)
     if hidden.stride(-1) != 1:
         raise ValueError("the MoE GEMV needs unit-stride hidden rows")
-    slots = shared.count(w13, w13_scale, w13_bias, inter) if shared is not None else 0
-    acts = torch.empty((tokens * (top_k + slots), inter), dtype=hidden.dtype, device=hidden.device)
-    shared_w = shared.w13 if shared is not None else w13
-    shared_scale = shared.w13_scale if shared is not None else None
-    _gate_up_gemv_kernel[(acts.shape[0], triton.cdiv(inter, tiles.gate_up_rows))](
+    acts = torch.empty((numel, inter), dtype=hidden.dtype, device=hidden.device)
+    _gate_up_gemv_kernel[(numel, triton.cdiv(inter, tiles.gate_up_rows))](
         hidden,
         w13,
         w13_scale if w13_scale is not None else w13,
         w13_bias if w13_bias is not None else w13,
-        shared_w,
-        shared_scale if shared_scale is not None else shared_w,
         topk_ids,
         acts,
         expert_use,
         inter,
         hidden_size,
-        tokens * top_k,
+        numel,
         hidden.stride(0),
         w13.stride(0),
         w13.stride(1),
         *_scale_strides(w13_scale, mxfp4),
         w13_bias.stride(0) if w13_bias is not None else 0,
-        shared_w.stride(0),
         acts.stride(0),
         swiglu[0],
         swiglu[1],
         TOP_K=top_k,
-        SHARED=slots,
         ACT=activation_code(activation),
         HAS_SCALE=w13_scale is not None and not mxfp4,
         HAS_BIAS=w13_bias is not None,
         MXFP4=mxfp4,
         BLOCK_N=tiles.gate_up_rows,
         BLOCK_K=tiles.gate_up_k,
-        BLOCK_P=triton.next_power_of_2(tokens * top_k),
+        BLOCK_P=triton.next_power_of_2(numel),
         num_warps=tiles.gate_up_warps,
         **dependent_launch(hidden),
     )
@@ -443,46 +338,35 @@ def down_gemv(
     w2_scale: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
-    shared: SharedSlots | None = None,
 ) -> torch.Tensor:
-    """[T, H]: per token, sum over its routed slots of topk_weights * down_e(acts[pair]), plus
-    its shared slots' down products (`acts` as `gate_up_gemv` writes it). `tiles` by default
-    the measured ones for the experts' width (acts' columns)."""
-    inter = acts.shape[1]
-    tiles = tiles or GemvTiles.for_intermediate(inter)
+    """[T, H]: per token, sum over its slots of topk_weights * down_e(acts[pair]). `tiles` by
+    default the measured ones for the experts' width (acts' columns)."""
+    tiles = tiles or GemvTiles.for_intermediate(acts.shape[1])
     tokens, top_k = topk_ids.shape
     hidden_size = w2.shape[1]
     mxfp4 = _check_weights(w2, w2_scale, tiles.down_k)
-    slots = shared.count(w2, w2_scale, w2_bias, inter) if shared is not None else 0
-    shared_w = shared.w2 if shared is not None else w2
-    shared_scale = shared.w2_scale if shared is not None else None
     out = torch.empty((tokens, hidden_size), dtype=acts.dtype, device=acts.device)
     _down_gemv_kernel[(tokens, triton.cdiv(hidden_size, tiles.down_rows))](
         acts,
         w2,
         w2_scale if w2_scale is not None else w2,
         w2_bias if w2_bias is not None else w2,
-        shared_w,
-        shared_scale if shared_scale is not None else shared_w,
         topk_ids,
         topk_weights.reshape(-1),
         out,
         hidden_size,
-        inter,
+        acts.shape[1],
         acts.stride(0),
         w2.stride(0),
         w2.stride(1),
         *_scale_strides(w2_scale, mxfp4),
         w2_bias.stride(0) if w2_bias is not None else 0,
-        shared_w.stride(0),
         out.stride(0),
         TOP_K=top_k,
-        SHARED=slots,
         HAS_SCALE=w2_scale is not None and not mxfp4,
         HAS_BIAS=w2_bias is not None,
         MXFP4=mxfp4,
         BLOCK_P=triton.next_power_of_2(top_k),
-        BLOCK_S=triton.next_power_of_2(max(slots, 1)),
         BLOCK_N=tiles.down_rows,
         BLOCK_K=tiles.down_k,
         num_warps=tiles.down_warps,
@@ -505,11 +389,9 @@ def fused_moe_gemv(
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
     tiles: GemvTiles | None = None,
-    shared: SharedSlots | None = None,
 ) -> torch.Tensor:
-    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches; with
-    `shared`, plus the shared MLP's output, folded into the same two launches."""
+    """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches."""
     acts = gate_up_gemv(
-        hidden, w13, topk_ids, expert_use, activation, w13_scale, w13_bias, swiglu, tiles, shared
+        hidden, w13, topk_ids, expert_use, activation, w13_scale, w13_bias, swiglu, tiles
     )
-    return down_gemv(acts, w2, topk_weights, topk_ids, w2_scale, w2_bias, tiles, shared)
+    return down_gemv(acts, w2, topk_weights, topk_ids, w2_scale, w2_bias, tiles)

@@ -18,9 +18,7 @@ MoE: layers from `first_k_dense_replace` on; a float32 router; V3's `noaux_tc` (
 scores, the correction bias used to choose, not to weight; the best `topk_group` of `n_group`
 groups by the sum of their two best experts), V2's softmax `greedy` or `group_limited_greedy`;
 renormalised when `norm_topk_prob`, times `routed_scaling_factor`; plus the shared experts, a
-dense MLP of `n_shared_experts` x `moe_intermediate_size`, added to every token: at batch 1
-as extra slots of the routed experts' two GEMV launches (kernels/moe_gemv.py), weight 1,
-read in place from the MLP's weights; at larger batches by itself beside the grouped GEMMs.
+dense MLP of `n_shared_experts` x `moe_intermediate_size`, added to every token.
 
 Weights: bf16 checkpoints or FP8 ones with 128 x 128 block scales (`weight_scale_inv`, as
 published), dequantized at load and re-quantized per channel (layers/quantization/fp8.py).
@@ -250,7 +248,6 @@ class DeepseekMoE(nn.Module):
     def __init__(self, config: PretrainedConfig, quant: QuantizationConfig | None) -> None:
         super().__init__()
         num_experts = config.n_routed_experts
-        activation = getattr(config, "hidden_act", "silu")
         self.gate = DeepseekRouter(config, num_experts)
         self.experts = FusedMoE(
             num_experts,
@@ -259,22 +256,20 @@ class DeepseekMoE(nn.Module):
             config.moe_intermediate_size,
             renormalize=False,
             round_weights=False,
-            activation=activation,
+            activation=getattr(config, "hidden_act", "silu"),
             fp8=quant is not None and quant.quantize_experts,
         )
         shared = getattr(config, "n_shared_experts", 0) or 0
         self.shared_experts = (
-            LlamaMLP(config, quant, config.moe_intermediate_size * shared, activation)
-            if shared
-            else None
+            LlamaMLP(config, quant, config.moe_intermediate_size * shared) if shared else None
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The routed experts plus the shared ones, which ride in the routed GEMV's launches
-        where a pass takes it (batch 1: FusedMoE.forward_routed), weight 1: the router's
-        `routed_scaling_factor` scales the routed weights only."""
         weights, ids = self.gate(x)
-        return self.experts.forward_routed(x, weights, ids, shared=self.shared_experts)
+        out = self.experts.forward_routed(x, weights, ids)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x)
+        return out
 
 
 class DeepseekDecoderLayer(LlamaDecoderLayer):

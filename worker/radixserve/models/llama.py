@@ -161,7 +161,6 @@ class LlamaMLP(nn.Module):
         local = self.rows[1] - self.rows[0]
         self.gate_up_proj = make_linear(config.hidden_size, 2 * local, bias, quant)
         self.down_proj = make_linear(local, config.hidden_size, bias, quant)
-        self.activation = activation
         self.silu = activation == "silu"
         self.act_and_mul = gated_activation(activation)
 

@@ -31,7 +31,6 @@ from radixserve.kernels.fused_moe import (
     select_experts,
     select_experts_native,
 )
-from radixserve.kernels.moe_gemv import SharedSlots, uses_moe_gemv
 from radixserve.layers.moe.reference import fused_moe_native
 from radixserve.layers.quantization.fp8 import FP8_DTYPE, channel_scales, quantize_rows
 from radixserve.layers.quantization.mxfp4 import GROUP, quantize_mxfp4
@@ -111,26 +110,12 @@ class FusedMoE(nn.Module):
         return self.forward_routed(hidden, weights, ids)
 
     def forward_routed(
-        self,
-        hidden: torch.Tensor,
-        weights: torch.Tensor,
-        ids: torch.Tensor,
-        shared: nn.Module | None = None,
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
     ) -> torch.Tensor:
         """The experts for a routing already chosen (by `forward`, or by the model itself:
         DeepSeek's grouped top-k with its correction bias, layers/moe/routing.py): hidden
-        [T, H], weights [T, top_k] float32, ids [T, top_k] -> [T, H], summed over the ranks.
-
-        `shared`: a dense gated MLP every token also takes (DeepSeek's shared experts), added
-        to the output. Where the pass takes the routed GEMV it rides in the GEMV's two launches
-        as extra slots of weight 1 (`shared_slots`): at batch 1 its own two GEMVs and the add
-        are three launches a layer, each a launch gap of the step. Elsewhere it runs by itself.
-        """
-        kernels = triton_support.enabled_for(hidden)
-        slots = None
-        if shared is not None and kernels and uses_moe_gemv(*ids.shape):
-            slots = self.shared_slots(shared)
-        if kernels:
+        [T, H], weights [T, top_k] float32, ids [T, top_k] -> [T, H], summed over the ranks."""
+        if triton_support.enabled_for(hidden):
             out = fused_moe(
                 hidden,
                 self.w13_weight,
@@ -144,7 +129,6 @@ class FusedMoE(nn.Module):
                 w13_bias=self.w13_bias,
                 w2_bias=self.w2_bias,
                 swiglu=self.swiglu,
-                shared=slots,
             )
         else:
             out = fused_moe_native(
@@ -161,31 +145,7 @@ class FusedMoE(nn.Module):
                 w2_bias=self.w2_bias,
                 swiglu=self.swiglu,
             )
-        out = all_reduce(out)
-        if shared is not None and slots is None:
-            out = out + shared(hidden)
-        return out
-
-    def shared_slots(self, mlp: nn.Module) -> SharedSlots | None:
-        """A dense gated MLP (`gate_up_proj` [gate; up], `down_proj`, `activation`: LlamaMLP's
-        layout) as slots of these experts' GEMV, read in place; None where it cannot ride: an
-        activation other than the experts', biases, another weight format than theirs, or an
-        intermediate size that is no multiple of theirs (moe_gemv.SharedSlots.fits)."""
-        gate_up, down = mlp.gate_up_proj, mlp.down_proj
-        if getattr(mlp, "activation", None) != self.activation or (
-            getattr(gate_up, "bias", None) is not None or getattr(down, "bias", None) is not None
-        ):
-            return None
-        slots = SharedSlots(
-            gate_up.weight,
-            down.weight,
-            getattr(gate_up, "weight_scale", None),
-            getattr(down, "weight_scale", None),
-        )
-        fits = slots.fits(
-            self.w13_weight, self.w13_weight_scale, self.w13_bias, self.local_intermediate
-        )
-        return slots if fits else None
+        return all_reduce(out)
 
     def _mxfp4_parameters(self, experts: int, hidden: int, local: int) -> None:
         def packed(rows: int, k: int) -> nn.Parameter:
