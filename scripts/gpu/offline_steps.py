@@ -156,9 +156,8 @@ for mode in sorted({s["mode"] for s in steps}):
     print(f"  the batch before them: {dict(before)}")
 for i, step in enumerate(steps):
     if i and step["gap_ms"] > 8:
-        print(
-            f"  e.g. #{i} {json.dumps({k: round(v, 2) if isinstance(v, float) else v for k, v in step.items()})}"
-        )
+        shown = {k: round(v, 2) if isinstance(v, float) else v for k, v in step.items()}
+        print(f"  e.g. #{i} {json.dumps(shown)}")
         if sum(1 for s in steps[: i + 1] if s["gap_ms"] > 8) >= 6:
             break
 with open(os.path.join(os.environ.get("OUT", "/tmp"), "steps.json"), "w") as f:

@@ -30,13 +30,13 @@ from radixserve.kernels.triton_support import (
 
 
 class LoRAEpilogue(NamedTuple):
-    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's
-    `s` (kernels/lora.py `shrink`'s output for one row, whole: `[1, 1, n_sub * rank]`), the slot-stacked B
-    `[slots, N, rank]` and the row's slot (a one-element int32 tensor, -1 for the base model:
-    read on the device, so a captured graph serves any adapter). `sub_sizes`: the widths of
-    the projections fused in the weight (q, k, v: at most three; default one), each with its
-    own rank columns of s; a gated [gate; up] pair is two. At batch 1 this saves the expand's
-    launch and keeps the gated epilogue (the MLP's activation) for adapters too."""
+    """A LoRA adapter's expand (layers/lora_linear.py) done in the GEMV's epilogue: the row's `s`
+    (kernels/lora.py `shrink`'s output for one row, whole: `[1, 1, n_sub * rank]`), the
+    slot-stacked B `[slots, N, rank]` and the row's slot (a one-element int32 tensor, -1 for the
+    base model: read on the device, so a captured graph serves any adapter). `sub_sizes`: the
+    widths of the projections fused in the weight (q, k, v: at most three; default one), each
+    with its own rank columns of s; a gated [gate; up] pair is two. At batch 1 this saves the
+    expand's launch and keeps the gated epilogue (the MLP's activation) for adapters too."""
 
     s: torch.Tensor
     b: torch.Tensor

@@ -134,15 +134,15 @@ class ExpandConfig(NamedTuple):
 def shrink_config(k: int, r_total: int, rows: int) -> ShrinkConfig:
     """The decode shrink's tiles for x `[rows, k]` times A `[slots, r_total, k]`.
 
-    One row takes `_shrink_row_kernel` instead. More rows go by 16-row blocks of one adapter (at batch 64 over 8 adapters, 8 live rows in
-    each of 8 blocks, 3 empty). The shrink's time is its programs' chains of dependent K
-    chunks more than its bytes, so more splits pay where K is short: measured (lora_bench.py
-    `kernels --sweep`, one H200, 2026-12-04, 64 rows over 8 adapters, a step over 32 layers),
-    512 K a split (8 at K 4096) took the q/k/v shrink from 122 to 91 us and o's from 96 to 70,
-    gate/up even; 256-wide chunks, 4 warps and 3 stages were the best or within 3% of it on
-    every projection. The down projection (K 14336) keeps 8 splits of 1792: its expand then
-    sums 8 partials, not 14, and the pair measured 252 us against 270 with 1024 a split.
-    `r_total` is in the key for a later sweep; these do not depend on it."""
+    One row takes `_shrink_row_kernel` instead. More rows go by 16-row blocks of one adapter (at
+    batch 64 over 8 adapters, 8 live rows in each of 8 blocks, 3 empty). The shrink's time is
+    its programs' chains of dependent K chunks more than its bytes, so more splits pay where K
+    is short: measured (lora_bench.py `kernels --sweep`, one H200, 2026-12-04, 64 rows over 8
+    adapters, a step over 32 layers), 512 K a split (8 at K 4096) took the q/k/v shrink from 122
+    to 91 us and o's from 96 to 70, gate/up even; 256-wide chunks, 4 warps and 3 stages were the
+    best or within 3% of it on every projection. The down projection (K 14336) keeps 8 splits of
+    1792: its expand then sums 8 partials, not 14, and the pair measured 252 us against 270 with
+    1024 a split. `r_total` is in the key for a later sweep; these do not depend on it."""
     if k <= 8192:
         return ShrinkConfig(256, 16, 512, 16, 4, 3)
     return ShrinkConfig(256, 16, 1024, 8, 4, 3)
