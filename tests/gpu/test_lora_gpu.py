@@ -145,10 +145,10 @@ def epilogue_reference(x, weight, layer, sizes, gated, slot) -> torch.Tensor:
     "sizes,gated", [([4096, 1024, 1024], False), ([4096], False), ([14336, 14336], True)]
 )
 def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
-    """A batch-1 bf16 row: fused q/k/v through the base GEMV and the expand kernel, one
-    projection and the gated pair (the MLP's activation) with the adapter's expand in the
-    GEMV's epilogue: against float64, for each slot and the base, in a captured graph replayed
-    after the step's slot changed."""
+    """A batch-1 bf16 row: the one-row shrink, then the adapter's expand in the base GEMV's
+    epilogue for fused q/k/v, one projection and the gated pair (the MLP's activation): against
+    float64, for each slot and the base, in a captured graph replayed after the step's slot
+    changed."""
     from radixserve.layers.linear import Linear
     from radixserve.layers.lora_linear import LoRABatch, LoRALinear
 
