@@ -22,6 +22,8 @@
 # - fp8: the decode stage on FP8 base weights (--quantization fp8) with the same bf16 adapters,
 #   against that server's base rows (not in the default set: `STAGES=fp8`).
 # STAGES: the stages to run, in this order (default: correctness kernels decode plain).
+# PLAIN_KV=same: the plain server's KV pool as large as the LoRA server's (read from
+#   lora-decode.json): whether the pool's size is why the two servers' base rows differ.
 # The adapters (8 x ~84 MB) are written under /tmp/lora-bench first (about half a minute).
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/lora.sh
 #   the tile sweep alone (~1-2 min): STAGES=kernels bash scripts/gpu/lora.sh
@@ -68,7 +70,11 @@ fi
 
 if stage plain; then
   echo "=== plain $(date +%T)"
-  timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" \
+  kv=""
+  if [ "${PLAIN_KV:-}" = same ]; then
+    kv="--max-total-tokens $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["max_total_tokens"])' "$OUT/lora-decode.json")"
+  fi
+  timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" $kv \
     --json "$OUT/lora-plain.json" 2>&1 | grep -E "^plain|Error|error" | tail -3
 fi
 python3 - "$OUT" <<'PY'
@@ -80,6 +86,9 @@ try:
 except (OSError, ValueError) as error:
     decode = plain = None
     print(f"against plain: no result ({error})")
+if decode:
+    print(f"KV pools: the LoRA server {decode.get('max_total_tokens')} tokens, the plain one"
+          f" {plain.get('max_total_tokens')}")
 for name, target in (("batch", 0.85), ("single", 0.90)) if decode else ():
     base = statistics.median(plain[name]["plain_tok_s"])
     ratio = statistics.median(decode[name]["lora_tok_s"]) / base

@@ -107,7 +107,12 @@ def make(a, dirs: dict[str, Path]):
     """A server with the adapters resident, or without LoRA at all (`dirs` empty)."""
     if not dirs:
         return build_scheduler(
-            ServerArgs(model=a.model, device=a.device, quantization=a.quantization)
+            ServerArgs(
+                model=a.model,
+                device=a.device,
+                quantization=a.quantization,
+                max_total_tokens=a.max_total_tokens,
+            )
         )
     modules = [f"{name}={path}" for name, path in dirs.items()]
     args = ServerArgs(
@@ -118,6 +123,7 @@ def make(a, dirs: dict[str, Path]):
         max_lora_rank=a.rank,
         max_cpu_loras=len(dirs),
         quantization=a.quantization,
+        max_total_tokens=a.max_total_tokens,
     )
     return build_scheduler(args)
 
@@ -126,7 +132,7 @@ def section_plain(a) -> dict:
     """The base model on a server without LoRA, batch `a.batch` and 1: what the adapters'
     rows are finally compared with (the base rows of a LoRA server pay its kernels' launches)."""
     scheduler = make(a, {})
-    result = {}
+    result: dict = {"max_total_tokens": scheduler.worker.max_total_tokens}
     for name, batch in (("batch", a.batch), ("single", 1)):
         decode_tok_s(scheduler, [None] * batch, a.prompt_len, 4)  # warm-up
         runs = [decode_tok_s(scheduler, [None] * batch, a.prompt_len, a.tokens)]
@@ -383,6 +389,12 @@ def main() -> None:
     parser.add_argument("--json")
     parser.add_argument("--sweep", action="store_true", help="kernels: sweep the decode tiles")
     parser.add_argument("--quantization", help="the base's (fp8: bf16 adapters on FP8 weights)")
+    parser.add_argument(
+        "--max-total-tokens",
+        type=int,
+        help="the KV pool's size (default: what memory leaves; the LoRA server's is smaller by "
+        "its adapter pool: PLAIN_KV=same in lora.sh gives the plain server the same)",
+    )
     a = parser.parse_args()
     if a.section == "kernels":
         result = section_kernels(a)
@@ -392,7 +404,7 @@ def main() -> None:
     else:  # one server for both: one model load and graph capture
         dirs = write_adapters(a.model, a.adapters, a.rank, Path(a.adapter_dir))
         scheduler = make(a, dirs)
-        result = {}
+        result = {"max_total_tokens": scheduler.worker.max_total_tokens}
         for name, batch, spread, target in (
             ("batch", a.batch, True, 0.85),
             ("single", 1, False, 0.90),
