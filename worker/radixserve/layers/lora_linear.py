@@ -133,9 +133,9 @@ class LoRALinear(nn.Module):
         if not batch.active:
             return self.base(x)
         shrunk = self._shrink(x)
-        # batch 1: the expand in the GEMV's epilogue, fused q/k/v too, now that the epilogue
-        # reads B before the GEMV's wait (read after its loop, q/k/v's epilogue cost 7.1 us a
-        # layer against 3.7 for the expand kernel, H200 2026-12-04)
+        # batch 1: the expand in the GEMV's epilogue, fused q/k/v too: with B read before the
+        # GEMV's wait and s right after it, the epilogue adds 0-7 us a launch (q/k/v ~2, gate/up
+        # ~7; kernels/gemv.py) and the expand's own launch is gone (H200 2026-12-04)
         if uses_gemv(x, self.base.weight):
             return self._gemv(x, shrunk, gated=False)
         y = self.base(x)
