@@ -1,7 +1,7 @@
 """Where the device waits in an offline run: the scheduler in process on `bench offline`'s
-workload (random prompts of 256-1024 tokens, 64-256 out, all submitted at once), each step's
-host time split into forming the next batch, launching it and resolving the one before, beside
-the gap the device saw before each batch (the GPU timeline's events).
+workload (`make_workload`: prompts of 256-1024 random tokens, 64-256 out, all submitted at
+once), each step's host time split into forming the next batch, launching it and resolving the
+one before, beside the gap the device saw before each batch (the GPU timeline's events).
 
 It prints, by forward mode, the batches with a gap over 2 ms and what their steps' host times
 were, which batch came before them, and a few examples; with PROF=1, a cProfile of the run
@@ -14,16 +14,17 @@ e.g. `python3 scripts/gpu/offline_steps.py random:llama-3-8b 1000 cuda`
 
 from __future__ import annotations
 
+import argparse
 import collections
 import cProfile
 import json
 import os
 import pstats
-import random
 import statistics
 import sys
 import time
 
+from radixserve.bench.offline import make_workload
 from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_params import SamplingParams
@@ -42,15 +43,17 @@ args = ServerArgs(
 )
 scheduler = build_scheduler(args, source)
 print(f"max running {scheduler.max_running_requests}, KV {scheduler.worker.max_total_tokens}")
-rng = random.Random(0)
 
 
-def submit(n: int, tag: str) -> None:
-    for i in range(n):
-        ids = [rng.randrange(10, 1000) for _ in range(rng.randint(256, 1024))]
-        params = SamplingParams(
-            max_new_tokens=rng.randint(64, 256), temperature=0.0, ignore_eos=True
-        )
+def submit(n: int, tag: str, seed: int) -> None:
+    """n requests of `bench offline`'s workload (its default seed is 1)."""
+    lengths = argparse.Namespace(
+        bench_seed=seed, num_prompts=n, input_len=1024, input_len_min=256, output_len=256,
+        output_len_min=64,
+    )  # fmt: skip
+    work = make_workload(lengths, scheduler.model.vocab_size)
+    for i, (ids, out) in enumerate(zip(work.prompts, work.output_lens, strict=True)):
+        params = SamplingParams(max_new_tokens=out, temperature=0.0, ignore_eos=True)
         scheduler.dispatch(TokenizedGenerateReqInput(f"{tag}{i}", ids, params))
 
 
@@ -60,7 +63,7 @@ def run() -> None:
         scheduler.pop_outputs()
 
 
-submit(8, "warm")  # kernels compiled, graphs captured: the run times steady work
+submit(8, "warm", seed=0)  # kernels compiled, graphs captured: the run times steady work
 run()
 
 steps: list[dict] = []  # per launched batch: mode, requests, host ms of its step's phases
@@ -117,7 +120,7 @@ scheduler.get_next_batch_to_run = timed_form
 scheduler._launch = timed_launch
 scheduler._resolve = timed_resolve
 
-submit(requests, "r")
+submit(requests, "r", seed=1)
 profiler = cProfile.Profile()
 if os.environ.get("PROF"):
     profiler.enable()
