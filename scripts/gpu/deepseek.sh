@@ -15,11 +15,13 @@
 #             (generate, batch 1) in the same run
 #   mla-attn  MLA decode attention at 4k and 32k context, 16 and 128 heads, batch 1, 8, 64,
 #             against the copy bandwidth (scripts/gpu/bench_mla.py), torch beside it
+#   mla-extend  MLA prefill attention, the Triton extend path against the torch loop it
+#             replaced, 16 and 128 heads (scripts/gpu/bench_mla_extend.py)
 #   offline   V2-Lite shape offline throughput (128 prompts), transformers (batched) beside it
 set -u
 . "$(dirname "$0")/device_env.sh"
 RS="python3 -m radixserve.entrypoints.cli"
-stages=${*:-tests latency mla-attn offline}
+stages=${*:-tests latency mla-attn mla-extend offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 MODEL=${MODEL:-random:deepseek-v2-lite}
 LAT="--model $MODEL --context-length 4096 --input-len 512 --output-len 48"
@@ -49,6 +51,9 @@ PY
       ;;
     mla-attn)
       timeout "$(limit 60)" python3 scripts/gpu/bench_mla.py "$OUT/mla-attention.json" 2>&1 \
+        | grep -E "===|Error|error" ;;
+    mla-extend)
+      timeout "$(limit 60)" python3 scripts/gpu/bench_mla_extend.py "$OUT/mla-extend.json" 2>&1 \
         | grep -E "===|Error|error" ;;
     offline)
       timeout "$(limit 120)" $RS bench offline $OFF --num-prompts 128 --output-len 128 \

@@ -1,7 +1,8 @@
 """DeepSeek's MLA on the GPU: the Triton MLA decode kernel at DeepSeek's sizes (latent 512 +
 rope 64; V2-Lite's 16 heads and V3's 128) in bf16 against the float32 torch reference, batch 1
 to 64, lengths on and off the kernel's blocks, ragged batches, inside a CUDA graph replayed at
-other lengths, and the tiny DeepSeek V3 and V2-Lite layouts end to end on the
+other lengths; the extend path (kernels/mla_extend.py) at the same sizes against a float64
+reference, prefixes cached or not, in one group and several; and the tiny DeepSeek V3 and V2-Lite layouts end to end on the
 fast path (the MLA kernel in the captured decode graphs, the fused MoE with the model's own
 routing, overlap scheduling) against the model's own torch path, float32."""
 
@@ -23,8 +24,10 @@ from engine_harness import (  # noqa: E402
     run_to_completion,
     token_agreement,
 )
+from mla_extend_case import dense_extend, extend_case  # noqa: E402
 
 from radixserve.kernels import triton_support  # noqa: E402
+from radixserve.layers import mla  # noqa: E402
 from radixserve.layers.mla import mla_decode_native, num_sms  # noqa: E402
 from radixserve.model_loader.loader import load_model_source  # noqa: E402
 
@@ -112,6 +115,23 @@ def test_mla_decode_replays_in_a_cuda_graph_at_other_lengths(heads):
         graph.replay()
         err = relative_error(out, q, pool, req_to_token, rows, static_lens, 0.1)
         assert err < 1e-2, (new_lens, err)
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("group_tokens", [mla.EXPAND_GROUP_TOKENS, 1024])
+def test_mla_extend_matches_reference_bf16(heads, group_tokens, monkeypatch):
+    """Prompts without a prefix, chunks on a cached one, a one-token row (a mixed pass), on
+    and off the 64-token tiles; bf16 against float64 on the same bf16 inputs. With 1,024-key
+    groups the 2,000-key request goes alone and the rest pack in twos and threes."""
+    monkeypatch.setattr(mla, "EXPAND_GROUP_TOKENS", group_tokens)
+    prefix, new = [0, 0, 300, 1500, 63], [1, 700, 129, 500, 1]
+    case = extend_case(prefix, new, heads, 512, 64, 128, 128, torch.bfloat16, "cuda", seed=heads)
+    scale = 192**-0.5
+    out = mla.mla_extend(case.q, case.pool, case.batch, case.expand, 512, scale)
+    ref = dense_extend(case, scale)
+    err = ((out.double() - ref).norm() / ref.norm()).item()
+    print(f"MLA extend, {heads} heads, groups of {group_tokens}: relative error {err:.2e}")
+    assert err < 1e-2, err
 
 
 @pytest.mark.parametrize("preset", ["tiny-deepseek-v3", "tiny-deepseek-v2-lite"])

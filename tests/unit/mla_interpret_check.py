@@ -1,5 +1,6 @@
-"""Run the Triton MLA decode kernel in Triton's CPU interpreter against the torch reference
-(layers/mla.py's `mla_decode_native`) and a float64 dense computation; print one JSON line.
+"""Run the Triton MLA decode and extend kernels in Triton's CPU interpreter against the torch
+references (layers/mla.py's `mla_decode_native`, `mla_extend_native`) and a float64 dense
+computation; print one JSON line.
 
 Started by test_mla_interpret.py in a subprocess (TRITON_INTERPRET must be set before the
 kernel module is imported). Small latent sizes keep the interpreter quick; tests/gpu repeats
@@ -17,14 +18,17 @@ os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
 import torch  # noqa: E402
+from mla_extend_case import dense_extend, extend_case  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
+from radixserve.kernels import triton_support  # noqa: E402
 from radixserve.kernels.mla_decode import (  # noqa: E402
     MLADecodeConfig,
     default_config,
     mla_decode_fwd,
     num_splits,
 )
+from radixserve.layers import mla  # noqa: E402
 from radixserve.layers.mla import mla_decode_native  # noqa: E402
 
 
@@ -84,6 +88,31 @@ def case(
         "heads": heads,
         "splits": num_splits(bs, heads, sms, config.block_h),
         "block_h": config.block_h,
+        "rel_err": float((out.double() - ref).norm() / ref.norm()),
+        "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
+    }
+
+
+@torch.no_grad()
+def extend_results(prefix_lens: list[int], extend_lens: list[int], group_tokens: int) -> dict:
+    """`mla_extend` on its Triton path (requests packed in groups of at most group_tokens
+    keys) against its torch path and a float64 dense computation: requests with and without a
+    cached prefix, their slots scattered over the pool, widths off the kernel's blocks
+    (nope 24, rope 8, value 12, 3 heads)."""
+    from unittest import mock
+
+    case = extend_case(prefix_lens, extend_lens, heads=3, latent=32, rope=8, nope=24, v_dim=12)
+    scale = (case.nope + 8) ** -0.5
+    native = mla.mla_extend_native(case.q, case.pool, case.batch, case.expand, 32, scale)
+    with (
+        mock.patch.object(triton_support, "enabled_for", lambda x: True),
+        mock.patch.object(mla, "EXPAND_GROUP_TOKENS", group_tokens),
+    ):
+        out = mla.mla_extend(case.q, case.pool, case.batch, case.expand, 32, scale)
+    ref = dense_extend(case, scale)
+    return {
+        "prefix_lens": prefix_lens,
+        "groups": len(mla.expand_groups(prefix_lens, extend_lens, group_tokens)),
         "rel_err": float((out.double() - ref).norm() / ref.norm()),
         "native_rel_err": float((native.double() - ref).norm() / ref.norm()),
     }
@@ -174,7 +203,17 @@ def main() -> None:
             [3, 130, 65], 70, latent=32, rope=16, sms=8, config=default_config(70, torch.bfloat16)
         ),
     ]
-    print(json.dumps({"decode": results, "rope_store": rope_store, "models": models}))
+    extend = [
+        # prefill, a cached prefix, a decode-like row of one token (a mixed pass): one group
+        extend_results([0, 40, 99], [37, 5, 1], group_tokens=16384),
+        # the same requests in three groups of at most 64 keys (the 104-key one alone)
+        extend_results([0, 40, 99], [37, 5, 1], group_tokens=64),
+    ]
+    print(
+        json.dumps(
+            {"decode": results, "extend": extend, "rope_store": rope_store, "models": models}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -17,7 +17,12 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkR
 
 from radixserve.catalog.architectures import UnsupportedModelError, check_architecture
 from radixserve.catalog.servable import check_servable
-from radixserve.layers.mla import mla_attention_backend, mla_decode_native, mla_extend
+from radixserve.layers.mla import (
+    expand_groups,
+    mla_attention_backend,
+    mla_decode_native,
+    mla_extend,
+)
 from radixserve.layers.moe.routing import grouped_topk
 from radixserve.mem_cache.mla_memory_pool import MLATokenToKVPool
 from radixserve.models.deepseek_v2 import check_layout
@@ -156,6 +161,26 @@ def test_absorbed_decode_is_the_expanded_attention():
     )
     absorbed = torch.bmm(out_latent.transpose(0, 1), w_uv).transpose(0, 1)
     torch.testing.assert_close(absorbed, expanded, rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    lens=st.lists(st.tuples(st.integers(0, 300), st.integers(1, 300)), min_size=1, max_size=12),
+    max_keys=st.integers(1, 700),
+)
+def test_expand_groups_cover_the_pass_in_order_within_the_bound(lens, max_keys):
+    """The Triton extend path's groups: every request once, in order, consecutive; a group
+    over max_keys keys is a single request; no group could take its successor's first."""
+    prefix, new = [p for p, _ in lens], [e for _, e in lens]
+    keys = [p + e for p, e in lens]
+    groups = expand_groups(prefix, new, max_keys)
+    assert [i for first, end in groups for i in range(first, end)] == list(range(len(lens)))
+    for first, end in groups:
+        assert end > first
+        total = sum(keys[first:end])
+        assert total <= max_keys or end - first == 1
+    for (first, end), (nxt, _) in zip(groups, groups[1:], strict=False):
+        assert sum(keys[first:end]) + keys[nxt] > max_keys
 
 
 def test_latent_pool_layout():

@@ -2,7 +2,8 @@
 interpreter: absorbed queries against latent rows scattered over the pool through
 req_to_token, several requests and head counts off the kernel's head blocks (16 and 64 rows),
 and one long request split 128 ways, against a float64 dense computation (and the torch
-reference the CPU serves with); the fused MLA prologue (kernels/mla_rope_store.py) against the torch path; and
+reference the CPU serves with); the extend path (kernels/mla_extend.py: requests' latents
+gathered, expanded and attended together, in one group or several) against the same; the fused MLA prologue (kernels/mla_rope_store.py) against the torch path; and
 the tiny DeepSeek V3 and V2-Lite layouts forced onto their CUDA path against their torch path.
 tests/gpu repeats the decode at DeepSeek's sizes in bf16."""
 
@@ -23,6 +24,14 @@ def test_mla_decode_kernel_matches_dense_reference(interpreted) -> None:
     results = interpreted["decode"]
     assert [r["block_h"] for r in results] == [16, 16, 64]
     assert results[1]["splits"] == 128
+    for result in results:
+        assert result["rel_err"] < 1e-5, result
+        assert result["native_rel_err"] < 1e-5, result
+
+
+def test_mla_extend_kernel_matches_dense_reference(interpreted) -> None:
+    results = interpreted["extend"]
+    assert [r["groups"] for r in results] == [1, 3]
     for result in results:
         assert result["rel_err"] < 1e-5, result
         assert result["native_rel_err"] < 1e-5, result

@@ -25,7 +25,7 @@ from radixserve.kernels.decode_attention import dot_precision, sink_log2, soft_c
 
 
 @triton.jit
-def _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
+def online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION: tl.constexpr):
     """Fold one [BLOCK_M, BLOCK_N] tile of scores (base-2 logits) and its values into the
     running state. A row that has seen no visible key yet (a sliding window can hide a whole
     tile from it) keeps its empty state instead of turning into -inf - -inf = nan."""
@@ -133,7 +133,7 @@ def _extend_kernel(
                 other=0.0,
             )
             v = (v.to(tl.float32) * v_scale).to(q.dtype)
-            m_i, l_i, acc = _online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
+            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, DOT_PRECISION)
 
         # Pass 2: the new tokens, causal, contiguous in this pass's k/v.
         causal_end = tl.minimum((block_m + 1) * BLOCK_M, extend_len)
@@ -160,7 +160,7 @@ def _extend_kernel(
                 mask=mask_n[:, None] & mask_d[None, :],
                 other=0.0,
             )
-            m_i, l_i, acc = _online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
+            m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, DOT_PRECISION)
 
         if HAS_SINKS:
             sink = sink_log2(Sinks, head, HAS_SINKS)

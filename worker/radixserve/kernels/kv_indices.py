@@ -9,13 +9,13 @@ it without either, so it also runs inside a captured CUDA graph's preparation.
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
+
+from radixserve.kernels.triton_support import jit, tl
 
 _BLOCK = 512
 
 
-@triton.jit
+@jit
 def _gather_kv_indices_kernel(
     Req_to_token,
     Req_pool_indices,

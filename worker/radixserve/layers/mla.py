@@ -9,8 +9,10 @@
 - Extend (prefill, chunked prefill, mixed batches), expanded: each request's latents, its
   cached prefix included, are read back through req_to_token and expanded by kv_b_proj into
   per-head keys and values, then causal attention with the prefix offset. Prefill is compute
-  bound, and the expanded form does fewer FLOPs there than the absorbed one. Torch on every
-  device, request by request (no Triton prefill kernel for MLA yet).
+  bound, and the expanded form does fewer FLOPs there than the absorbed one. On CUDA the
+  requests' latents are gathered and expanded together, in groups of up to
+  EXPAND_GROUP_TOKENS keys, and one Triton launch a group attends (kernels/mla_extend.py);
+  elsewhere the torch reference, request by request.
 
 Neither goes through the attention backend: the backend of an MLA model is built for the pool's
 shape and keeps its metadata and graph plumbing, which these computations do not need (they
@@ -26,13 +28,20 @@ import torch
 import torch.nn.functional as F
 
 from radixserve.kernels import triton_support
+from radixserve.kernels.kv_indices import gather_kv_indices
 from radixserve.kernels.mla_decode import mla_decode_fwd
+from radixserve.kernels.mla_extend import mla_extend_attention
 
 if TYPE_CHECKING:
     from radixserve.forward.forward_batch import ForwardBatch
 
 # Stands in for the SM count without CUDA (the Triton interpreter on a CPU).
 _SMS_WITHOUT_CUDA = 8
+# Keys expanded at once on the Triton extend path: a pass's requests are taken in groups
+# whose prefixes and new tokens add up to at most this (a longer request goes alone, as every
+# request did before), so a pass of many long cached prefixes does not expand them all at
+# once: 16k keys are 128 MB of bf16 keys and values at V2-Lite's 16 heads, 1 GB at V3's 128.
+EXPAND_GROUP_TOKENS = 16384
 
 
 def num_sms(device: torch.device) -> int:
@@ -122,6 +131,72 @@ def mla_extend(
     """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
     pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
     qk_nope], v [L, heads, v_head_dim]) (the layer's kv_b_proj). -> [tokens, heads, v_head_dim]."""
+    if not triton_support.enabled_for(q):
+        return mla_extend_native(q, kv_buffer, forward_batch, expand, kv_lora_rank, scaling)
+    prefix_lens = forward_batch.extend_prefix_lens_cpu
+    extend_lens = forward_batch.extend_seq_lens_cpu
+    req_to_token = forward_batch.req_to_token_pool.req_to_token
+    out = None
+    for first, end in expand_groups(prefix_lens, extend_lens, EXPAND_GROUP_TOKENS):
+        # the group's keys packed request after request: kv_start from the lengths on the
+        # device, the slots gathered from req_to_token in one launch (no host round trip)
+        prefix = forward_batch.extend_prefix_lens[first:end]
+        seq_lens = prefix + forward_batch.extend_seq_lens[first:end]
+        kv_indptr = F.pad(torch.cumsum(seq_lens, 0), (1, 0))
+        keys = sum(prefix_lens[first:end]) + sum(extend_lens[first:end])
+        slots = torch.empty(keys, dtype=torch.int64, device=q.device)
+        gather_kv_indices(
+            req_to_token, forward_batch.req_pool_indices[first:end], seq_lens, kv_indptr, slots
+        )
+        rows = kv_buffer[slots, 0].to(q.dtype)  # [keys, latent + rope]
+        k_nope, v = expand(rows[:, :kv_lora_rank])
+        if out is None:
+            out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
+        mla_extend_attention(
+            q,
+            k_nope,
+            rows[:, kv_lora_rank:],
+            v,
+            out,
+            kv_indptr,
+            prefix,
+            forward_batch.extend_seq_lens[first:end],
+            forward_batch.extend_start_loc[first:end],
+            max(extend_lens[first:end]),
+            scaling,
+        )
+    assert out is not None, "an extend pass has at least one request"
+    return out
+
+
+def expand_groups(
+    prefix_lens: list[int], extend_lens: list[int], max_keys: int
+) -> list[tuple[int, int]]:
+    """Consecutive requests [first, end) whose keys (prefix + new tokens) add up to at most
+    max_keys; a request with more keys than that forms a group of its own."""
+    groups: list[tuple[int, int]] = []
+    first, keys = 0, 0
+    for i, n in enumerate(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)):
+        if i > first and keys + n > max_keys:
+            groups.append((first, i))
+            first, keys = i, 0
+        keys += n
+    groups.append((first, len(prefix_lens)))
+    return groups
+
+
+def mla_extend_native(
+    q: torch.Tensor,
+    kv_buffer: torch.Tensor,
+    forward_batch: ForwardBatch,
+    expand: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    kv_lora_rank: int,
+    scaling: float,
+) -> torch.Tensor:
+    """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
+    pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
+    qk_nope], v [L, heads, v_head_dim]). The reference of `mla_extend`'s Triton path, and the
+    CPU's: torch, request by request."""
     # here, not at the top: torch.nn.attention.bias imports torch._dynamo and sympy (about 800
     # modules, 0.6 s of CPU, of every scheduler process's start, read from a cold disk)
     from torch.nn.attention.bias import causal_lower_right
