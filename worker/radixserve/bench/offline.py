@@ -192,6 +192,17 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
             )
         return modes
 
+    def garbage_collections() -> dict[str, Any]:
+        """The scheduler process's garbage collections during the run: how many and their
+        milliseconds per generation, and the longest since start-up (gc_pauses.py)."""
+        return {
+            key: {
+                gen: value - before.get(key, {}).get(gen, 0)
+                for gen, value in info.get(key, {}).items()
+            }
+            for key in ("gc_collections", "gc_pause_ms")
+        } | {"gc_longest_pause_ms": info.get("gc_longest_pause_ms", {})}
+
     produced = sum(o["meta_info"]["completion_tokens"] for o in outs)
     assert produced == work.output_tokens, (produced, work.output_tokens)
     return Result(
@@ -208,6 +219,7 @@ def run_engine(server_args: ServerArgs, work: Workload) -> Result:
             "gpu_idle_between_batches": idle_share("gpu_busy_ms", "gpu_gap_ms"),
             "gpu_idle_between_decode_steps": idle_share("gpu_decode_busy_ms", "gpu_decode_gap_ms"),
             "gpu_by_mode": by_mode(),
+            "scheduler_gc": garbage_collections(),
         },
     )
 
@@ -403,6 +415,14 @@ def run(args: argparse.Namespace) -> int:
     decode_idle = results[0].extra.get("gpu_idle_between_decode_steps")
     if decode_idle is not None:
         print(f"GPU idle between consecutive decode steps: {100 * decode_idle:.2f}%")
+    gc_run = results[0].extra.get("scheduler_gc")
+    if gc_run and gc_run["gc_collections"]:
+        counts, pauses = gc_run["gc_collections"], gc_run["gc_pause_ms"]
+        print(
+            f"scheduler process garbage collections during the run: {sum(counts.values())} "
+            f"({counts.get('2', 0)} full), {sum(pauses.values()):.1f} ms in all, the longest "
+            f"{max(gc_run['gc_longest_pause_ms'].values(), default=0.0):.1f} ms"
+        )
     if peak is not None:
         achieved = results[0].total_tok_s * 2 * params / 1e12
         summary |= {"bf16_matmul_tflops": peak, "achieved_tflops": achieved}

@@ -53,6 +53,7 @@ from radixserve.catalog.model_tasks import ModelTask
 from radixserve.constrained.base_grammar_backend import GrammarBackend, GrammarError
 from radixserve.constrained.grammar_cache import GrammarCache
 from radixserve.forward.mode import ForwardMode
+from radixserve.gc_pauses import pause_stats
 from radixserve.lora.adapter import LoRALoadError
 from radixserve.mem_cache.chunk_cache import ChunkCache
 from radixserve.mem_cache.kv_events import KVEventPublisher
@@ -453,6 +454,7 @@ class Scheduler:
             **(self.grammar_cache.stats() if self.grammar_cache is not None else {}),
             **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
+            **pause_stats(),
             "kv_cache_evictable_ratio": self.kv_evictable(),
             "free_slots": self.worker.allocator.available_size(),
             "evictable_size": self.tree_cache.evictable_size(),

@@ -39,6 +39,7 @@ from radixserve.boundary import (
 from radixserve.catalog.checkpoint_files import hf_directory_config
 from radixserve.catalog.servable import check_servable
 from radixserve.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from radixserve.gc_pauses import freeze_startup_heap
 from radixserve.layers.attention.registry import library_to_import_early
 from radixserve.logging_config import configure_logging
 from radixserve.mem_cache.kv_events import KVEventPublisher
@@ -242,6 +243,8 @@ def run_scheduler_process(
         for peer in peers:
             peer.terminate()
         return
+    # every rank steps: none may stop for a full collection over the start-up heap
+    freeze_startup_heap()
     ctx = zmq.Context(1)
     if tp_rank != 0:
         if scheduler.grammar_cache is not None:
