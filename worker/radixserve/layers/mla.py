@@ -193,10 +193,8 @@ def mla_extend_native(
     kv_lora_rank: int,
     scaling: float,
 ) -> torch.Tensor:
-    """q: [tokens, heads, qk_nope + rope_dim] of this pass's new tokens; kv_buffer: the latent
-    pool, this pass's rows stored; `expand(latent [L, kv_lora_rank])` -> (k_nope [L, heads,
-    qk_nope], v [L, heads, v_head_dim]). The reference of `mla_extend`'s Triton path, and the
-    CPU's: torch, request by request."""
+    """`mla_extend` in torch, request by request: the CPU's path and the Triton path's
+    reference."""
     # here, not at the top: torch.nn.attention.bias imports torch._dynamo and sympy (about 800
     # modules, 0.6 s of CPU, of every scheduler process's start, read from a cold disk)
     from torch.nn.attention.bias import causal_lower_right
