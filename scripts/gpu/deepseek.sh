@@ -13,6 +13,9 @@
 #   latency   V2-Lite shape, batch 1 and 64 decode: MBU over the bytes actually read (the
 #             experts a step routes to, the latent KV); PASS at batch 1 >= 60%; transformers
 #             (generate, batch 1) in the same run
+#   profile   V2-Lite shape, batch-1 decode: the step's kernels by device time, the graph's
+#             replay alone against the whole step (scripts/gpu/profile_decode.py): where the
+#             1.2 ms over the bandwidth floor goes
 #   mla-attn  MLA decode attention at 4k and 32k context, 16 and 128 heads, batch 1, 8, 64,
 #             against the copy bandwidth (scripts/gpu/bench_mla.py), torch beside it
 #   mla-extend  MLA prefill attention, the Triton extend path against the torch loop it
@@ -21,7 +24,7 @@
 set -u
 . "$(dirname "$0")/device_env.sh"
 RS="python3 -m radixserve.entrypoints.cli"
-stages=${*:-tests latency mla-attn mla-extend offline}
+stages=${*:-tests latency profile mla-attn mla-extend offline}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 MODEL=${MODEL:-random:deepseek-v2-lite}
 LAT="--model $MODEL --context-length 4096 --input-len 512 --output-len 48"
@@ -49,6 +52,10 @@ if 64 in rows:
     print(f"batch 64: {rows[64]['decode_tok_s']:.0f} tok/s, MBU {100 * rows[64]['decode_mbu']:.1f}%")
 PY
       ;;
+    profile)
+      timeout "$(limit 90)" python3 scripts/gpu/profile_decode.py "$MODEL" 1 triton \
+        > "$OUT/profile-decode.log" 2>&1
+      sed -n '/===/,/^$/p' "$OUT/profile-decode.log" | head -24 ;;
     mla-attn)
       timeout "$(limit 60)" python3 scripts/gpu/bench_mla.py "$OUT/mla-attention.json" 2>&1 \
         | grep -E "===|Error|error" ;;
