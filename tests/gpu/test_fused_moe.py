@@ -278,3 +278,37 @@ def test_batch1_moe_layer_takes_the_routed_gemv_in_a_cuda_graph(shape):
         )  # fmt: skip
         assert relative_error(out, reference) < 2e-2, kind
     assert len(seen) > 1  # the replays really routed elsewhere
+
+
+def test_deepseek_shared_add_and_float32_router_at_v2_lite_sizes():
+    """DeepSeek-V2-Lite's MoE at batch 1 (64 experts, top 6, 2048 hidden, 1408 wide): the shared
+    experts' output added in the down GEMV's epilogue equals the routed GEMV plus it, and the
+    float32 router GEMV equals F.linear in float32, both also replayed in a CUDA graph."""
+    from radixserve.kernels.moe_gemv import router_gemv
+
+    gen = torch.Generator().manual_seed(5)
+    experts, top_k, hidden, inter = 64, 6, 2048, 1408
+    bf = torch.bfloat16
+    w13, w2 = (w.to(bf) for w in weights(experts, hidden, inter, gen))
+    router = (torch.randn(experts, hidden, generator=gen) / hidden**0.5).cuda()
+    x = torch.randn(1, hidden, generator=gen).cuda().to(bf)
+    shared = torch.randn(1, hidden, generator=gen).cuda().to(bf)
+    use = torch.zeros(2, dtype=torch.int64, device="cuda")
+
+    def layer() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        logits = router_gemv(x, router)
+        topk_w, topk_ids = select_experts(logits, top_k, False, False)
+        routed = fused_moe(x, w13, w2, topk_w, topk_ids, use)
+        return logits, routed, fused_moe(x, w13, w2, topk_w, topk_ids, use, add=shared)
+
+    logits, routed, summed = layer()
+    exact_logits = torch.nn.functional.linear(x.float(), router)
+    assert relative_error(logits, exact_logits) < 1e-5
+    assert relative_error(summed, routed.float() + shared.float()) < 1e-2
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = layer()
+    x.copy_(torch.randn(1, hidden, generator=gen).cuda().to(bf))
+    graph.replay()
+    for eager, replayed in zip(layer(), captured, strict=True):
+        assert torch.equal(eager, replayed)

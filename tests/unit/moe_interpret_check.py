@@ -24,7 +24,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts_native,
 )
 from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
-from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv  # noqa: E402
+from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv, router_gemv  # noqa: E402
 from radixserve.kernels.triton_support import jit, tl  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
@@ -335,6 +335,43 @@ for dtype in (torch.float32, torch.float16):
     q13, q2 = q13.flatten(-2), q2.flatten(-2)
     results["gemv"].append(
         gemv_case("gpt-oss mxfp4", x, q13, q2, weights, ids, exact, "swiglu_oai", **mx)
+    )
+
+
+# DeepSeek's shared experts' output added in the down GEMV's epilogue, and after the grouped
+# GEMMs' sum; its float32 router as one GEMV
+results["add"] = []
+for dtype in (torch.float32, torch.float16):
+    tokens, experts, top_k, hidden, inter = 2, 8, 3, 64, 48
+    x = randn(tokens, hidden, dtype=dtype)
+    w13 = randn(experts, 2 * inter, hidden, dtype=dtype, std=0.2)
+    w2 = randn(experts, hidden, inter, dtype=dtype, std=0.2)
+    shared = randn(tokens, hidden, dtype=dtype)
+    weights, ids = select_experts_native(routing_logits(tokens, experts, None), top_k, True, False)
+    exact = fused_moe_native(x.double(), w13.double(), w2.double(), weights.double(), ids)
+    exact = exact + shared.double()
+    use = torch.zeros(2, dtype=torch.int64)
+    for path, gemv in (("gemv", True), ("grouped", False)):
+        out = fused_moe(x, w13, w2, weights, ids, use, gemv=gemv, add=shared)
+        results["add"].append(
+            {
+                "case": path,
+                "dtype": str(dtype),
+                "rel_err": float((out.double() - exact).norm() / exact.norm()),
+            }
+        )
+router = randn(70, 600, std=0.05)  # 70 experts: a partial last block; 600: a partial K chunk
+results["router"] = []
+for dtype in (torch.float32, torch.float16):
+    x = randn(3, 600, dtype=dtype)
+    exact = x.double() @ router.double().T
+    logits = router_gemv(x, router)
+    results["router"].append(
+        {
+            "dtype": str(dtype),
+            "float32": logits.dtype == torch.float32,
+            "rel_err": float((logits.double() - exact).norm() / exact.norm()),
+        }
     )
 
 

@@ -132,6 +132,7 @@ KERNELS = {
             "TOP_K": 8,
             "HAS_SCALE": True,
             "HAS_BIAS": False,
+            "HAS_ADD": False,
             "MXFP4": False,
             "BLOCK_P": 8,
             "BLOCK_N": 2,
@@ -146,11 +147,33 @@ KERNELS = {
             "TOP_K": 6,
             "HAS_SCALE": False,
             "HAS_BIAS": True,
+            "HAS_ADD": False,
             "MXFP4": True,
             "BLOCK_P": 8,
             "BLOCK_N": 2,
             "BLOCK_K": 256,
         },
+    ),
+    "moe down gemv (bf16, top 6, the shared experts added)": (
+        moe_gemv._down_gemv_kernel,
+        {"TopkIds": "i32", "TopkWeights": "fp32"},
+        set(),
+        {
+            "TOP_K": 6,
+            "HAS_SCALE": False,
+            "HAS_BIAS": False,
+            "HAS_ADD": True,
+            "MXFP4": False,
+            "BLOCK_P": 8,
+            "BLOCK_N": 1,
+            "BLOCK_K": 128,
+        },
+    ),
+    "moe router gemv (float32 router)": (
+        moe_gemv._router_gemv_kernel,
+        {"W": "fp32", "Out": "fp32"},
+        set(),
+        {"BLOCK_E": moe_gemv.ROUTER_BLOCK_E, "BLOCK_K": moe_gemv.ROUTER_BLOCK_K},
     ),
     "rms_norm (with residual)": (
         fused_ops._rms_norm_kernel,
@@ -245,8 +268,8 @@ EARLY_READS = {
 # one may then start while the one before still runs
 LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)"}
 
-# the GEMV's sizes; other capitalised arguments are pointers
-UPPERCASE_SCALARS = {"N", "K"}
+# the GEMVs' sizes (E: the router's experts); other capitalised arguments are pointers
+UPPERCASE_SCALARS = {"N", "K", "E"}
 MEMORY_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.global|red\.)")
 
 

@@ -85,6 +85,25 @@ def test_routed_gemv_matches_reference(interpreted):
         assert case.get("clamped", 1.0) > 0.05, case
 
 
+def test_shared_experts_add_in_the_epilogue_and_after_the_sum(interpreted):
+    """DeepSeek's shared experts' output added to the routed sum: in the down GEMV's epilogue
+    (a few tokens) and after the grouped GEMMs' sum, against the reference plus it."""
+    cases = interpreted["add"]
+    assert [c["case"] for c in cases] == ["gemv", "grouped"] * 2
+    for case in cases:
+        assert case["rel_err"] < TOLERANCE[case["dtype"]], case
+
+
+def test_router_gemv_is_the_float32_product(interpreted):
+    """DeepSeek's float32 router as one GEMV: partial expert blocks and K chunks, float32 and
+    half activations, against the float64 product."""
+    cases = interpreted["router"]
+    assert len(cases) == 2
+    for case in cases:
+        assert case["float32"], case
+        assert case["rel_err"] < 1e-6, case
+
+
 def test_mxfp4_decode_is_bit_exact(interpreted):
     """The kernels' e2m1 and scale decode, built from bit patterns, equals the CPU's for every
     byte and for scale bytes from the subnormal 2^-127 to 2^127 (where the largest overflow)."""

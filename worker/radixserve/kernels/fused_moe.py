@@ -465,8 +465,10 @@ def fused_moe(
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
     gemv: bool | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
+    """sum over k of topk_weights[t, k] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k],
+    plus `add` [T, H] where given (in the routed GEMV's epilogue, else after the sum).
 
     hidden [T, H]; w13 [E, 2I, H] ([gate; up] per expert); w2 [E, H, I]; scales, for FP8
     weights, [E, 2I] and [E, H] float32 per output channel; MXFP4 weights (uint8) are
@@ -494,6 +496,7 @@ def fused_moe(
             w13_bias,
             w2_bias,
             swiglu,
+            add=add,
         )
     numel = tokens * top_k
     config = config or gemm_config(numel, hidden.dtype)
@@ -530,4 +533,5 @@ def fused_moe(
         mul_weight=True,
         bias=w2_bias,
     )
-    return down.view(tokens, top_k, hidden_size).sum(dim=1)
+    out = down.view(tokens, top_k, hidden_size).sum(dim=1)
+    return out if add is None else out.add_(add)

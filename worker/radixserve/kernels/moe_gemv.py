@@ -16,7 +16,11 @@ the GPU streaming, and sums the top-k rows in a last pass. Here, as for the dens
 2. `down_gemv`: a program per (token, block of hidden rows) streams the down rows of all the
    token's top-k experts in one K loop (each against its slot's activations, the experts'
    loads in flight together) and writes the routing-weighted sum: each program owns its
-   output rows, so no atomics and no sum pass.
+   output rows, so no atomics and no sum pass. It can add a tensor to the sum (DeepSeek's
+   shared experts' output), which then needs no launch of its own.
+3. `router_gemv`: a MoE router's logits in float32 from a float32 router (DeepSeek's), the
+   cast and cuBLAS's float32 GEMM it replaces being two launches that wait on the kernel
+   before in full (no PDL).
 
 Weights: the model dtype, FP8 with per (expert, channel) scales, MXFP4 decoded in registers;
 biases and the gated activations (SiLU, GELU-tanh, gpt-oss's clamped SwiGLU) through the
@@ -190,6 +194,7 @@ def _down_gemv_kernel(
     Bias,
     TopkIds,
     TopkWeights,
+    Add,
     Out,
     N,
     K,
@@ -199,10 +204,12 @@ def _down_gemv_kernel(
     stride_se,
     stride_sn,
     stride_biase,
+    stride_addm,
     stride_om,
     TOP_K: tl.constexpr,
     HAS_SCALE: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    HAS_ADD: tl.constexpr,
     MXFP4: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -211,7 +218,8 @@ def _down_gemv_kernel(
 ):
     """Out[token, rows] = sum over the token's slots of TopkWeights[pair] * (down_e . Acts[pair]
     (+ bias)): each slot's product finished (scale, rounding, bias) and weighted, rounded to the
-    activation dtype as the grouped GEMM stores it, and summed in float32 as its top-k sum is.
+    activation dtype as the grouped GEMM stores it, and summed in float32 as its top-k sum is;
+    with HAS_ADD, plus Add[token, rows] before the sum is rounded.
     W is [E, N, K], or MXFP4 [E, N, K / 2] with Scale [E, N, K / 32]; FP8: Scale [E, N].
 
     All the token's slots (BLOCK_P >= TOP_K of them) stream in the same K loop, a [BLOCK_P,
@@ -252,6 +260,9 @@ def _down_gemv_kernel(
     )
     weighted = (y * weights[:, None]).to(Out.dtype.element_ty).to(tl.float32)
     total = tl.sum(weighted, 0)
+    if HAS_ADD:
+        add = tl.load(Add + token.to(tl.int64) * stride_addm + rows, mask=n_mask, other=0.0)
+        total += add.to(tl.float32)
     tl.store(
         Out + token.to(tl.int64) * stride_om + rows, total.to(Out.dtype.element_ty), mask=n_mask
     )
@@ -338,13 +349,17 @@ def down_gemv(
     w2_scale: torch.Tensor | None = None,
     w2_bias: torch.Tensor | None = None,
     tiles: GemvTiles | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """[T, H]: per token, sum over its slots of topk_weights * down_e(acts[pair]). `tiles` by
-    default the measured ones for the experts' width (acts' columns)."""
+    """[T, H]: per token, sum over its slots of topk_weights * down_e(acts[pair]), plus `add`
+    [T, H] where given. `tiles` by default the measured ones for the experts' width (acts'
+    columns)."""
     tiles = tiles or GemvTiles.for_intermediate(acts.shape[1])
     tokens, top_k = topk_ids.shape
     hidden_size = w2.shape[1]
     mxfp4 = _check_weights(w2, w2_scale, tiles.down_k)
+    if add is not None and add.stride(-1) != 1:
+        raise ValueError("the MoE GEMV adds unit-stride rows")
     out = torch.empty((tokens, hidden_size), dtype=acts.dtype, device=acts.device)
     _down_gemv_kernel[(tokens, triton.cdiv(hidden_size, tiles.down_rows))](
         acts,
@@ -353,6 +368,7 @@ def down_gemv(
         w2_bias if w2_bias is not None else w2,
         topk_ids,
         topk_weights.reshape(-1),
+        add if add is not None else out,  # never read without add
         out,
         hidden_size,
         acts.shape[1],
@@ -361,10 +377,12 @@ def down_gemv(
         w2.stride(1),
         *_scale_strides(w2_scale, mxfp4),
         w2_bias.stride(0) if w2_bias is not None else 0,
+        add.stride(0) if add is not None else 0,
         out.stride(0),
         TOP_K=top_k,
         HAS_SCALE=w2_scale is not None and not mxfp4,
         HAS_BIAS=w2_bias is not None,
+        HAS_ADD=add is not None,
         MXFP4=mxfp4,
         BLOCK_P=triton.next_power_of_2(top_k),
         BLOCK_N=tiles.down_rows,
@@ -389,9 +407,71 @@ def fused_moe_gemv(
     w2_bias: torch.Tensor | None = None,
     swiglu: tuple[float, float] = (1.702, 7.0),
     tiles: GemvTiles | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`fused_moe`'s result (same arguments and shapes, see there) in two GEMV launches."""
     acts = gate_up_gemv(
         hidden, w13, topk_ids, expert_use, activation, w13_scale, w13_bias, swiglu, tiles
     )
-    return down_gemv(acts, w2, topk_weights, topk_ids, w2_scale, w2_bias, tiles)
+    return down_gemv(acts, w2, topk_weights, topk_ids, w2_scale, w2_bias, tiles, add)
+
+
+# The router GEMV's tile: experts a program and the K chunk. At DeepSeek's 64-256 experts of a
+# 2048-7168 wide hidden state a program streams 2 experts' float32 rows (16-56 KB), so at
+# batch 1 there are 32-128 programs; the router is 0.5-7 MB, a few microseconds either way.
+ROUTER_BLOCK_E = 2
+ROUTER_BLOCK_K = 512
+
+
+@jit
+def _router_gemv_kernel(
+    X,
+    W,
+    Out,
+    E,
+    K,
+    stride_xm,
+    stride_we,
+    stride_om,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """Out[token, experts] = float32(X[token]) . W[experts] in float32."""
+    token = tl.program_id(0).to(tl.int64)
+    experts = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_mask = experts < E
+    w_rows = W + experts.to(tl.int64)[:, None] * stride_we
+    wait_for_prior_kernel(PDL)
+    acc = tl.zeros([BLOCK_E, BLOCK_K], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = tl.load(X + token * stride_xm + ks, mask=k_mask, other=0.0).to(tl.float32)
+        w = tl.load(w_rows + ks[None, :], mask=e_mask[:, None] & k_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    tl.store(Out + token * stride_om + experts, tl.sum(acc, 1), mask=e_mask)
+
+
+def router_gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """`F.linear(x.float(), weight)` for a float32 router `weight` [E, H] and a few tokens x
+    [T, H], in one dependent launch: logits [T, E] float32."""
+    tokens, hidden_size = x.shape
+    num_experts = weight.shape[0]
+    if x.stride(-1) != 1 or weight.stride(-1) != 1:
+        raise ValueError("the router GEMV needs unit-stride rows")
+    out = torch.empty((tokens, num_experts), dtype=torch.float32, device=x.device)
+    _router_gemv_kernel[(tokens, triton.cdiv(num_experts, ROUTER_BLOCK_E))](
+        x,
+        weight,
+        out,
+        num_experts,
+        hidden_size,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_E=ROUTER_BLOCK_E,
+        BLOCK_K=ROUTER_BLOCK_K,
+        **dependent_launch(x),
+    )
+    return out

@@ -42,6 +42,7 @@ from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.kernels import triton_support
 from radixserve.kernels.fused_moe import select_experts
 from radixserve.kernels.mla_rope_store import mla_rope_store
+from radixserve.kernels.moe_gemv import router_gemv, uses_moe_gemv
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.mla import mla_decode, mla_extend
 from radixserve.layers.moe.layer import FusedMoE
@@ -225,7 +226,10 @@ class DeepseekRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, top_k] float32, expert ids [T, top_k])."""
-        logits = torch.nn.functional.linear(x.float(), self.weight)
+        if triton_support.enabled_for(x) and uses_moe_gemv(x.shape[0], self.top_k):
+            logits = router_gemv(x, self.weight)  # one dependent launch for cast and product
+        else:
+            logits = torch.nn.functional.linear(x.float(), self.weight)
         if self.method == "greedy" and triton_support.enabled_for(logits):
             # plain softmax top-k (V2-Lite): the fused MoE's one-launch routing kernel
             weights, ids = select_experts(logits, self.top_k, self.renormalize, False)
@@ -265,11 +269,11 @@ class DeepseekMoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # the shared experts first: their (unreduced) output joins the routed sum, which at a
+        # few tokens is the routed GEMV's epilogue, and one all-reduce covers both
+        shared = self.shared_experts.partial(x) if self.shared_experts is not None else None
         weights, ids = self.gate(x)
-        out = self.experts.forward_routed(x, weights, ids)
-        if self.shared_experts is not None:
-            out = out + self.shared_experts(x)
-        return out
+        return self.experts.forward_routed(x, weights, ids, add=shared)
 
 
 class DeepseekDecoderLayer(LlamaDecoderLayer):

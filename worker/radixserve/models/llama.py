@@ -165,12 +165,17 @@ class LlamaMLP(nn.Module):
         self.act_and_mul = gated_activation(activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return all_reduce(self.partial(x))
+
+    def partial(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's part of the output, before the all-reduce (the whole output on one
+        rank): DeepSeek sums its shared experts' part into the routed experts' own."""
         # SiLU: one gated GEMV at batch 1 (the activation in the product's epilogue)
         if self.silu:
             gated = self.gate_up_proj.silu_and_mul(x)
         else:
             gated = self.act_and_mul(self.gate_up_proj(x))
-        return all_reduce(self.down_proj(gated))
+        return self.down_proj(gated)
 
 
 class SparseMoeBlock(nn.Module):

@@ -110,11 +110,17 @@ class FusedMoE(nn.Module):
         return self.forward_routed(hidden, weights, ids)
 
     def forward_routed(
-        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+        self,
+        hidden: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        add: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The experts for a routing already chosen (by `forward`, or by the model itself:
         DeepSeek's grouped top-k with its correction bias, layers/moe/routing.py): hidden
-        [T, H], weights [T, top_k] float32, ids [T, top_k] -> [T, H], summed over the ranks."""
+        [T, H], weights [T, top_k] float32, ids [T, top_k] -> [T, H], summed over the ranks.
+        `add` [T, H] (this rank's part of DeepSeek's shared experts) joins the sum before the
+        all-reduce: at a few tokens in the routed GEMV's epilogue, with no launch of its own."""
         if triton_support.enabled_for(hidden):
             out = fused_moe(
                 hidden,
@@ -129,6 +135,7 @@ class FusedMoE(nn.Module):
                 w13_bias=self.w13_bias,
                 w2_bias=self.w2_bias,
                 swiglu=self.swiglu,
+                add=add,
             )
         else:
             out = fused_moe_native(
@@ -145,6 +152,8 @@ class FusedMoE(nn.Module):
                 w2_bias=self.w2_bias,
                 swiglu=self.swiglu,
             )
+            if add is not None:
+                out = out + add
         return all_reduce(out)
 
     def _mxfp4_parameters(self, experts: int, hidden: int, local: int) -> None:
