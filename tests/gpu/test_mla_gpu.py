@@ -2,7 +2,8 @@
 rope 64; V2-Lite's 16 heads and V3's 128) in bf16 against the float32 torch reference, batch 1
 to 64, lengths on and off the kernel's blocks, ragged batches, inside a CUDA graph replayed at
 other lengths; the extend path (kernels/mla_extend.py) at the same sizes against a float64
-reference, prefixes cached or not, in one group and several; and the tiny DeepSeek V3 and V2-Lite layouts end to end on the
+reference, prefixes cached or not, in one group and several; the absorbed projections' per-head
+GEMVs against torch.bmm; and the tiny DeepSeek V3 and V2-Lite layouts end to end on the
 fast path (the MLA kernel in the captured decode graphs, the fused MoE with the model's own
 routing, overlap scheduling) against the model's own torch path, float32."""
 
@@ -132,6 +133,28 @@ def test_mla_extend_matches_reference_bf16(heads, group_tokens, monkeypatch):
     err = ((out.double() - ref).norm() / ref.norm()).item()
     print(f"MLA extend, {heads} heads, groups of {group_tokens}: relative error {err:.2e}")
     assert err < 1e-2, err
+
+
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("rows", [1, 4])
+def test_absorbed_projections_per_head_match_bmm_bf16(heads, rows):
+    """W_UK (128 -> 512 a head) on q_nope's strided view and W_UV (512 -> 128) into a
+    token-major output, as decode runs them at a few rows (kernels/mla_absorb.py), against
+    torch.bmm on the same bf16 inputs."""
+    from radixserve.kernels.mla_absorb import per_head_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(rows + heads)
+    bf = torch.bfloat16
+    q = torch.randn(rows, heads, 192, device="cuda", generator=g).to(bf)
+    w_uk = (torch.randn(heads, 128, LATENT, device="cuda", generator=g) / 128**0.5).to(bf)
+    w_uv = (torch.randn(heads, LATENT, 128, device="cuda", generator=g) / LATENT**0.5).to(bf)
+    q_latent = per_head_gemv(q[..., :128], w_uk)
+    want = torch.bmm(q[..., :128].transpose(0, 1), w_uk).transpose(0, 1)
+    assert ((q_latent.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    out = torch.empty(rows, heads, 128, device="cuda", dtype=bf)
+    per_head_gemv(q_latent, w_uv, out)
+    want = torch.bmm(q_latent.transpose(0, 1), w_uv).transpose(0, 1)
+    assert ((out.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
 
 
 @pytest.mark.parametrize("preset", ["tiny-deepseek-v3", "tiny-deepseek-v2-lite"])

@@ -22,6 +22,7 @@ from mla_extend_case import dense_extend, extend_case  # noqa: E402
 from triton.runtime import interpreter  # noqa: E402
 
 from radixserve.kernels import triton_support  # noqa: E402
+from radixserve.kernels.mla_absorb import per_head_gemv  # noqa: E402
 from radixserve.kernels.mla_decode import (  # noqa: E402
     MLADecodeConfig,
     default_config,
@@ -119,6 +120,36 @@ def extend_results(prefix_lens: list[int], extend_lens: list[int], group_tokens:
 
 
 @torch.no_grad()
+def absorb_results() -> list[dict]:
+    """The per-head GEMV (kernels/mla_absorb.py) against torch.bmm in float64: W_UK's shape on
+    a strided query view (q_nope of [rows, heads, nope + rope]), W_UV's into a given output,
+    1 to 4 rows, widths off the kernel's blocks."""
+    generator = torch.Generator().manual_seed(4)
+    out = []
+    for rows, heads, k, n, dtype in [
+        (1, 3, 24, 40, torch.float32),
+        (3, 5, 40, 70, torch.float32),
+        (4, 2, 100, 24, torch.float16),
+    ]:
+        q = torch.randn(rows, heads, k + 8, generator=generator).to(dtype)
+        x = q[..., :k]  # a view: rows and heads strided past the rope part
+        weight = torch.randn(heads, k, n, generator=generator).to(dtype) / k**0.5
+        exact = torch.bmm(x.double().transpose(0, 1), weight.double()).transpose(0, 1)
+        got = per_head_gemv(x, weight)
+        given = torch.full((rows, heads, n + 2), 7.0, dtype=dtype)[..., :n]
+        per_head_gemv(x, weight, given)
+        out.append(
+            {
+                "rows": rows,
+                "dtype": str(dtype),
+                "rel_err": float((got.double() - exact).norm() / exact.norm()),
+                "given_equal": bool(torch.equal(given, got)),
+            }
+        )
+    return out
+
+
+@torch.no_grad()
 def rope_store_case(interleaved: bool) -> dict:
     """The fused prologue against DeepseekMLA's torch path on the tiny V3 layout's layer."""
     from types import SimpleNamespace
@@ -211,7 +242,13 @@ def main() -> None:
     ]
     print(
         json.dumps(
-            {"decode": results, "extend": extend, "rope_store": rope_store, "models": models}
+            {
+                "decode": results,
+                "extend": extend,
+                "absorb": absorb_results(),
+                "rope_store": rope_store,
+                "models": models,
+            }
         )
     )
 

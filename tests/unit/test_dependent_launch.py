@@ -23,6 +23,7 @@ from radixserve.kernels import (  # noqa: E402
     fused_ops,
     gemv,
     lora,
+    mla_absorb,
     moe_gemv,
     triton_support,
 )
@@ -169,6 +170,12 @@ KERNELS = {
             "BLOCK_K": 128,
         },
     ),
+    "mla absorbed projection (per-head gemv)": (
+        mla_absorb._per_head_gemv_kernel,
+        {},
+        set(),
+        {"BLOCK_M": 1, "BLOCK_K": mla_absorb.BLOCK_K, "BLOCK_N": mla_absorb.BLOCK_N},
+    ),
     "moe router gemv (float32 router)": (
         moe_gemv._router_gemv_kernel,
         {"W": "fp32", "Out": "fp32"},
@@ -268,8 +275,8 @@ EARLY_READS = {
 # one may then start while the one before still runs
 LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)"}
 
-# the GEMVs' sizes (E: the router's experts); other capitalised arguments are pointers
-UPPERCASE_SCALARS = {"N", "K", "E"}
+# the GEMVs' sizes (E: the router's experts, M: rows); other capitalised arguments are pointers
+UPPERCASE_SCALARS = {"N", "K", "E", "M"}
 MEMORY_ACCESS = re.compile(r"^\s*(@%p\d+\s+)?(ld\.global|st\.global|cp\.async|atom\.global|red\.)")
 
 

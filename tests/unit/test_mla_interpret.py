@@ -3,7 +3,8 @@ interpreter: absorbed queries against latent rows scattered over the pool throug
 req_to_token, several requests and head counts off the kernel's head blocks (16 and 64 rows),
 and one long request split 128 ways, against a float64 dense computation (and the torch
 reference the CPU serves with); the extend path (kernels/mla_extend.py: requests' latents
-gathered, expanded and attended together, in one group or several) against the same; the fused MLA prologue (kernels/mla_rope_store.py) against the torch path; and
+gathered, expanded and attended together, in one group or several) against the same; the
+per-head GEMVs of the absorbed projections (kernels/mla_absorb.py) against torch.bmm; the fused MLA prologue (kernels/mla_rope_store.py) against the torch path; and
 the tiny DeepSeek V3 and V2-Lite layouts forced onto their CUDA path against their torch path.
 tests/gpu repeats the decode at DeepSeek's sizes in bf16."""
 
@@ -35,6 +36,15 @@ def test_mla_extend_kernel_matches_dense_reference(interpreted) -> None:
     for result in results:
         assert result["rel_err"] < 1e-5, result
         assert result["native_rel_err"] < 1e-5, result
+
+
+def test_absorbed_projections_per_head_match_bmm(interpreted) -> None:
+    """W_UK's and W_UV's products at 1-4 rows (kernels/mla_absorb.py) against torch.bmm."""
+    results = interpreted["absorb"]
+    assert [r["rows"] for r in results] == [1, 3, 4]
+    for result in results:
+        assert result["rel_err"] < (1e-6 if result["dtype"] == "torch.float32" else 2e-3), result
+        assert result["given_equal"], result
 
 
 def test_rope_norm_store_kernel_matches_the_torch_path(interpreted) -> None:

@@ -41,6 +41,8 @@ from radixserve.distributed.parallel_state import all_reduce, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.kernels import triton_support
 from radixserve.kernels.fused_moe import select_experts
+from radixserve.kernels.mla_absorb import MAX_ROWS as MAX_ABSORB_ROWS
+from radixserve.kernels.mla_absorb import per_head_gemv
 from radixserve.kernels.mla_rope_store import mla_rope_store
 from radixserve.kernels.moe_gemv import router_gemv, uses_moe_gemv
 from radixserve.layers.layernorm import RMSNorm
@@ -168,13 +170,21 @@ class DeepseekMLA(nn.Module):
         if forward_batch.kv_restore is not None:  # the prefix's latents restored from the host
             forward_batch.kv_restore.wait(self.layer_id)
         if forward_batch.forward_mode.is_decode():
+            # a few rows: both absorbed products as dependent launches (kernels/mla_absorb.py)
+            few = triton_support.enabled_for(q) and q.shape[0] <= MAX_ABSORB_ROWS
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
-            q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
+            if few:
+                q_latent = per_head_gemv(q_nope, self.w_uk)
+            else:
+                q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
             out_latent = mla_decode(q_latent, q_rope, kv_buffer, forward_batch, self.scaling)
             # W_UV after: [H, bs, latent] x [H, latent, v_head_dim], written token-major
             # (o_proj's input layout) by the product itself, not by a copy after it
             out = q.new_empty(q.shape[0], self.num_heads, self.v_head_dim)
-            torch.bmm(out_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
+            if few:
+                per_head_gemv(out_latent, self.w_uv, out)
+            else:
+                torch.bmm(out_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
         else:
             q_full = torch.cat([q_nope, q_rope], dim=-1)
             out = mla_extend(
