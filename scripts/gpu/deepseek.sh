@@ -13,6 +13,9 @@
 #   latency   V2-Lite shape, batch 1 and 64 decode: MBU over the bytes actually read (the
 #             experts a step routes to, the latent KV); PASS at batch 1 >= 60%; transformers
 #             (generate, batch 1) in the same run
+#   latency-ab  V2-Lite shape, batch-1 decode step of the tree in .ab/worker (the device tool
+#             carries ".ab": `git archive REV worker | tar -x -C .ab`) and of this one,
+#             alternating, two rounds: a change's effect measured within one machine
 #   profile   V2-Lite shape, batch-1 decode: the step's kernels by device time, the graph's
 #             replay alone against the whole step (scripts/gpu/profile_decode.py): where the
 #             1.2 ms over the bandwidth floor goes
@@ -52,6 +55,21 @@ if 64 in rows:
     print(f"batch 64: {rows[64]['decode_tok_s']:.0f} tok/s, MBU {100 * rows[64]['decode_mbu']:.1f}%")
 PY
       ;;
+    latency-ab)
+      for round in 1 2; do
+        for tree in .ab/worker worker; do
+          json="$OUT/latency-ab-${tree%%/*}-$round.json"
+          PYTHONPATH="$tree:$SITE" timeout "$(limit 70)" python3 -m radixserve.entrypoints.cli \
+            bench latency $LAT --batch-sizes 1 --transformers-output-len 0 \
+            --output-json "$json" > "${json%.json}.log" 2>&1
+          python3 - "$json" "$tree" "$round" <<'PY'
+import json, sys
+row = json.load(open(sys.argv[1]))["rows"][0]
+print(f"{sys.argv[2]:<11} round {sys.argv[3]}: {row['decode_step_s'] * 1e3:.3f} ms, "
+      f"MBU {100 * row['decode_mbu']:.1f}%")
+PY
+        done
+      done ;;
     profile)
       timeout "$(limit 90)" python3 scripts/gpu/profile_decode.py "$MODEL" 1 triton \
         > "$OUT/profile-decode.log" 2>&1
