@@ -24,6 +24,7 @@ from radixserve.kernels import (  # noqa: E402
     gemv,
     lora,
     mla_absorb,
+    mla_decode,
     moe_gemv,
     triton_support,
 )
@@ -216,6 +217,27 @@ KERNELS = {
             "HAS_CAP": False,
         },
     ),
+    "mla decode split": (
+        mla_decode._mla_decode_split_kernel,
+        {
+            "Req_to_token": "i32",
+            "Req_pool_indices": "i64",
+            "Seq_lens": "i64",
+            "Mid_O": "fp32",
+            "Mid_Lse": "fp32",
+        },
+        {"sm_scale"},
+        {
+            "LATENT": 512,
+            "ROPE": 64,
+            "BLOCK_C": 512,
+            "BLOCK_R": 64,
+            "BLOCK_H": 16,
+            "BLOCK_N": 32,
+            "MIN_SPLIT": 64,
+            "DOT_PRECISION": "tf32",
+        },
+    ),
     "decode merge": (
         decode_attention._decode_merge_splits_kernel,
         {"Mid_O": "fp32", "Mid_Lse": "fp32", "Seq_lens": "i64"},
@@ -265,6 +287,7 @@ EARLY_READS = {
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
+    "mla decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
     "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A row

@@ -64,6 +64,7 @@ def compiled(heads: int):
         "BLOCK_N": config.block_n,
         "MIN_SPLIT": 64,
         "DOT_PRECISION": "tf32",
+        "PDL": True,  # as Hopper launches it
     }
     kernel = mla_decode._mla_decode_split_kernel
     return _compile(kernel, constexprs, config.num_warps, config.num_stages)

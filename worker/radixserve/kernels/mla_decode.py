@@ -28,7 +28,14 @@ from dataclasses import dataclass
 
 import torch
 
-from radixserve.kernels.triton_support import dot_precision, jit, tl, triton
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    dot_precision,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
 
 if triton is not None:  # decode_attention imports Triton itself; a CPU-only install lacks it
     from radixserve.kernels.decode_attention import (
@@ -111,11 +118,14 @@ def _mla_decode_split_kernel(
     BLOCK_N: tl.constexpr,
     MIN_SPLIT: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """One (request, head block, split): the split's tokens in tiles of BLOCK_N, each latent
     tile loaded once for the scores and the output of all BLOCK_H heads. Writes the split's
     normalised output and its base-2 log-sum-exp (nothing for an empty split: stage 2 merges
-    only the splits the request's length fills)."""
+    only the splits the request's length fills). A programmatic dependent of the kernel
+    before (the W_UK product): the length and the first tile's slots, step inputs, are read
+    before its wait, as decode_attention's split kernel does."""
     batch = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     split_id = tl.program_id(2)
@@ -130,6 +140,7 @@ def _mla_decode_split_kernel(
     start, end = _split_bounds(0, seq_len, split_id, num_kv_splits, MIN_SPLIT)
     offs_n = start + tl.arange(0, BLOCK_N)
     slots = tl.load(slot_row + offs_n, mask=offs_n < end, other=0)
+    wait_for_prior_kernel(PDL)
     if end > start:
         q_c = tl.load(
             Q_latent + batch * stride_qcb + heads[:, None] * stride_qch + offs_c[None, :],
@@ -254,6 +265,7 @@ def mla_decode_fwd(
         DOT_PRECISION=dot_precision(q_latent.dtype),
         num_warps=config.num_warps,
         num_stages=config.num_stages,
+        **dependent_launch(q_latent),
     )
     merge_splits(mid_o, mid_lse, out, seq_lens, splits, min(_MERGE_BLOCK_D, block_c))
     return out
