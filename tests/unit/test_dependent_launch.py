@@ -25,6 +25,7 @@ from radixserve.kernels import (  # noqa: E402
     lora,
     mla_absorb,
     mla_decode,
+    mla_rope_store,
     moe_gemv,
     triton_support,
 )
@@ -217,6 +218,20 @@ KERNELS = {
             "HAS_CAP": False,
         },
     ),
+    "mla rope_store": (
+        mla_rope_store._mla_rope_store_kernel,
+        {"Positions": "i64", "Cos": "fp32", "Sin": "fp32", "Loc": "i64"},
+        {"eps"},
+        {
+            "NOPE": 128,
+            "LATENT": 512,
+            "HALF": 32,
+            "BLOCK_C": 512,
+            "BLOCK_HALF": 32,
+            "BLOCK_H": 16,
+            "INTERLEAVED": True,
+        },
+    ),
     "mla decode split": (
         mla_decode._mla_decode_split_kernel,
         {
@@ -288,6 +303,8 @@ EARLY_READS = {
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
     "mla decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
+    # the token's position and slot; the latent norm's weight and the rotary tables
+    "mla rope_store": {"Positions", "Loc", "Norm_weight", "Cos", "Sin"},
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
     "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A row

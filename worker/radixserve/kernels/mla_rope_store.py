@@ -11,14 +11,22 @@ One program per token. The rope part of a checkpoint is interleaved (pairs (x0, 
 not; either way it is rotated as the rotate-half layout and written de-interleaved, in the
 query and in the cached key alike, so every score is the reference's. The rotated query goes
 to its own tensor (not over its input: the interleaved read and the de-interleaved write of
-one program touch each other's addresses).
+one program touch each other's addresses). A programmatic dependent of the kernel before (the
+latent's projection): the token's position and slot (step inputs), the norm's weight and the
+rotary tables (constants) are read before its wait.
 """
 
 from __future__ import annotations
 
 import torch
 
-from radixserve.kernels.triton_support import jit, tl, triton
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
 
 
 @jit
@@ -48,26 +56,28 @@ def _mla_rope_store_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     t = tl.program_id(0)
     pos = tl.load(Positions + t).to(tl.int64)
     loc = tl.load(Loc + t).to(tl.int64)
     row = KV_A + t * stride_kvt
     dst = Pool + loc * stride_pool
-
-    # the latent: RMSNorm in float32, rounded, then scaled by the weight (the reference's order)
     offs_c = tl.arange(0, BLOCK_C)
     mask_c = offs_c < LATENT
-    x = tl.load(row + offs_c, mask=mask_c, other=0.0).to(tl.float32)
-    normed = x * tl.rsqrt(tl.sum(x * x, 0) / LATENT + eps)
     weight = tl.load(Norm_weight + offs_c, mask=mask_c, other=0.0)
-    latent = normed.to(weight.dtype) * weight
-    tl.store(dst + offs_c, latent.to(Pool.dtype.element_ty), mask=mask_c)
-
     offs_p = tl.arange(0, BLOCK_HALF)
     mask_p = offs_p < HALF
     cos = tl.load(Cos + pos * stride_cos + offs_p, mask=mask_p, other=0.0)
     sin = tl.load(Sin + pos * stride_cos + offs_p, mask=mask_p, other=0.0)
+    wait_for_prior_kernel(PDL)
+
+    # the latent: RMSNorm in float32, rounded, then scaled by the weight (the reference's order)
+    x = tl.load(row + offs_c, mask=mask_c, other=0.0).to(tl.float32)
+    normed = x * tl.rsqrt(tl.sum(x * x, 0) / LATENT + eps)
+    latent = normed.to(weight.dtype) * weight
+    tl.store(dst + offs_c, latent.to(Pool.dtype.element_ty), mask=mask_c)
+
     if INTERLEAVED:
         first, second = 2 * offs_p, 2 * offs_p + 1
     else:
@@ -143,5 +153,6 @@ def mla_rope_store(
         BLOCK_H=triton.next_power_of_2(heads),
         INTERLEAVED=interleaved,
         num_warps=4,
+        **dependent_launch(q),
     )
     return out
