@@ -18,6 +18,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from radixserve.kernels import (  # noqa: E402
+    argmax,
     decode_attention,
     fused_moe,
     fused_ops,
@@ -217,6 +218,18 @@ KERNELS = {
             "DOT_PRECISION": "tf32",
             "HAS_CAP": False,
         },
+    ),
+    "argmax chunks": (
+        argmax._chunk_max_kernel,
+        {"X": "fp32", "ChunkMax": "fp32", "ChunkIdx": "i64"},
+        set(),
+        {"BLOCK": 2048},
+    ),
+    "argmax rows": (
+        argmax._row_max_kernel,
+        {"ChunkMax": "fp32", "ChunkIdx": "i64", "Out": "i64", "Table": "i64", "TableIdx": "i64"},
+        set(),
+        {"SCATTER": True, "BLOCK": 64},
     ),
     "mla rope_store": (
         mla_rope_store._mla_rope_store_kernel,

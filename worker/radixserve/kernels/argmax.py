@@ -3,7 +3,8 @@
 torch.argmax reduces one row with too few thread blocks: on the H200 a batch-1 argmax over a
 128k vocabulary took 27 us of a 1.0 ms Llama-3.2-1B decode step (scripts/gpu/profile_decode.py,
 2026-11-29). Here the row is split in chunks reduced by as many programs, then the chunk
-winners by one program per row: two launches of a few microseconds.
+winners by one program per row: two launches of a few microseconds, both programmatic
+dependents of the kernel before (the LM head's), as the rest of a decode step's kernels are.
 
 Ties and infinities go as in torch.argmax (the first maximal index wins; a row of -inf gives
 0), so greedy decoding stays bit-for-bit what transformers picks.
@@ -14,17 +15,26 @@ from __future__ import annotations
 import torch
 
 from radixserve.kernels import triton_support
-from radixserve.kernels.triton_support import jit, tl, triton
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
 
 # Elements one program of the first stage reduces: 63 programs for a 128k vocabulary
 _CHUNK = 2048
 
 
 @jit
-def _chunk_max_kernel(X, stride_x, n_cols, ChunkMax, ChunkIdx, n_chunks, BLOCK: tl.constexpr):
+def _chunk_max_kernel(
+    X, stride_x, n_cols, ChunkMax, ChunkIdx, n_chunks, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
     cols = chunk * BLOCK + tl.arange(0, BLOCK)
+    wait_for_prior_kernel(PDL)
     x = tl.load(X + row * stride_x + cols, mask=cols < n_cols, other=float("-inf"))
     best, at = tl.max(
         x.to(tl.float32), axis=0, return_indices=True, return_indices_tie_break_left=True
@@ -35,10 +45,19 @@ def _chunk_max_kernel(X, stride_x, n_cols, ChunkMax, ChunkIdx, n_chunks, BLOCK: 
 
 @jit
 def _row_max_kernel(
-    ChunkMax, ChunkIdx, Out, Table, TableIdx, n_chunks, SCATTER: tl.constexpr, BLOCK: tl.constexpr
+    ChunkMax,
+    ChunkIdx,
+    Out,
+    Table,
+    TableIdx,
+    n_chunks,
+    SCATTER: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     chunks = tl.arange(0, BLOCK)
+    wait_for_prior_kernel(PDL)
     best = tl.load(ChunkMax + row * n_chunks + chunks, mask=chunks < n_chunks, other=float("-inf"))
     # the first chunk holding the maximum holds its first index
     _, at = tl.max(best, axis=0, return_indices=True, return_indices_tie_break_left=True)
@@ -69,7 +88,15 @@ def argmax(
         return out
     table, index = scatter_to if scatter_to is not None else (out, out)
     _chunk_max_kernel[(rows, n_chunks)](
-        logits, logits.stride(0), vocab, chunk_max, chunk_idx, n_chunks, BLOCK=_CHUNK, num_warps=8
+        logits,
+        logits.stride(0),
+        vocab,
+        chunk_max,
+        chunk_idx,
+        n_chunks,
+        BLOCK=_CHUNK,
+        num_warps=8,
+        **dependent_launch(logits),
     )
     _row_max_kernel[(rows,)](
         chunk_max,
@@ -80,5 +107,6 @@ def argmax(
         n_chunks,
         SCATTER=scatter_to is not None,
         BLOCK=max(16, triton.next_power_of_2(n_chunks)),
+        **dependent_launch(logits),
     )
     return out
