@@ -123,7 +123,8 @@ def test_mla_decode_replays_in_a_cuda_graph_at_other_lengths(heads):
 def test_mla_extend_matches_reference_bf16(heads, group_tokens, monkeypatch):
     """Prompts without a prefix, chunks on a cached one, a one-token row (a mixed pass), on
     and off the 64-token tiles; bf16 against float64 on the same bf16 inputs. With 1,024-key
-    groups the 2,000-key request goes alone and the rest pack in twos and threes."""
+    groups the pass goes in four launches: the first two requests together, the rest alone
+    (the 2,000-key one over the bound)."""
     monkeypatch.setattr(mla, "EXPAND_GROUP_TOKENS", group_tokens)
     prefix, new = [0, 0, 300, 1500, 63], [1, 700, 129, 500, 1]
     case = extend_case(prefix, new, heads, 512, 64, 128, 128, torch.bfloat16, "cuda", seed=heads)
