@@ -70,6 +70,9 @@ def test_probes_and_metrics_are_open_and_admin_endpoints_need_the_admin_key(api_
     assert status == 200
     assert info["api_key"] == info["admin_api_key"] == "<redacted>"
     assert api_key not in json.dumps(info)
+    # both processes froze their start-up heaps out of the garbage collector
+    assert info["gc_frozen_objects"] > 50_000 and info["frontend"]["gc_frozen_objects"] > 10_000
+    assert set(info["frontend"]["gc_collections"]) == {"0", "1", "2"}
 
 
 # ------------------------------------------------------------------ tolerance, request ids

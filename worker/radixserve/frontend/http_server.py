@@ -73,6 +73,7 @@ from radixserve.frontend.tokenizer_manager import (
     SchedulerUnavailableError,
     TokenizerManager,
 )
+from radixserve.gc_pauses import freeze_startup_heap, pause_stats
 from radixserve.logging_config import escape_control
 from radixserve.metrics.collectors import METRICS_CONTENT_TYPE
 from radixserve.sampling.sampling_params import SAMPLING_PARAM_FIELDS
@@ -495,6 +496,7 @@ class Handlers:
     async def get_server_info(self, request: web.Request) -> web.Response:
         info = await self.engine.async_get_server_info()
         info.update(draining=self.state.draining, in_flight_http_requests=self.state.in_flight)
+        info["frontend"] = pause_stats()  # this process's collections; the scheduler's at the top
         return web.json_response(info, dumps=lambda o: json.dumps(o, default=str))
 
     async def flush_cache(self, request: web.Request) -> web.Response:
@@ -630,6 +632,9 @@ async def serve(engine: Engine, server_args: ServerArgs, listener: socket.socket
         server_args.port,
         engine.model_info.max_total_tokens,
     )
+    # the event loop serves every stream: none may stop for a full collection over the
+    # start-up heap (the HTTP stack, the tokenizer's Python side)
+    freeze_startup_heap()
     tm = engine.tokenizer_manager
     while not stop.is_set():
         if not tm.scheduler_alive:
