@@ -22,11 +22,13 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     max_padded_pairs,
     select_experts,
     select_experts_native,
+    select_experts_noaux_tc,
 )
 from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
 from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv, router_gemv  # noqa: E402
 from radixserve.kernels.triton_support import jit, tl  # noqa: E402
 from radixserve.layers.moe.reference import fused_moe_native  # noqa: E402
+from radixserve.layers.moe.routing import grouped_topk  # noqa: E402
 from radixserve.layers.quantization.fp8 import quantize_rows  # noqa: E402
 from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4, quantize_mxfp4  # noqa: E402
 
@@ -371,6 +373,38 @@ for dtype in (torch.float32, torch.float16):
             "dtype": str(dtype),
             "float32": logits.dtype == torch.float32,
             "rel_err": float((logits.double() - exact).norm() / exact.norm()),
+        }
+    )
+
+
+# DeepSeek-V3's grouped routing with the correction bias (noaux_tc) in one kernel against the
+# torch routing: V3's 256 experts in 8 groups, a one-group layout, groups of one power-of-two
+# short; the same experts (as a set) with the same weights
+results["noaux_tc"] = []
+for tokens, experts, n_group, topk_group, top_k, renormalize, scaling in [
+    (3, 256, 8, 4, 8, True, 2.5),
+    (2, 64, 1, 1, 6, False, 1.0),
+    (4, 24, 4, 2, 3, True, 1.0),
+]:
+    logits = randn(tokens, experts)
+    bias = randn(experts, std=0.1)
+    want_w, want_ids = grouped_topk(
+        logits, top_k, method="noaux_tc", n_group=n_group, topk_group=topk_group,
+        correction_bias=bias, renormalize=renormalize, scaling=scaling,
+    )  # fmt: skip
+    got_w, got_ids = select_experts_noaux_tc(
+        logits, bias, top_k, n_group, topk_group, renormalize, scaling
+    )
+    want_order, got_order = want_ids.long().sort(1), got_ids.long().sort(1)
+    results["noaux_tc"].append(
+        {
+            "case": f"{experts}e/{n_group}g top{topk_group} k{top_k}",
+            "same_ids": bool(torch.equal(want_order.values, got_order.values)),
+            "max_weight_err": float(
+                (want_w.gather(1, want_order.indices) - got_w.gather(1, got_order.indices))
+                .abs()
+                .max()
+            ),
         }
     )
 

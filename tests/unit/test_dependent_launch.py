@@ -179,6 +179,21 @@ KERNELS = {
         set(),
         {"BLOCK_M": 1, "BLOCK_K": mla_absorb.BLOCK_K, "BLOCK_N": mla_absorb.BLOCK_N},
     ),
+    "moe routing (noaux_tc, grouped)": (
+        fused_moe._noaux_tc_topk_kernel,
+        {"Logits": "fp32", "Bias": "fp32", "TopkWeights": "fp32", "TopkIds": "i32"},
+        {"scaling"},
+        {
+            "N_GROUP": 8,
+            "GROUP_SIZE": 32,
+            "TOPK_GROUP": 4,
+            "TOP_K": 8,
+            "RENORMALIZE": True,
+            "BLOCK_G": 8,
+            "BLOCK_GS": 32,
+            "BLOCK_K": 8,
+        },
+    ),
     "moe router gemv (float32 router)": (
         moe_gemv._router_gemv_kernel,
         {"W": "fp32", "Out": "fp32"},
@@ -316,6 +331,7 @@ EARLY_READS = {
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
     "mla decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
+    "moe routing (noaux_tc, grouped)": {"Bias"},  # the correction bias: a constant
     # the token's position and slot; the latent norm's weight and the rotary tables
     "mla rope_store": {"Positions", "Loc", "Norm_weight", "Cos", "Sin"},
     # the pass's adapter layout (its segments, or its decode block table); the expand's B

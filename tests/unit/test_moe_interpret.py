@@ -31,6 +31,16 @@ def test_routing_kernel_matches_torch(interpreted):
         assert case["max_weight_err"] < 1e-6, case
 
 
+def test_grouped_noaux_tc_routing_kernel_matches_torch(interpreted):
+    """DeepSeek-V3's grouped routing with the correction bias in one kernel: the same experts
+    and weights as the torch routing (V3's 8 groups of 32, one group, groups of 6 padded to 8)."""
+    cases = interpreted["noaux_tc"]
+    assert len(cases) == 3
+    for case in cases:
+        assert case["same_ids"], case
+        assert case["max_weight_err"] < 1e-6, case
+
+
 def test_alignment_sorts_every_pair_into_its_experts_blocks(interpreted):
     assert len(interpreted["alignment"]) == 4
     for case in interpreted["alignment"]:

@@ -107,6 +107,70 @@ def _topk_softmax_kernel(
 
 
 @jit
+def _noaux_tc_topk_kernel(
+    Logits,
+    Bias,
+    TopkWeights,
+    TopkIds,
+    stride_l,
+    scaling,
+    N_GROUP: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    TOPK_GROUP: tl.constexpr,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_GS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One token of DeepSeek-V3's routing (layers/moe/routing.py's `noaux_tc`): sigmoid scores;
+    experts chosen by score + Bias within the TOPK_GROUP best of N_GROUP groups (a group's
+    worth: the sum of its two best biased scores), weighted by their unbiased scores, then
+    renormalised if asked and times `scaling`. The experts as a [group, member] tile (a padded
+    member's id is the next group's first expert's: only `valid` cells count); among equals the
+    lowest group and expert id first. A programmatic dependent of the router."""
+    token = tl.program_id(0).to(tl.int64)
+    groups = tl.arange(0, BLOCK_G)
+    members = tl.arange(0, BLOCK_GS)
+    experts = groups[:, None] * GROUP_SIZE + members[None, :]
+    valid = (groups[:, None] < N_GROUP) & (members[None, :] < GROUP_SIZE)
+    bias = tl.load(Bias + experts, mask=valid, other=0.0)
+    wait_for_prior_kernel(PDL)
+    logits = tl.load(Logits + token * stride_l + experts, mask=valid, other=0.0).to(tl.float32)
+    scores = tl.sigmoid(logits)
+    choice = tl.where(valid, scores + bias, float("-inf"))
+    # a group's worth: its best biased score plus its second best
+    first = tl.max(choice, 1)
+    first_at = tl.min(tl.where(choice == first[:, None], members[None, :], BLOCK_GS), 1)
+    second = tl.max(tl.where(members[None, :] == first_at[:, None], float("-inf"), choice), 1)
+    worth = tl.where(groups < N_GROUP, first + second, float("-inf"))
+    keep = groups < 0
+    for _ in range(TOPK_GROUP):
+        best = tl.max(worth, 0)
+        best_group = tl.min(tl.where(worth == best, groups, BLOCK_G), 0)
+        keep = keep | (groups == best_group)
+        worth = tl.where(groups == best_group, float("-inf"), worth)
+    remaining = tl.where(keep[:, None] & valid, choice, float("-inf"))
+    slots = tl.arange(0, BLOCK_K)
+    picked = tl.zeros([BLOCK_K], dtype=tl.float32)
+    picked_ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    for i in range(TOP_K):
+        best = tl.max(tl.max(remaining, 1), 0)
+        best_id = tl.min(tl.min(tl.where(remaining == best, experts, N_GROUP * GROUP_SIZE), 1), 0)
+        weight = tl.sum(tl.sum(tl.where(valid & (experts == best_id), scores, 0.0), 1), 0)
+        picked = tl.where(slots == i, weight, picked)
+        picked_ids = tl.where(slots == i, best_id, picked_ids)
+        remaining = tl.where(experts == best_id, float("-inf"), remaining)
+    if RENORMALIZE:
+        picked = picked / (tl.sum(picked, 0) + 1e-20)
+    picked = picked * scaling
+    in_k = slots < TOP_K
+    tl.store(TopkWeights + token * TOP_K + slots, picked, mask=in_k)
+    tl.store(TopkIds + token * TOP_K + slots, picked_ids.to(TopkIds.dtype.element_ty), mask=in_k)
+
+
+@jit
 def _align_kernel(
     TopkIds,
     SortedIds,
@@ -336,6 +400,45 @@ def select_experts(
             RENORMALIZE=renormalize,
             ROUND_TO_LOGITS_DTYPE=round_weights,
             BLOCK_E=triton.next_power_of_2(num_experts),
+            BLOCK_K=triton.next_power_of_2(top_k),
+            **dependent_launch(router_logits),
+        )
+    return weights, ids
+
+
+def select_experts_noaux_tc(
+    router_logits: torch.Tensor,
+    correction_bias: torch.Tensor,
+    top_k: int,
+    n_group: int,
+    topk_group: int,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """layers/moe/routing.py's `grouped_topk(method="noaux_tc")` in one launch (one program per
+    token) instead of a dozen torch kernels a MoE layer: (weights [T, k] float32, ids [T, k]
+    int32), the ids in falling order of their biased score."""
+    tokens, num_experts = router_logits.shape
+    if num_experts > MAX_EXPERTS or num_experts % n_group:
+        raise ValueError(f"{num_experts} experts in {n_group} groups: not for this kernel")
+    group_size = num_experts // n_group
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
+    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    if tokens:
+        _noaux_tc_topk_kernel[(tokens,)](
+            router_logits,
+            correction_bias,
+            weights,
+            ids,
+            router_logits.stride(0),
+            scaling,
+            N_GROUP=n_group,
+            GROUP_SIZE=group_size,
+            TOPK_GROUP=topk_group,
+            TOP_K=top_k,
+            RENORMALIZE=renormalize,
+            BLOCK_G=max(2, triton.next_power_of_2(n_group)),
+            BLOCK_GS=max(2, triton.next_power_of_2(group_size)),
             BLOCK_K=triton.next_power_of_2(top_k),
             **dependent_launch(router_logits),
         )

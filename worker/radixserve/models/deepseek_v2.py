@@ -40,7 +40,7 @@ from radixserve.catalog.model_layouts import check_layout as check_config_layout
 from radixserve.distributed.parallel_state import all_reduce, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.kernels import triton_support
-from radixserve.kernels.fused_moe import select_experts
+from radixserve.kernels.fused_moe import select_experts, select_experts_noaux_tc
 from radixserve.kernels.mla_absorb import MAX_ROWS as MAX_ABSORB_ROWS
 from radixserve.kernels.mla_absorb import per_head_gemv
 from radixserve.kernels.mla_rope_store import mla_rope_store
@@ -247,6 +247,17 @@ class DeepseekRouter(nn.Module):
             # plain softmax top-k (V2-Lite): the fused MoE's one-launch routing kernel
             weights, ids = select_experts(logits, self.top_k, self.renormalize, False)
             return (weights if self.scaling == 1.0 else weights * self.scaling), ids
+        if self.method == "noaux_tc" and triton_support.enabled_for(logits):
+            # V3's grouped choice with the correction bias, in one launch
+            return select_experts_noaux_tc(
+                logits,
+                self.e_score_correction_bias,
+                self.top_k,
+                self.n_group,
+                self.topk_group,
+                self.renormalize,
+                self.scaling,
+            )
         return grouped_topk(
             logits,
             self.top_k,

@@ -1,7 +1,9 @@
 """DeepSeek's expert choice: grouped top-k over float32 router logits, as transformers'
 DeepseekV3TopkRouter (`noaux_tc`) and DeepseekV2TopkRouter (`greedy`, `group_limited_greedy`)
 compute it. Plain torch (topk, scatter, masks): no host sync, so it runs inside captured CUDA
-graphs as it is; the router is a few microseconds of a decode step beside the experts.
+graphs as it is. It is the CPU's routing and the reference of the CUDA path's one-launch
+kernels (kernels/fused_moe.py: `select_experts` for V2-Lite's greedy choice,
+`select_experts_noaux_tc` for V3's), which replace its dozen small kernels a MoE layer.
 """
 
 from __future__ import annotations
