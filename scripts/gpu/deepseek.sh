@@ -8,8 +8,10 @@
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/deepseek.sh [stages...]
 # Stages (default: all, in this order):
 #   tests     tests/gpu/test_mla_gpu.py: the MLA decode kernel at 16 and 128 heads in bf16
-#             (batch 1 to 64, ragged) and in a replayed CUDA graph, tiny V3 and V2-Lite
-#             layouts on the fast path (graphs, overlap) against their torch path
+#             (batch 1 to 64, ragged) and in a replayed CUDA graph, the extend kernel, the
+#             absorbed projections' per-head GEMVs, tiny V3 and V2-Lite layouts on the fast
+#             path (graphs, overlap) against their torch path; test_fused_moe.py's DeepSeek
+#             cases (V3's grouped routing kernel, the shared add and the float32 router GEMV)
 #   latency   V2-Lite shape, batch 1 and 64 decode: MBU over the bytes actually read (the
 #             experts a step routes to, the latent KV); PASS at batch 1 >= 60%; transformers
 #             (generate, batch 1) in the same run
@@ -39,7 +41,9 @@ for stage in $stages; do
   case $stage in
     tests)
       timeout "$(limit 180)" python3 -m pytest -q -rA -p no:cacheprovider -s \
-        tests/gpu/test_mla_gpu.py 2>&1 | tee "$OUT/mla-tests.log" \
+        tests/gpu/test_mla_gpu.py tests/gpu/test_fused_moe.py::test_grouped_noaux_tc_routing_kernel_matches_torch \
+        tests/gpu/test_fused_moe.py::test_deepseek_shared_add_and_float32_router_at_v2_lite_sizes \
+        2>&1 | tee "$OUT/mla-tests.log" \
         | grep -E "relative error|agreement|passed|failed|Error|error" ;;
     latency)
       timeout "$(limit 140)" $RS bench latency $LAT --batch-sizes 1,64 --cuda-graph-max-bs 64 \
