@@ -64,6 +64,7 @@ def extend_case(
         extend_prefix_lens=torch.tensor(prefix_lens, device=device),
         extend_seq_lens=ext.to(device),
         extend_start_loc=(torch.cumsum(ext, 0) - ext).to(device),
+        mla_key_groups=None,
     )
     return ExtendCase(
         q.to(device, dtype),

@@ -170,17 +170,18 @@ def test_absorbed_decode_is_the_expanded_attention():
 )
 def test_expand_groups_cover_the_pass_in_order_within_the_bound(lens, max_keys):
     """The Triton extend path's groups: every request once, in order, consecutive; a group
-    over max_keys keys is a single request; no group could take its successor's first."""
+    over max_keys keys is a single request; no group could take its successor's first; each
+    says its keys."""
     prefix, new = [p for p, _ in lens], [e for _, e in lens]
     keys = [p + e for p, e in lens]
     groups = expand_groups(prefix, new, max_keys)
-    assert [i for first, end in groups for i in range(first, end)] == list(range(len(lens)))
-    for first, end in groups:
+    assert [i for first, end, _ in groups for i in range(first, end)] == list(range(len(lens)))
+    for first, end, total in groups:
         assert end > first
-        total = sum(keys[first:end])
+        assert total == sum(keys[first:end])
         assert total <= max_keys or end - first == 1
-    for (first, end), (nxt, _) in zip(groups, groups[1:], strict=False):
-        assert sum(keys[first:end]) + keys[nxt] > max_keys
+    for (_, _, total), (nxt, _, _) in zip(groups, groups[1:], strict=False):
+        assert total + keys[nxt] > max_keys
 
 
 def test_latent_pool_layout():

@@ -34,6 +34,7 @@ def test_mla_extend_kernel_matches_dense_reference(interpreted) -> None:
     results = interpreted["extend"]
     assert [r["groups"] for r in results] == [1, 3]
     for result in results:
+        assert result["groups_kept"], result
         assert result["rel_err"] < 1e-5, result
         assert result["native_rel_err"] < 1e-5, result
 

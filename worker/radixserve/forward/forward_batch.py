@@ -56,6 +56,9 @@ class ForwardBatch:
     extend_start_loc: torch.Tensor | None = None  # [bs] offset of each request in input_ids
     extend_seq_lens_cpu: list[int] | None = None
     extend_prefix_lens_cpu: list[int] | None = None
+    # MLA models' extend passes on CUDA: the packed key groups (layers/mla.py's KeyGroup),
+    # made at the first MLA layer, read by every one
+    mla_key_groups: list[Any] | None = None
     # decode only: the FutureTokens slot each row's next token goes to
     future_slots: torch.Tensor | None = None
     # logits: which rows to keep (the last token of each request unless logprobs need all)

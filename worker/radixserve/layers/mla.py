@@ -11,7 +11,8 @@
   per-head keys and values, then causal attention with the prefix offset. Prefill is compute
   bound, and the expanded form does fewer FLOPs there than the absorbed one. On CUDA the
   requests' latents are gathered and expanded together, in groups of up to
-  EXPAND_GROUP_TOKENS keys, and one Triton launch a group attends (kernels/mla_extend.py);
+  EXPAND_GROUP_TOKENS keys (their slots gathered once a pass, `key_groups`), and one Triton
+  launch a group attends (kernels/mla_extend.py);
   elsewhere the torch reference, request by request.
 
 Neither goes through the attention backend: the backend of an MLA model is built for the pool's
@@ -22,6 +23,7 @@ read req_to_token, the rows and the lengths themselves, as the Triton decode ker
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -120,6 +122,44 @@ def mla_decode_native(
     return torch.einsum("bhl,blc->bhc", weights, kv[..., :kv_lora_rank])
 
 
+@dataclass(frozen=True)
+class KeyGroup:
+    """Consecutive requests [first, end) of an extend pass whose keys (cached prefix and new
+    tokens) are expanded together, packed request after request: request first + i's from
+    kv_indptr[i]; `slots` their pool rows, [kv_indptr[-1]] int64."""
+
+    first: int
+    end: int
+    max_extend: int
+    kv_indptr: torch.Tensor
+    slots: torch.Tensor
+
+
+def key_groups(forward_batch: ForwardBatch) -> list[KeyGroup]:
+    """The pass's key groups, made at its first MLA layer and kept on the forward batch: every
+    layer packs the same slots (only the pool it reads them from differs)."""
+    if forward_batch.mla_key_groups is None:
+        prefix_lens = forward_batch.extend_prefix_lens_cpu
+        extend_lens = forward_batch.extend_seq_lens_cpu
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        groups = []
+        for first, end, keys in expand_groups(prefix_lens, extend_lens, EXPAND_GROUP_TOKENS):
+            # kv_indptr from the lengths on the device, the slots gathered from req_to_token in
+            # one launch: no host round trip
+            seq_lens = (
+                forward_batch.extend_prefix_lens[first:end]
+                + forward_batch.extend_seq_lens[first:end]
+            )
+            kv_indptr = F.pad(torch.cumsum(seq_lens, 0), (1, 0))
+            slots = torch.empty(keys, dtype=torch.int64, device=seq_lens.device)
+            gather_kv_indices(
+                req_to_token, forward_batch.req_pool_indices[first:end], seq_lens, kv_indptr, slots
+            )
+            groups.append(KeyGroup(first, end, max(extend_lens[first:end]), kv_indptr, slots))
+        forward_batch.mla_key_groups = groups
+    return forward_batch.mla_key_groups
+
+
 def mla_extend(
     q: torch.Tensor,
     kv_buffer: torch.Tensor,
@@ -133,22 +173,9 @@ def mla_extend(
     qk_nope], v [L, heads, v_head_dim]) (the layer's kv_b_proj). -> [tokens, heads, v_head_dim]."""
     if not triton_support.enabled_for(q):
         return mla_extend_native(q, kv_buffer, forward_batch, expand, kv_lora_rank, scaling)
-    prefix_lens = forward_batch.extend_prefix_lens_cpu
-    extend_lens = forward_batch.extend_seq_lens_cpu
-    req_to_token = forward_batch.req_to_token_pool.req_to_token
     out = None
-    for first, end in expand_groups(prefix_lens, extend_lens, EXPAND_GROUP_TOKENS):
-        # the group's keys packed request after request: kv_start from the lengths on the
-        # device, the slots gathered from req_to_token in one launch (no host round trip)
-        prefix = forward_batch.extend_prefix_lens[first:end]
-        seq_lens = prefix + forward_batch.extend_seq_lens[first:end]
-        kv_indptr = F.pad(torch.cumsum(seq_lens, 0), (1, 0))
-        keys = sum(prefix_lens[first:end]) + sum(extend_lens[first:end])
-        slots = torch.empty(keys, dtype=torch.int64, device=q.device)
-        gather_kv_indices(
-            req_to_token, forward_batch.req_pool_indices[first:end], seq_lens, kv_indptr, slots
-        )
-        rows = kv_buffer[slots, 0].to(q.dtype)  # [keys, latent + rope]
+    for group in key_groups(forward_batch):
+        rows = kv_buffer[group.slots, 0].to(q.dtype)  # [keys, latent + rope]
         k_nope, v = expand(rows[:, :kv_lora_rank])
         if out is None:
             out = q.new_empty(q.shape[0], q.shape[1], v.shape[-1])
@@ -158,11 +185,11 @@ def mla_extend(
             rows[:, kv_lora_rank:],
             v,
             out,
-            kv_indptr,
-            prefix,
-            forward_batch.extend_seq_lens[first:end],
-            forward_batch.extend_start_loc[first:end],
-            max(extend_lens[first:end]),
+            group.kv_indptr,
+            forward_batch.extend_prefix_lens[group.first : group.end],
+            forward_batch.extend_seq_lens[group.first : group.end],
+            forward_batch.extend_start_loc[group.first : group.end],
+            group.max_extend,
             scaling,
         )
     assert out is not None, "an extend pass has at least one request"
@@ -171,17 +198,17 @@ def mla_extend(
 
 def expand_groups(
     prefix_lens: list[int], extend_lens: list[int], max_keys: int
-) -> list[tuple[int, int]]:
-    """Consecutive requests [first, end) whose keys (prefix + new tokens) add up to at most
-    max_keys; a request with more keys than that forms a group of its own."""
-    groups: list[tuple[int, int]] = []
+) -> list[tuple[int, int, int]]:
+    """(first, end, keys): consecutive requests [first, end) whose keys (prefix + new tokens)
+    add up to at most max_keys; a request with more keys than that forms a group of its own."""
+    groups: list[tuple[int, int, int]] = []
     first, keys = 0, 0
     for i, n in enumerate(p + e for p, e in zip(prefix_lens, extend_lens, strict=True)):
         if i > first and keys + n > max_keys:
-            groups.append((first, i))
+            groups.append((first, i, keys))
             first, keys = i, 0
         keys += n
-    groups.append((first, len(prefix_lens)))
+    groups.append((first, len(prefix_lens), keys))
     return groups
 
 
