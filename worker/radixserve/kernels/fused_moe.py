@@ -63,6 +63,14 @@ _ALIGN_CHUNK = 64
 
 
 @jit
+def _store_choice(TopkWeights, TopkIds, token, slots, picked, picked_ids, TOP_K: tl.constexpr):
+    """A routing kernel's result for one token: its TOP_K weights and expert ids."""
+    in_k = slots < TOP_K
+    tl.store(TopkWeights + token * TOP_K + slots, picked, mask=in_k)
+    tl.store(TopkIds + token * TOP_K + slots, picked_ids.to(TopkIds.dtype.element_ty), mask=in_k)
+
+
+@jit
 def _topk_softmax_kernel(
     Logits,
     TopkWeights,
@@ -101,9 +109,7 @@ def _topk_softmax_kernel(
         picked = picked / tl.sum(picked, 0)
     if ROUND_TO_LOGITS_DTYPE:
         picked = picked.to(Logits.dtype.element_ty).to(tl.float32)
-    in_k = slots < TOP_K
-    tl.store(TopkWeights + token * TOP_K + slots, picked, mask=in_k)
-    tl.store(TopkIds + token * TOP_K + slots, picked_ids.to(TopkIds.dtype.element_ty), mask=in_k)
+    _store_choice(TopkWeights, TopkIds, token, slots, picked, picked_ids, TOP_K)
 
 
 @jit
@@ -165,9 +171,7 @@ def _noaux_tc_topk_kernel(
     if RENORMALIZE:
         picked = picked / (tl.sum(picked, 0) + 1e-20)
     picked = picked * scaling
-    in_k = slots < TOP_K
-    tl.store(TopkWeights + token * TOP_K + slots, picked, mask=in_k)
-    tl.store(TopkIds + token * TOP_K + slots, picked_ids.to(TopkIds.dtype.element_ty), mask=in_k)
+    _store_choice(TopkWeights, TopkIds, token, slots, picked, picked_ids, TOP_K)
 
 
 @jit
@@ -379,6 +383,14 @@ def select_experts_native(
     return weights, ids.to(torch.int32)
 
 
+def _choice_outputs(
+    tokens: int, top_k: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The routing kernels' outputs: weights [T, k] float32 and expert ids [T, k] int32."""
+    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=device)
+    return weights, torch.empty((tokens, top_k), dtype=torch.int32, device=device)
+
+
 def select_experts(
     router_logits: torch.Tensor, top_k: int, renormalize: bool, round_weights: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -387,8 +399,7 @@ def select_experts(
     tokens, num_experts = router_logits.shape
     if num_experts > MAX_EXPERTS:
         raise ValueError(f"{num_experts} experts: the routing kernel holds at most {MAX_EXPERTS}")
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    weights, ids = _choice_outputs(tokens, top_k, router_logits.device)
     if tokens:
         _topk_softmax_kernel[(tokens,)](
             router_logits,
@@ -422,8 +433,7 @@ def select_experts_noaux_tc(
     if num_experts > MAX_EXPERTS or num_experts % n_group:
         raise ValueError(f"{num_experts} experts in {n_group} groups: not for this kernel")
     group_size = num_experts // n_group
-    weights = torch.empty((tokens, top_k), dtype=torch.float32, device=router_logits.device)
-    ids = torch.empty((tokens, top_k), dtype=torch.int32, device=router_logits.device)
+    weights, ids = _choice_outputs(tokens, top_k, router_logits.device)
     if tokens:
         _noaux_tc_topk_kernel[(tokens,)](
             router_logits,

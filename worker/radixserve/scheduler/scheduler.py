@@ -454,7 +454,6 @@ class Scheduler:
             **(self.grammar_cache.stats() if self.grammar_cache is not None else {}),
             **self.counters.info(),
             "kv_cache_usage_ratio": self.kv_usage(),
-            **pause_stats(),
             "kv_cache_evictable_ratio": self.kv_evictable(),
             "free_slots": self.worker.allocator.available_size(),
             "evictable_size": self.tree_cache.evictable_size(),
@@ -473,6 +472,7 @@ class Scheduler:
                 for mode, gaps in self.worker.timeline.longest_gaps_ms_before_mode.items()
             },
             "gpu_tokens_by_mode": dict(self.worker.timeline.tokens_by_mode),
+            **pause_stats(),  # this process's garbage collections (gc_pauses.py)
             "matmul_parameters": self.model.matmul_parameters,
             "speculative_method": self.server_args.speculative_method,
             **(self.speculator.info() if self.speculator is not None else {}),
