@@ -147,14 +147,15 @@ def test_absorbed_projections_per_head_match_bmm_bf16(heads, rows):
     g = torch.Generator(device="cuda").manual_seed(rows + heads)
     bf = torch.bfloat16
     q = torch.randn(rows, heads, 192, device="cuda", generator=g).to(bf)
-    w_uk = (torch.randn(heads, 128, LATENT, device="cuda", generator=g) / 128**0.5).to(bf)
-    w_uv = (torch.randn(heads, LATENT, 128, device="cuda", generator=g) / LATENT**0.5).to(bf)
+    # output-major, as DeepseekMLA keeps them: [heads, out, in]
+    w_uk = (torch.randn(heads, LATENT, 128, device="cuda", generator=g) / 128**0.5).to(bf)
+    w_uv = (torch.randn(heads, 128, LATENT, device="cuda", generator=g) / LATENT**0.5).to(bf)
     q_latent = per_head_gemv(q[..., :128], w_uk)
-    want = torch.bmm(q[..., :128].transpose(0, 1), w_uk).transpose(0, 1)
+    want = torch.bmm(q[..., :128].transpose(0, 1), w_uk.transpose(1, 2)).transpose(0, 1)
     assert ((q_latent.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
     out = torch.empty(rows, heads, 128, device="cuda", dtype=bf)
     per_head_gemv(q_latent, w_uv, out)
-    want = torch.bmm(q_latent.transpose(0, 1), w_uv).transpose(0, 1)
+    want = torch.bmm(q_latent.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1)
     assert ((out.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
 
 

@@ -137,8 +137,9 @@ def absorb_results() -> list[dict]:
     ]:
         q = torch.randn(rows, heads, k + 8, generator=generator).to(dtype)
         x = q[..., :k]  # a view: rows and heads strided past the rope part
-        weight = torch.randn(heads, k, n, generator=generator).to(dtype) / k**0.5
-        exact = torch.bmm(x.double().transpose(0, 1), weight.double()).transpose(0, 1)
+        weight = torch.randn(heads, n, k, generator=generator).to(dtype) / k**0.5  # output-major
+        exact = torch.bmm(x.double().transpose(0, 1), weight.double().transpose(1, 2))
+        exact = exact.transpose(0, 1)
         got = per_head_gemv(x, weight)
         given = torch.full((rows, heads, n + 2), 7.0, dtype=dtype)[..., :n]
         per_head_gemv(x, weight, given)

@@ -177,7 +177,7 @@ KERNELS = {
         mla_absorb._per_head_gemv_kernel,
         {},
         set(),
-        {"BLOCK_M": 1, "BLOCK_K": mla_absorb.BLOCK_K, "BLOCK_N": mla_absorb.BLOCK_N},
+        {"BLOCK_M": 1, "BLOCK_K": 512, "BLOCK_N": mla_absorb.block_n(512, 128)},
     ),
     "moe routing (noaux_tc, grouped)": (
         fused_moe._noaux_tc_topk_kernel,
@@ -331,6 +331,7 @@ EARLY_READS = {
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
     "mla decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
+    "mla absorbed projection (per-head gemv)": {"W"},  # the head's weight slice, a constant
     "moe routing (noaux_tc, grouped)": {"Bias"},  # the correction bias: a constant
     # the token's position and slot; the latent norm's weight and the rotary tables
     "mla rope_store": {"Positions", "Loc", "Norm_weight", "Cos", "Sin"},

@@ -118,28 +118,29 @@ class DeepseekMLA(nn.Module):
         params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
         self.scaling = yarn_softmax_scale(params, qk_head_dim**-0.5)
         # kv_b_proj split per head for the absorbed decode, refreshed after every load (in
-        # place: captured graphs hold their addresses): W_UK [H, qk_nope, latent] and W_UV
-        # transposed, [H, latent, v_head_dim]
-        self.w_uk: torch.Tensor
+        # place: captured graphs hold their addresses), each output-major (its input dim
+        # contiguous, as kernels/mla_absorb.py streams it; cuBLAS takes the transposed views):
+        # W_UK^T [H, latent, qk_nope] and W_UV [H, v_head_dim, latent], kv_b_proj's own rows
+        self.w_uk_t: torch.Tensor
         self.w_uv: torch.Tensor
         self.register_buffer(
-            "w_uk", torch.zeros(self.num_heads, self.qk_nope, self.kv_lora_rank), persistent=False
+            "w_uk_t", torch.zeros(self.num_heads, self.kv_lora_rank, self.qk_nope), persistent=False
         )
         self.register_buffer(
             "w_uv",
-            torch.zeros(self.num_heads, self.kv_lora_rank, self.v_head_dim),
+            torch.zeros(self.num_heads, self.v_head_dim, self.kv_lora_rank),
             persistent=False,
         )
 
     @torch.no_grad()
     def absorb_weights(self) -> None:
-        """Split kv_b_proj (dequantized if FP8) into the decode's W_UK and W_UV."""
+        """Split kv_b_proj (dequantized if FP8) into the decode's W_UK^T and W_UV."""
         weight = self.kv_b_proj.weight
         scale = getattr(self.kv_b_proj, "weight_scale", None)
-        dense = weight if scale is None else dequantize_rows(weight, scale, self.w_uk.dtype)
+        dense = weight if scale is None else dequantize_rows(weight, scale, self.w_uv.dtype)
         per_head = dense.view(self.num_heads, self.qk_nope + self.v_head_dim, self.kv_lora_rank)
-        self.w_uk.copy_(per_head[:, : self.qk_nope])
-        self.w_uv.copy_(per_head[:, self.qk_nope :].transpose(1, 2))
+        self.w_uk_t.copy_(per_head[:, : self.qk_nope].transpose(1, 2))
+        self.w_uv.copy_(per_head[:, self.qk_nope :])
 
     def _expand(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         kv = self.kv_b_proj(latent).view(-1, self.num_heads, self.qk_nope + self.v_head_dim)
@@ -177,9 +178,10 @@ class DeepseekMLA(nn.Module):
             few = triton_support.enabled_for(q) and q.shape[0] <= MAX_ABSORB_ROWS
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             if few:
-                q_latent = per_head_gemv(q_nope, self.w_uk)
+                q_latent = per_head_gemv(q_nope, self.w_uk_t)
             else:
-                q_latent = torch.bmm(q_nope.transpose(0, 1), self.w_uk).transpose(0, 1)
+                w_uk = self.w_uk_t.transpose(1, 2)
+                q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
             out_latent = mla_decode(q_latent, q_rope, kv_buffer, forward_batch, self.scaling)
             # W_UV after: [H, bs, latent] x [H, latent, v_head_dim], written token-major
             # (o_proj's input layout) by the product itself, not by a copy after it
@@ -187,7 +189,8 @@ class DeepseekMLA(nn.Module):
             if few:
                 per_head_gemv(out_latent, self.w_uv, out)
             else:
-                torch.bmm(out_latent.transpose(0, 1), self.w_uv, out=out.transpose(0, 1))
+                w_uv_t = self.w_uv.transpose(1, 2)
+                torch.bmm(out_latent.transpose(0, 1), w_uv_t, out=out.transpose(0, 1))
         else:
             q_full = torch.cat([q_nope, q_rope], dim=-1)
             out = mla_extend(
