@@ -151,6 +151,44 @@ def test_a_steps_accepts_in_one_call_give_each_rows_verdict_and_end(backend, tok
     assert not refusing.is_terminated()
 
 
+def test_a_large_steps_accepts_split_over_threads_keep_each_rows_verdict(tokenizer, monkeypatch):
+    """Past ACCEPT_SHARD_ROWS a row the accepts run in shards on the backend's threads: each
+    row's verdict and grammar state are still those of accepting it alone, in row order."""
+    import xgrammar as xgr
+
+    from radixserve.constrained import xgrammar_backend
+
+    backend = XGrammarBackend(tokenizer, len(tokenizer), {tokenizer.eos_token_id}, threads=4)
+    ids = tokenizer.convert_tokens_to_ids
+    cases = [
+        ("[0-9]+", "1", ids("2")),
+        ("ab+c", "ab", ids("x")),
+        ("ab", "ab", tokenizer.eos_token_id),
+    ]
+    rows = [cases[(i * 7) % 3] for i in range(37)]  # 37 rows: 4 shards of 9-10
+    grammars = [walk(backend, tokenizer, "regex", regex, walked) for regex, walked, _ in rows]
+    alone = [walk(backend, tokenizer, "regex", regex, walked) for regex, walked, _ in rows]
+    tokens = [token for _, _, token in rows]
+    shards = []
+    batch_accept = xgr.BatchGrammarMatcher.batch_accept_token
+
+    def recorded(matchers, shard_tokens):
+        shards.append((threading.current_thread().name, len(matchers)))
+        return batch_accept(matchers, shard_tokens)
+
+    monkeypatch.setattr(xgr.BatchGrammarMatcher, "batch_accept_token", recorded)
+    verdicts = backend.accept_tokens(grammars, tokens)
+    assert len(shards) == 37 // xgrammar_backend.ACCEPT_SHARD_ROWS, shards
+    assert sum(n for _, n in shards) == 37 and min(n for _, n in shards) >= 8, shards
+    names = {name for name, _ in shards}
+    assert threading.current_thread().name in names and len(names) > 1, shards
+    assert verdicts == [g.accept_token(t) for g, t in zip(alone, tokens, strict=True)]
+    assert verdicts.count(False) == sum(1 for r in rows if r is cases[1])
+    for grammar, twin in zip(grammars, alone, strict=True):
+        assert grammar.is_terminated() == twin.is_terminated()
+        assert grammar.accept_token(ids("c")) == twin.accept_token(ids("c"))
+
+
 def test_a_batch_mask_constrains_only_the_constrained_rows(backend, tokenizer):
     vocab = len(tokenizer)
     digits = walk(backend, tokenizer, "regex", "[0-9]+", "12")

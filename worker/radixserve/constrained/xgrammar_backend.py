@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,11 @@ from radixserve.constrained.base_grammar_backend import (
 
 # xgrammar's messages start with a timestamp, the C++ source line and sometimes the failed check
 _MESSAGE_PREFIX = re.compile(r"^\[[\d:.]+\] \S+:\d+: (Check failed: .*? is false: )?")
+# Rows a thread takes of a step's accepts at the least: xgrammar's batch accept runs its rows
+# one after the other on the calling thread (with the GIL released), ~15-40 us a row of a JSON
+# Schema, so a step's accepts are split over the backend's threads; under this many rows a
+# thread's hand-off costs more than its share saves.
+ACCEPT_SHARD_ROWS = 8
 
 
 def _reason(exc: Exception) -> str:
@@ -103,18 +109,28 @@ class XGrammarBackend(GrammarBackend):
         tokenizer: transformers.PreTrainedTokenizerBase,
         vocab_size: int,
         stop_token_ids: Collection[int],
+        threads: int | None = None,
     ) -> None:
+        """`threads`: for the compiles, the fills and the accepts; None: the CPUs this process
+        may run on, up to 16."""
         info = xgr.TokenizerInfo.from_huggingface(
             tokenizer, vocab_size=vocab_size, stop_token_ids=sorted(stop_token_ids) or None
         )
         # the fill's cost is a step's host time: 64 rows of a 128k vocabulary take ~9 ms on one
         # thread, ~1.7 ms on 16 (H200 host, benchmark-log.md); more gain little
-        threads = min(16, len(os.sched_getaffinity(0)))
+        if threads is None:
+            threads = min(16, len(os.sched_getaffinity(0)))
         # the grammar cache owns caching (keyed by kind and text, failures included)
         self._info = info
         self._threads = threads
         self._compiler = xgr.GrammarCompiler(info, max_threads=threads, cache_enabled=False)
         self._batch = xgr.BatchGrammarMatcher(max_threads=threads)
+        # the accepts' other shards (the calling thread takes the first): see ACCEPT_SHARD_ROWS
+        self._accept_pool = (
+            ThreadPoolExecutor(threads - 1, thread_name_prefix="grammar-accept")
+            if threads > 1
+            else None
+        )
         self.vocab_size = vocab_size
 
     def compile(self, kind: str, text: str) -> CompiledGrammar:
@@ -133,8 +149,25 @@ class XGrammarBackend(GrammarBackend):
         return XGrammarMatcher(self, xgr.GrammarMatcher(handle))
 
     def accept_tokens(self, grammars: Sequence[Grammar], tokens: Sequence[int]) -> list[bool]:
+        """Each row's verdict, in order. The rows are split into shards of at least
+        ACCEPT_SHARD_ROWS, one a thread (the calling thread takes the first), since xgrammar's
+        batch accept walks its rows one by one: at batch 64 on the H200 host that was 2.0-2.5 ms
+        of the step's host time on one thread (bench_grammar.py, 2026-12-04)."""
         matchers = [g.matcher for g in grammars]
-        accepted = xgr.BatchGrammarMatcher.batch_accept_token(matchers, list(tokens))
+        tokens = list(tokens)
+        accept = xgr.BatchGrammarMatcher.batch_accept_token
+        shards = min(self._threads, len(matchers) // ACCEPT_SHARD_ROWS)
+        if shards <= 1 or self._accept_pool is None:
+            accepted = accept(matchers, tokens)
+        else:
+            bounds = [len(matchers) * i // shards for i in range(shards + 1)]
+            others = [
+                self._accept_pool.submit(accept, matchers[a:b], tokens[a:b])
+                for a, b in zip(bounds[1:-1], bounds[2:], strict=True)
+            ]
+            accepted = accept(matchers[: bounds[1]], tokens[: bounds[1]])
+            for shard in others:
+                accepted += shard.result()
         for grammar, ok in zip(grammars, accepted, strict=True):
             if ok:
                 grammar.terminated = grammar.matcher.is_terminated()
