@@ -19,16 +19,21 @@
 #   default when STAGES=kernels alone), each projection's decode tiles too (kernels/lora.py
 #   SHRINK_SWEEP, EXPAND_SWEEP at 64 rows over 8 adapters): the best shrink and expand per
 #   projection, the step's total with them against the tiles before, in its "tile_sweep".
-# - fp8: the decode stage on FP8 base weights (--quantization fp8) with the same bf16 adapters,
-#   against that server's base rows (not in the default set: `STAGES=fp8`).
+# - fp8: the decode and plain stages on FP8 base weights (--quantization fp8), the same bf16
+#   adapters: against that server's base rows and against an FP8 server without LoRA (not in
+#   the default set: `STAGES=fp8`).
 # STAGES: the stages to run, in this order (default: correctness kernels decode plain).
 # PLAIN_KV=same: the plain server's KV pool as large as the LoRA server's (read from
 #   lora-decode.json): whether the pool's size is why the two servers' base rows differ.
+# PLAIN_FIRST=1: the plain server measured before the LoRA one (not with PLAIN_KV=same):
+#   whether the order is why (on 2026-12-04 a host-bound bench on one tree fell from 0.96x to
+#   0.85x within four minutes of one call; plain runs last by default).
 # The adapters (8 x ~84 MB) are written under /tmp/lora-bench first (about half a minute).
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/lora.sh
 #   the tile sweep alone (~1-2 min): STAGES=kernels bash scripts/gpu/lora.sh
 #   CPU dry run: DEVICE=cpu MODEL=random:tiny-llama TOKENS=4 BATCH=8 bash scripts/gpu/lora.sh
-# Result: $OUT/lora-{decode,kernels,plain}.json, the PASS/FAIL lines.
+# Result: $OUT/lora-{decode,kernels,plain}.json (fp8: lora-{decode,plain}-fp8.json), the PASS/FAIL
+# lines.
 set -u
 . "$(dirname "$0")/device_env.sh"
 BUDGET_S=${BUDGET_S:-410}
@@ -62,42 +67,61 @@ if stage kernels; then
     | grep -E "^kernels sweep|Error|error" | tail -6
 fi
 
-if stage decode; then
-  echo "=== decode $(date +%T)"
-  timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" \
-    --json "$OUT/lora-decode.json" 2>&1 | grep -E "^batch|^single|Error|error" | tail -4
-fi
-
-if stage plain; then
-  echo "=== plain $(date +%T)"
+# decode and plain for one base dtype: $1 the files' suffix ("" or "-fp8"), $2 the flags
+decode() {
+  echo "=== decode${1} $(date +%T)"
+  timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" $2 \
+    --json "$OUT/lora-decode$1.json" 2>&1 | grep -E "^batch|^single|Error|error" \
+    | sed "s/^/${1#-}${1:+ }/" | tail -4
+}
+plain() {
+  echo "=== plain${1} $(date +%T)"
   kv=""
-  if [ "${PLAIN_KV:-}" = same ]; then
-    kv="--max-total-tokens $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["max_total_tokens"])' "$OUT/lora-decode.json")"
+  if [ "${PLAIN_KV:-}" = same ] && [ -e "$OUT/lora-decode$1.json" ]; then
+    kv="--max-total-tokens $(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["max_total_tokens"])' "$OUT/lora-decode$1.json")"
   fi
-  timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" $kv \
-    --json "$OUT/lora-plain.json" 2>&1 | grep -E "^plain|Error|error" | tail -3
-fi
-python3 - "$OUT" <<'PY'
+  timeout "$(limit 120)" $BENCH plain $COMMON --batch "${BATCH:-64}" $2 $kv \
+    --json "$OUT/lora-plain$1.json" 2>&1 | grep -E "^plain|Error|error" | tail -3
+}
+against_plain() {
+  python3 - "$OUT" "$1" <<'PY'
 import json, statistics, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, suffix = Path(sys.argv[1]), sys.argv[2]
+label = suffix.lstrip("-") + " " if suffix else ""
 try:
-    decode, plain = (json.loads((out / f"lora-{k}.json").read_text()) for k in ("decode", "plain"))
+    decode, plain = (json.loads((out / f"lora-{k}{suffix}.json").read_text()) for k in ("decode", "plain"))
 except (OSError, ValueError) as error:
     decode = plain = None
-    print(f"against plain: no result ({error})")
+    print(f"{label}against plain: no result ({error})")
 if decode:
-    print(f"KV pools: the LoRA server {decode.get('max_total_tokens')} tokens, the plain one"
+    print(f"{label}KV pools: the LoRA server {decode.get('max_total_tokens')} tokens, the plain one"
           f" {plain.get('max_total_tokens')}")
 for name, target in (("batch", 0.85), ("single", 0.90)) if decode else ():
     base = statistics.median(plain[name]["plain_tok_s"])
     ratio = statistics.median(decode[name]["lora_tok_s"]) / base
-    print(f"{name} vs plain {'PASS' if ratio >= target else 'FAIL'}: {ratio:.3f}x the base model on a"
+    print(f"{label}{name} vs plain {'PASS' if ratio >= target else 'FAIL'}: {ratio:.3f}x the base model on a"
           f" server without LoRA (target >= {target}; plain {base:.0f} tok/s)")
     rows = statistics.median(decode[name]["base_tok_s"]) / base
     replays = decode[name].get("base_replays", {})
-    print(f"{name} base rows vs plain {'PASS' if rows >= 0.97 else 'FAIL'}: {rows:.3f}x (the LoRA"
+    print(f"{label}{name} base rows vs plain {'PASS' if rows >= 0.97 else 'FAIL'}: {rows:.3f}x (the LoRA"
           f" server's base rows replay graphs without LoRA kernels: {replays}; want >= 0.97)")
+PY
+}
+# both servers of one base dtype, in the order asked ($1, $2 as decode's and plain's)
+servers() {
+  if [ "${PLAIN_FIRST:-0}" = 1 ]; then plain "$@"; decode "$@"; else decode "$@"; plain "$@"; fi
+}
+
+if stage decode && stage plain; then servers "" ""
+elif stage decode; then decode "" ""
+elif stage plain; then plain "" ""
+fi
+if stage decode || stage plain; then against_plain ""; fi
+stage kernels && python3 - "$OUT" <<'PY'
+import json, sys
+from pathlib import Path
+out = Path(sys.argv[1])
 try:
     kernels = json.loads((out / "lora-kernels.json").read_text())
     batch = next(k for k in kernels if k.endswith("_one_adapter")).removesuffix("_one_adapter")
@@ -118,11 +142,6 @@ except (OSError, ValueError, KeyError, StopIteration) as error:
     print(f"kernels: no result ({error!r})")
 PY
 
-if stage fp8; then
-  echo "=== fp8 $(date +%T)"
-  timeout "$(limit 280)" $BENCH decode $COMMON --batch "${BATCH:-64}" --quantization fp8 \
-    --json "$OUT/lora-decode-fp8.json" 2>&1 | grep -E "^batch|^single|Error|error" \
-    | sed 's/^/fp8-base /' | tail -4
-fi
+if stage fp8; then servers -fp8 "--quantization fp8"; against_plain -fp8; fi
 echo "tp SKIP: one GPU here; LoRA under --tp-size 2 is checked against PEFT on the CPU (tests/integration/test_tensor_parallel.py)"
 echo "=== done $(date +%T)"
