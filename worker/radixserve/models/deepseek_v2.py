@@ -41,6 +41,7 @@ from radixserve.distributed.parallel_state import all_reduce, tp_size
 from radixserve.forward.forward_batch import ForwardBatch
 from radixserve.kernels import triton_support
 from radixserve.kernels.fused_moe import select_experts, select_experts_noaux_tc
+from radixserve.kernels.mla_absorb import MAX_K as MAX_ABSORB_K
 from radixserve.kernels.mla_absorb import MAX_ROWS as MAX_ABSORB_ROWS
 from radixserve.kernels.mla_absorb import per_head_gemv
 from radixserve.kernels.mla_rope_store import mla_rope_store
@@ -175,7 +176,11 @@ class DeepseekMLA(nn.Module):
             forward_batch.kv_restore.wait(self.layer_id)
         if forward_batch.forward_mode.is_decode():
             # a few rows: both absorbed products as dependent launches (kernels/mla_absorb.py)
-            few = triton_support.enabled_for(q) and q.shape[0] <= MAX_ABSORB_ROWS
+            few = (
+                triton_support.enabled_for(q)
+                and q.shape[0] <= MAX_ABSORB_ROWS
+                and max(self.qk_nope, self.kv_lora_rank) <= MAX_ABSORB_K
+            )
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             if few:
                 q_latent = per_head_gemv(q_nope, self.w_uk_t)
