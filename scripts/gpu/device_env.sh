@@ -19,7 +19,9 @@ if [ -z "${RADIXSERVE_DEVICE_SCRIPT:-}" ]; then
   export RADIXSERVE_DEVICE_SCRIPT=$$
   trap pack_out EXIT
 fi
-if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ]; then
+# (the wheels are for the device's Python 3.12; a CPU dry run here uses this side's packages)
+if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ] \
+  && python3 -c 'import sys; sys.exit(sys.version_info[:2] != (3, 12))'; then
   rm -f /tmp/site/.imports  # other wheels: check the imports again
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && ls .whl > /tmp/site/.wheels
