@@ -92,6 +92,9 @@ class DeepseekMLA(nn.Module):
         self.v_head_dim = config.v_head_dim
         self.kv_lora_rank = config.kv_lora_rank
         self.q_lora_rank = config.q_lora_rank
+        # both absorbed products' K (qk_nope into W_UK, the latent into W_UV) fit the per-head
+        # GEMV's one chunk: decode's few rows take it (kernels/mla_absorb.py), else torch.bmm
+        self.absorb_per_head = max(self.qk_nope, self.kv_lora_rank) <= MAX_ABSORB_K
         qk_head_dim = self.qk_nope + self.qk_rope
         hidden = config.hidden_size
         bias = bool(getattr(config, "attention_bias", False))
@@ -177,9 +180,9 @@ class DeepseekMLA(nn.Module):
         if forward_batch.forward_mode.is_decode():
             # a few rows: both absorbed products as dependent launches (kernels/mla_absorb.py)
             few = (
-                triton_support.enabled_for(q)
+                self.absorb_per_head
                 and q.shape[0] <= MAX_ABSORB_ROWS
-                and max(self.qk_nope, self.kv_lora_rank) <= MAX_ABSORB_K
+                and triton_support.enabled_for(q)
             )
             # W_UK into the query: [H, bs, qk_nope] x [H, qk_nope, latent]
             if few:
