@@ -6,7 +6,9 @@ under. This scan times the pieces apart on the same states, so that the device's
 says whether xgrammar's threads help there: 64 matchers of bench_grammar's schema, each walked
 a different number of tokens (drawn uniformly among the allowed ones, as a random model does)
 into its objects and strings; then the batched fill at 1..16 threads, one matcher at a time,
-and the accepts one by one and batched.
+and the accepts one by one and batched; then the server's own accept
+(`XGrammarBackend.accept_tokens`, the step's rows split over the backend's threads) on the same
+states at 1, 2, 4, 8 and 16 threads.
 
 Usage: python3 scripts/gpu/grammar_host_scan.py --tokenizer .whl/smollm2-tokenizer [--json F]
 """
@@ -61,6 +63,25 @@ def walked_matchers(compiled, batch: int, seed: int) -> tuple[list, list[int]]:
     return matchers, nexts
 
 
+def server_accepts(
+    tokenizer, matchers: list, nexts: list[int], threads: int, repeats: int
+) -> float:
+    """Median ms of one step's accepts through `XGrammarBackend.accept_tokens` on `threads`
+    threads, over the walked matchers (each undone by a rollback, not timed)."""
+    from radixserve.constrained.xgrammar_backend import XGrammarBackend, XGrammarMatcher
+
+    backend = XGrammarBackend(tokenizer, VOCAB, [tokenizer.eos_token_id], threads=threads)
+    grammars = [XGrammarMatcher(backend, matcher) for matcher in matchers]
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        assert all(backend.accept_tokens(grammars, nexts))
+        samples.append(1e3 * (time.perf_counter() - start))
+        for matcher in matchers:
+            matcher.rollback(1)
+    return statistics.median(samples)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokenizer", required=True)
@@ -112,6 +133,10 @@ def main() -> None:
         return statistics.median(samples)
 
     report["accept_ms"] = {"one_by_one": accepts(False), "batched_8_threads": accepts(True)}
+    for threads in (1, 2, 4, 8, 16):
+        report["accept_ms"][f"server_{threads}_threads"] = server_accepts(
+            tokenizer, matchers, nexts, threads, args.repeats
+        )
     print(json.dumps(report, indent=1))
     if args.json:
         with open(args.json, "w") as f:
