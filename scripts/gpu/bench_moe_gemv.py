@@ -38,8 +38,8 @@ SHAPES = {
     "deepseek-v2-lite": (64, 6, 2048, 1408, False),
 }
 TOKENS = (1, 2, 4, 8)
-# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1 beside the shipped
-# tiles (`GemvTiles.for_intermediate`). Compiled for Hopper, the first guesses (the first of
+# (rows per program, K chunk, warps) of each kernel, timed alone at batch 1 (the plain K loop)
+# beside the shipped tiles (`GemvTiles.for_intermediate`), the fastest three then pipelined too. Compiled for Hopper, the first guesses (the first of
 # each list) held 40 (gate/up) and 98 (down, top 8) registers a thread, no spills
 GATE_UP_TILES = [
     (1, 1024, 4),
@@ -177,9 +177,26 @@ def paths(layer: Layer, name: str, tokens_list: tuple[int, ...]) -> dict:
     return rows
 
 
+TILE_FIELDS = ("rows", "k", "warps", "stages")
+
+
+def tiles_fields(kernel: str, tile: tuple[int, ...]) -> dict[str, int]:
+    """`GemvTiles` fields of one kernel's (rows, K, warps, stages)."""
+    return {f"{kernel}_{field}": v for field, v in zip(TILE_FIELDS, tile, strict=True)}
+
+
+def time_tiles(kernel: str, run, inputs: list, candidates: list, timings: dict) -> None:
+    """Each candidate tile of `kernel` not timed yet, alone over `inputs`, into `timings`."""
+    for tile in candidates:
+        if tile not in timings:
+            tiles = GemvTiles(**tiles_fields(kernel, tile))
+            timings[tile] = microseconds(lambda r, t=tiles: run(r, t), inputs)
+
+
 def tile_sweep(layer: Layer, name: str) -> dict:
-    """Each kernel alone at batch 1 over its tile candidates, against its bytes' floor; prints
-    the best of each as the `GemvTiles` to take."""
+    """Each kernel alone at batch 1 over its tile candidates, against its bytes' floor; then
+    the three fastest again with their K loop software-pipelined (2 and 3 stages); prints the
+    best of each as the `GemvTiles` to take."""
     replicas = layer.routings(1)
     shipped = GemvTiles.for_intermediate(layer.inter)
     with_acts = [(layer.gate_up(r, shipped), r[1], r[2]) for r in replicas]
@@ -190,25 +207,20 @@ def tile_sweep(layer: Layer, name: str) -> dict:
     result: dict = {}
     best_tiles = {}
     for kernel, (listed, run, inputs, nbytes) in kernels.items():
-        ours = tuple(getattr(shipped, f"{kernel}_{field}") for field in ("rows", "k", "warps"))
-        candidates = [ours] + [t for t in listed if t != ours]
-        timings = {}
-        for rows, k, warps in candidates:
-            fields = {f"{kernel}_rows": rows, f"{kernel}_k": k, f"{kernel}_warps": warps}
-            tiles = GemvTiles(**fields)
-            timings[(rows, k, warps)] = microseconds(lambda r, t=tiles, f=run: f(r, t), inputs)
+        ours = tuple(getattr(shipped, f"{kernel}_{field}") for field in TILE_FIELDS)
+        timings: dict[tuple[int, ...], float] = {}
+        time_tiles(kernel, run, inputs, [ours] + [(*t, 1) for t in listed], timings)
+        fastest = sorted(timings, key=timings.get)[:3]
+        pipelined = [(*t[:3], stages) for t in fastest for stages in (2, 3)]
+        time_tiles(kernel, run, inputs, pipelined, timings)
         floor = layer.top_k * nbytes / BANDWIDTH * 1e6
         best = min(timings, key=timings.get)
-        best_tiles |= {
-            f"{kernel}_rows": best[0],
-            f"{kernel}_k": best[1],
-            f"{kernel}_warps": best[2],
-        }
+        best_tiles |= tiles_fields(kernel, best)
         result[kernel] = {"floor_us": floor} | {
             "x".join(map(str, t)): us for t, us in timings.items()
         }
         print(
-            f"=== {name} {kernel} tiles (rows, K, warps): shipped {ours}"
+            f"=== {name} {kernel} tiles (rows, K, warps, stages): shipped {ours}"
             f" {timings[ours]:6.1f} us ({100 * floor / timings[ours]:4.1f}% of bw), best"
             f" {best} {timings[best]:6.1f} us ({100 * floor / timings[best]:4.1f}%)",
             flush=True,

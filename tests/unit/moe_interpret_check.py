@@ -340,6 +340,24 @@ for dtype in (torch.float32, torch.float16):
     )
 
 
+# the K loops software-pipelined (`GemvTiles` stages): the same sums as the plain loops
+x = randn(1, 96, dtype=torch.float16)
+w13, w2 = (
+    randn(16, 80, 96, dtype=torch.float16, std=0.2),
+    randn(16, 96, 40, dtype=torch.float16, std=0.2),
+)
+weights, ids = select_experts_native(routing_logits(1, 16, None), 6, True, False)
+use = torch.zeros(2, dtype=torch.int64)
+plain = fused_moe_gemv(x, w13, w2, weights, ids, use, tiles=SMALL)
+piped = GemvTiles(
+    gate_up_rows=2, gate_up_k=32, down_rows=4, down_k=32, gate_up_stages=3, down_stages=2
+)
+pipelined = fused_moe_gemv(x, w13, w2, weights, ids, use, tiles=piped)
+results["pipelined"] = {
+    "same": bool(torch.equal(plain, pipelined)),
+    "norm": float(plain.float().norm()),
+}
+
 # DeepSeek's shared experts' output added in the down GEMV's epilogue, and after the grouped
 # GEMMs' sum; its float32 router as one GEMV
 results["add"] = []

@@ -111,6 +111,7 @@ KERNELS = {
             "BLOCK_N": 1,
             "BLOCK_K": 1024,
             "BLOCK_P": 8,
+            "NUM_STAGES": 1,
         },
     ),
     "moe gate_up gemv (MXFP4, biased SwiGLU)": (
@@ -126,6 +127,7 @@ KERNELS = {
             "BLOCK_N": 1,
             "BLOCK_K": 1024,
             "BLOCK_P": 4,
+            "NUM_STAGES": 1,
         },
     ),
     "moe down gemv (FP8)": (
@@ -141,6 +143,7 @@ KERNELS = {
             "BLOCK_P": 8,
             "BLOCK_N": 2,
             "BLOCK_K": 256,
+            "NUM_STAGES": 1,
         },
     ),
     "moe down gemv (MXFP4, biased, top 6)": (
@@ -156,6 +159,7 @@ KERNELS = {
             "BLOCK_P": 8,
             "BLOCK_N": 2,
             "BLOCK_K": 256,
+            "NUM_STAGES": 1,
         },
     ),
     "moe down gemv (bf16, top 6, the shared experts added)": (
@@ -171,6 +175,40 @@ KERNELS = {
             "BLOCK_P": 8,
             "BLOCK_N": 1,
             "BLOCK_K": 128,
+            "NUM_STAGES": 1,
+        },
+    ),
+    # the K loops software-pipelined (`GemvTiles` stages > 1): cp.async fills start after the wait
+    "moe gate_up gemv (bf16, pipelined)": (
+        moe_gemv._gate_up_gemv_kernel,
+        {"TopkIds": "i32", "ExpertUse": "i64", "Scale": "fp32"},
+        {"alpha", "limit"},
+        {
+            "TOP_K": 6,
+            "ACT": 0,
+            "HAS_SCALE": False,
+            "HAS_BIAS": False,
+            "MXFP4": False,
+            "BLOCK_N": 1,
+            "BLOCK_K": 512,
+            "BLOCK_P": 8,
+            "NUM_STAGES": 3,
+        },
+    ),
+    "moe down gemv (bf16, pipelined)": (
+        moe_gemv._down_gemv_kernel,
+        {"TopkIds": "i32", "TopkWeights": "fp32"},
+        set(),
+        {
+            "TOP_K": 6,
+            "HAS_SCALE": False,
+            "HAS_BIAS": False,
+            "HAS_ADD": True,
+            "MXFP4": False,
+            "BLOCK_P": 8,
+            "BLOCK_N": 1,
+            "BLOCK_K": 128,
+            "NUM_STAGES": 3,
         },
     ),
     "mla absorbed projection (per-head gemv)": (
@@ -417,6 +455,23 @@ def test_a_dependent_kernel_waits_before_it_touches_memory(name: str) -> None:
     read = set().union(*(pointer_arguments(ptx, i, arguments) for i in early))
     assert read == allowed, (name, read)
     assert any(i > waits[0] for i in accesses), name  # the rest of its work comes after
+
+
+PIPELINED = [
+    name for name, (*_, constexprs) in KERNELS.items() if constexprs.get("NUM_STAGES", 1) > 1
+]
+
+
+@pytest.mark.parametrize("name", PIPELINED)
+def test_a_pipelined_loop_fills_shared_memory_asynchronously(name: str) -> None:
+    """A K loop asked for stages > 1 is really pipelined (Triton pipelines a loop whose loads
+    feed no dot only when the loop asks): its loads become cp.async copies into shared memory,
+    and every one of them is issued after the grid-dependency wait."""
+    ptx = hopper_ptx(name, pdl=True)
+    wait = next(i for i, line in enumerate(ptx) if "griddepcontrol.wait" in line)
+    copies = [i for i, line in enumerate(ptx) if re.search(r"\bcp\.async\.c[ag]\b", line)]
+    assert copies, name
+    assert min(copies) > wait, name
 
 
 @pytest.mark.parametrize("name", KERNELS)

@@ -95,6 +95,12 @@ def test_routed_gemv_matches_reference(interpreted):
         assert case.get("clamped", 1.0) > 0.05, case
 
 
+def test_routed_gemv_pipelined_loops_sum_as_the_plain_ones(interpreted):
+    """`GemvTiles` stages > 1 (the K loops software-pipelined) gives the plain loops' result."""
+    case = interpreted["pipelined"]
+    assert case["same"] and case["norm"] > 0, case
+
+
 def test_shared_experts_add_in_the_epilogue_and_after_the_sum(interpreted):
     """DeepSeek's shared experts' output added to the routed sum: in the down GEMV's epilogue
     (a few tokens) and after the grouped GEMMs' sum, against the reference plus it."""

@@ -76,6 +76,11 @@ class GemvTiles:
     down_rows: int = 1
     down_k: int = 128
     down_warps: int = 4
+    # > 1: the K loop software-pipelined, its chunks' loads issued stages - 1 chunks ahead into
+    # shared memory (cp.async), as `gemv.block_config` takes where the step measured it faster;
+    # 1, the plain loop. Not measured yet for these kernels: the tile sweep times both.
+    gate_up_stages: int = 1
+    down_stages: int = 1
 
     @classmethod
     def for_intermediate(cls, inter: int) -> GemvTiles:
@@ -145,6 +150,7 @@ def _gate_up_gemv_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_P: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Acts[pair, rows] = act(gate_e . x) * (up_e . x) for pair's expert e = TopkIds[pair] and
@@ -166,7 +172,7 @@ def _gate_up_gemv_kernel(
     up_scales = Scale + expert * stride_se + (rows + N)[None, :].to(tl.int64) * stride_sn
     acc = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_K, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
         mask = k_mask[:, None] & n_mask[None, :]
@@ -214,6 +220,7 @@ def _down_gemv_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """Out[token, rows] = sum over the token's slots of TopkWeights[pair] * (down_e . Acts[pair]
@@ -241,7 +248,7 @@ def _down_gemv_kernel(
     s_rows = (Scale + experts * stride_se)[:, :, None] + row_offsets * stride_sn
     row_mask = slot_mask[:, None, None] & n_mask[None, None, :]
     acc = tl.zeros([BLOCK_P, BLOCK_K, BLOCK_N], dtype=tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         ks = k0 + tl.arange(0, BLOCK_K)
         k_mask = ks < K
         a_mask = slot_mask[:, None] & k_mask[None, :]
@@ -335,6 +342,7 @@ def gate_up_gemv(
         BLOCK_N=tiles.gate_up_rows,
         BLOCK_K=tiles.gate_up_k,
         BLOCK_P=triton.next_power_of_2(numel),
+        NUM_STAGES=tiles.gate_up_stages,
         num_warps=tiles.gate_up_warps,
         **dependent_launch(hidden),
     )
@@ -387,6 +395,7 @@ def down_gemv(
         BLOCK_P=triton.next_power_of_2(top_k),
         BLOCK_N=tiles.down_rows,
         BLOCK_K=tiles.down_k,
+        NUM_STAGES=tiles.down_stages,
         num_warps=tiles.down_warps,
         **dependent_launch(acts),
     )
