@@ -1,6 +1,9 @@
 """Where a decode step's time goes, per batch size: the whole step as bench latency runs it (host
 and device, no overlap), the device time of the captured graph alone (replayed back to back),
-the kernels by device time, and every host sync the step makes.
+the graph's kernels by device time a step (us a step, launches a step, us a launch: with
+dependent launches a kernel's time includes its wait for the kernel before), and every host sync
+the step makes. Batch 8 is also the speculative verify step's graph at k = 4, batch 1 (5 rows
+padded to 8: the verify pass reaches the worker as decode rows).
 
 Usage: python3 scripts/gpu/profile_decode.py MODEL BS[,BS...]  (e.g. random:llama-3.2-1b 1,64,256)
 """
@@ -22,6 +25,9 @@ decode = decode_worker(model, backend=backend, max_bs=max(sizes))
 worker, runner, cache, vocab = decode.worker, decode.runner, decode.cache, decode.vocab
 run_batch(worker, cache, 1, 128, 8, vocab)
 
+REPLAYS = 10  # graph replays profiled a batch size
+ROWS = 30  # kernels listed, by device time
+
 for bs in sizes:
     steps = 16
     wall = run_batch(worker, cache, bs, 512, steps, vocab)["decode_step_s"]
@@ -38,15 +44,31 @@ for bs in sizes:
         end.record()
         torch.cuda.synchronize()
         replay_ms = start.elapsed_time(end) / 20
+    # the step's kernels: REPLAYS replays of its graph alone (no prefill among them), or without
+    # graphs the whole run
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        run_batch(worker, cache, bs, 512, steps, vocab)
+        if graphs is not None:
+            for _ in range(REPLAYS):
+                graph.replay()
+            torch.cuda.synchronize()
+        else:
+            run_batch(worker, cache, bs, 512, steps, vocab)
     events = prof.key_averages()
     device_us = sum(e.self_device_time_total for e in events)
+    per = REPLAYS if graphs is not None else steps
     print(
         f"\n=== {model} bs {bs}: step wall {wall * 1e3:.3f} ms, graph replay alone {replay_ms:.3f} ms"
-        f", all device time of a prefill + {steps - 1} steps {device_us / 1e3:.1f} ms"
+        f", kernels' device time {device_us / per / 1e3:.3f} ms a "
+        + (f"replay ({REPLAYS} replays)" if graphs is not None else "step (prefill included)")
     )
-    print(events.table(sort_by="self_device_time_total", row_limit=14, max_name_column_width=70))
+    print(f"{'kernel':72s} {'us/step':>9s} {'calls/step':>10s} {'us/call':>8s}")
+    for e in sorted(events, key=lambda e: -e.self_device_time_total)[:ROWS]:
+        if e.self_device_time_total:
+            calls = e.count / per
+            print(
+                f"{e.key[:72]:72s} {e.self_device_time_total / per:9.1f} {calls:10.1f}"
+                f" {e.self_device_time_total / e.count:8.2f}"
+            )
 
 # host syncs inside the decode loop (after warm-up): each one's Python stack, once
 seen: set[str] = set()
