@@ -2,7 +2,7 @@
 # A kernel change against its base in one device call: batch-1 decode of MODEL (default the
 # Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8" for one), for each
 # tree named ("." is this one), ROUNDS times (default 1; 8B random init, capture and bench are
-# ~20-45 s a run), trees interleaved (machines drift), on BACKEND's decode attention (default
+# ~20-45 s a run), trees interleaved in ABBA order (machines drift), on BACKEND's decode attention (default
 # triton; a first flashinfer run on a fresh machine builds its modules: RUN_TIMEOUT=300);
 # then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min; GPU_TESTS
 # names others).
@@ -14,8 +14,12 @@ set -u
 trees=${*:?name the trees to compare, "." for this one}
 MODEL=${MODEL:-random:llama-3-8b}
 LAT="--context-length 4096 --attention-backend ${BACKEND:-triton} --input-len 512 --output-len 48"
+reversed=$(printf '%s\n' $trees | tac | tr '\n' ' ')
 for round in $(seq 1 "${ROUNDS:-1}"); do
-  for tree in $trees; do
+  # odd rounds in the order given, even ones reversed (ABBA): the first server of a call runs
+  # 3-7% faster than the later ones (2026-12-04 late night), so no tree keeps that place
+  order=$([ $((round % 2)) = 1 ] && echo "$trees" || echo "$reversed")
+  for tree in $order; do
     name=$([ "$tree" = . ] && echo head || basename "$tree")
     for weights in ${WEIGHTS:-bf16 fp8}; do
       q=$([ "$weights" = fp8 ] && echo "--quantization fp8")
