@@ -15,23 +15,34 @@ pack_out() {
     && find . -mindepth 1 -type d -empty -delete && mv /tmp/out.tgz out.tgz)
   echo "=== $n files in \$OUT: packed into out.tgz (kept: $(cd "$OUT" && ls | grep -v '^out.tgz$' | tr '\n' ' '))"
 }
-# The GPU's state through the call, a line a second in $OUT/gpu-state.csv (clocks, temperature,
-# power, throttle reasons): the first server of a call ran 3-7% faster than the later ones
-# (2026-12-04 late night), and the stages' "=== STAGE HH:MM:SS" lines place each in it.
-sample_gpu() {
+# The machine's state through the call, a line a second: the GPU's clocks, temperature, power
+# and throttle reasons in $OUT/gpu-state.csv, the host's load and mean CPU clock in
+# $OUT/host-state.csv. The first server of a call ran 3-7% faster than the later ones
+# (2026-12-04 late night); the stages' "=== STAGE HH:MM:SS" lines place each run in these.
+sample_machine() {
   command -v nvidia-smi >/dev/null || return 0
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
     --format=csv -l 1 > "$OUT/gpu-state.csv" 2>/dev/null &
-  GPU_SAMPLER=$!
+  SAMPLERS=$!
+  (
+    echo "time,load1,load5,runnable,cpu_mhz"
+    while true; do
+      read -r l1 l5 _ running _ < /proc/loadavg
+      mhz=$(awk '/^cpu MHz/ {s += $4; n++} END {if (n) printf "%.0f", s / n}' /proc/cpuinfo)
+      echo "$(date +%T),$l1,$l5,$running,$mhz"
+      sleep 1
+    done
+  ) > "$OUT/host-state.csv" 2>/dev/null &
+  SAMPLERS="$SAMPLERS $!"
 }
 call_ends() {
-  [ -n "${GPU_SAMPLER:-}" ] && kill "$GPU_SAMPLER" 2>/dev/null
+  [ -n "${SAMPLERS:-}" ] && kill $SAMPLERS 2>/dev/null
   pack_out
 }
 if [ -z "${RADIXSERVE_DEVICE_SCRIPT:-}" ]; then
   export RADIXSERVE_DEVICE_SCRIPT=$$
   trap call_ends EXIT
-  sample_gpu
+  sample_machine
 fi
 # (the wheels are for the device's Python 3.12; a CPU dry run here uses this side's packages)
 if ls .whl/*.whl >/dev/null 2>&1 && [ "$(ls .whl)" != "$(cat /tmp/site/.wheels 2>/dev/null)" ] \
