@@ -33,6 +33,19 @@ from radixserve.kernels import (  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
+# the routed down GEMV at DeepSeek-V2-Lite's batch 1 (top 6, the shared experts' output added)
+V2_LITE_DOWN = {
+    "TOP_K": 6,
+    "HAS_SCALE": False,
+    "HAS_BIAS": False,
+    "HAS_ADD": True,
+    "MXFP4": False,
+    "BLOCK_P": 8,
+    "BLOCK_N": 1,
+    "BLOCK_K": 128,
+    "NUM_STAGES": 1,
+}
+
 # kernel, its pointers' element types (others bf16), its float scalars (others i32), its
 # constexprs as the decode step of a Llama-3-8B shape launches them
 KERNELS = {
@@ -166,17 +179,7 @@ KERNELS = {
         moe_gemv._down_gemv_kernel,
         {"TopkIds": "i32", "TopkWeights": "fp32"},
         set(),
-        {
-            "TOP_K": 6,
-            "HAS_SCALE": False,
-            "HAS_BIAS": False,
-            "HAS_ADD": True,
-            "MXFP4": False,
-            "BLOCK_P": 8,
-            "BLOCK_N": 1,
-            "BLOCK_K": 128,
-            "NUM_STAGES": 1,
-        },
+        V2_LITE_DOWN,
     ),
     # the K loops software-pipelined (`GemvTiles` stages > 1): cp.async fills start after the wait
     "moe gate_up gemv (bf16, pipelined)": (
@@ -199,17 +202,7 @@ KERNELS = {
         moe_gemv._down_gemv_kernel,
         {"TopkIds": "i32", "TopkWeights": "fp32"},
         set(),
-        {
-            "TOP_K": 6,
-            "HAS_SCALE": False,
-            "HAS_BIAS": False,
-            "HAS_ADD": True,
-            "MXFP4": False,
-            "BLOCK_P": 8,
-            "BLOCK_N": 1,
-            "BLOCK_K": 128,
-            "NUM_STAGES": 3,
-        },
+        V2_LITE_DOWN | {"NUM_STAGES": 3},
     ),
     "mla absorbed projection (per-head gemv)": (
         mla_absorb._per_head_gemv_kernel,
