@@ -28,9 +28,9 @@
 # STAGES: the stages to run, in this order (default: correctness kernels decode plain).
 # PLAIN_KV=same: the plain server's KV pool as large as the LoRA server's (read from
 #   lora-decode.json): whether the pool's size is why the two servers' base rows differ.
-# PLAIN_FIRST=1: the plain server measured before the LoRA one (not with PLAIN_KV=same):
-#   whether the order is why (on 2026-12-04 a host-bound bench on one tree fell from 0.96x to
-#   0.85x within four minutes of one call; plain runs last by default).
+# PLAIN_FIRST=1: the plain server measured before the LoRA one (plain runs last by default):
+#   on 2026-12-04 late night it then ran 1.067x / 1.031x the LoRA server's base rows, while
+#   measured last with the same pool (PLAIN_KV=same) it equalled them: the order, not the pool.
 # The adapters (8 x ~84 MB) are written under /tmp/lora-bench first (about half a minute).
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/lora.sh
 #   the tile sweep alone (~1-2 min): STAGES=kernels bash scripts/gpu/lora.sh
