@@ -9,7 +9,8 @@ were, which batch came before them, and a few examples; with PROF=1, a cProfile 
 
 Usage (device tool): python3 scripts/gpu/offline_steps.py MODEL REQUESTS DEVICE [MIN_ADMISSION]
 e.g. `python3 scripts/gpu/offline_steps.py random:llama-3-8b 1000 cuda`
-(CPU: `random:tiny-llama 60 cpu`, which checks the plumbing; its gaps are zero).
+(CPU: `random:tiny-llama 60 cpu`, which checks the plumbing; its gaps are zero; MAXRUN=256
+sets --max-running-requests, the CUDA default, so the CPU's scheduler forms the H200's batches).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ args = ServerArgs(
     context_length=4096,
     attention_backend="triton" if device == "cuda" else "torch_native",
     min_admission_batch=min_admission,
+    max_running_requests=int(os.environ.get("MAXRUN", "0")) or None,
 )
 scheduler = build_scheduler(args, source)
 print(f"max running {scheduler.max_running_requests}, KV {scheduler.worker.max_total_tokens}")

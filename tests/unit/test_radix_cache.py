@@ -3,6 +3,7 @@ random test that checks no KV slot is ever leaked or double-freed."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import pytest
@@ -279,6 +280,57 @@ def test_reset_forgets_everything() -> None:
     assert cache.all_values().numel() == 0
 
 
+def lru_reference(cache: RadixCache, num_tokens: int) -> list[int]:
+    """The slots an eviction of `num_tokens` frees, in order, found the plain way (every
+    unlocked leaf of the tree in a heap by access time, a parent left childless joining it),
+    without changing the tree."""
+    leaves, stack = [], list(cache.root_node.children.values())
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        if not node.children and node.lock_ref == 0:
+            leaves.append(node)
+    heap = [(n.last_access_time, n.id, n) for n in leaves]
+    heapq.heapify(heap)
+    gone: set[int] = set()
+    freed: list[int] = []
+    while len(freed) < num_tokens and heap:
+        _, _, node = heapq.heappop(heap)
+        gone.add(node.id)
+        freed.extend(node.value.tolist())
+        parent = node.parent
+        assert parent is not None
+        if (
+            parent is not cache.root_node
+            and parent.lock_ref == 0
+            and all(c.id in gone for c in parent.children.values())
+        ):
+            heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+    return freed
+
+
+def test_eviction_order_survives_many_touches_and_the_heap_stays_bounded() -> None:
+    """200 cached prompts, half of them touched 20,000 times without an eviction: the LRU heap
+    is rebuilt rather than grown without end, and evictions still take the untouched prompts
+    first, then the touched ones in the order of their last touch."""
+    cache = make_cache(200 * 3 + 10, 4, 8)
+    allocator = cache.token_to_kv_pool_allocator
+    for i in range(200):
+        cache.insert([i, 1, 2], allocator.alloc(3))
+    for _ in range(200):
+        for i in range(1, 200, 2):  # the odd prompts, again and again; the even ones never
+            cache.match_prefix([i, 1, 2])
+    assert len(cache._lru) <= 2 * 200 + 4096
+    assert cache.evict(300) == 300
+
+    def cached() -> set[int]:
+        # (a miss matches nothing; a hit touches, so read after the evictions)
+        return {i for i in range(200) if len(cache.match_prefix([i, 1, 2]).indices) == 3}
+
+    assert cache.evict(150) == 150  # the 50 odd prompts touched first in the last round
+    assert cached() == set(range(101, 200, 2))
+
+
 # --- stateful random test ---------------------------------------------------------------------
 
 NUM_SLOTS = 48
@@ -387,7 +439,11 @@ class RadixCacheMachine(RuleBasedStateMachine):
         protected_before = self.cache.protected_size()
         free_before = self.allocator.available_size()
         self.allocator.freed_log.clear()
+        expected_order = lru_reference(self.cache, num_tokens)
         evicted = self.cache.evict(num_tokens)
+        # exactly the leaves a walk of the whole tree would pick, in the same order: the heap
+        # kept as the tree changes misses no leaf that became evictable and no touch
+        assert self.allocator.freed_log == expected_order
         assert evicted >= min(num_tokens, evictable_before)
         assert evicted <= evictable_before
         assert self.allocator.available_size() == free_before + evicted
