@@ -405,7 +405,7 @@ def test_medium_follows_pages_through_gpu_cpu_and_disk(tmp_path) -> None:
         finish(prompt)
         disk.max_bytes = disk.used_bytes()  # room for these three files only
         assert cache.evict(len(prompt)) == len(prompt)  # written back to the host first
-        cache._evict_host(len(prompt), None)  # and out of the host
+        cache._evict_host(len(prompt))  # and out of the host
         assert cache.match_prefix(prompt).restorable == len(prompt)  # the disk has it all
         assert cache.restore(prompt) == {"host": 0, "disk": len(prompt)}
         finish(list(range(60, 72)))  # three new files push the old ones out

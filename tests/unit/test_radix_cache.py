@@ -495,6 +495,13 @@ class RadixCacheMachine(RuleBasedStateMachine):
     # -- invariants
 
     @invariant()
+    def every_evictable_leaf_is_in_the_heap(self) -> None:
+        """Under its current access time: what makes eviction from the heap take exactly what
+        a walk of the tree would, in its order (the evict rule checks that order too)."""
+        for node in self.cache._evictable_leaves():
+            assert self.cache._lru.entered(node), "an evictable leaf left out"
+
+    @invariant()
     def no_slot_leaked_or_double_freed(self) -> None:
         self.allocator.check_no_duplicates()
         free = self.allocator.free_slots().tolist()

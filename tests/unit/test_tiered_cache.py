@@ -181,6 +181,15 @@ class TieredCacheMachine(RuleBasedStateMachine):
     def evict(self, n: int) -> None:
         self.cache.evict(n)
 
+    @rule(
+        tokens=st.lists(st.integers(0, 2), min_size=1, max_size=CONTEXT),
+        lora_uid=st.sampled_from([0, 7]),
+    )
+    def match_only(self, tokens: list[int], lora_uid: int) -> None:
+        """A waiting request's match that admission does not take up (LPM orders the whole
+        queue): it touches the nodes it walks, and may split one, and locks nothing."""
+        self.cache.match_prefix(adapter_key(tokens, lora_uid))
+
     @rule()
     def restart(self) -> None:
         """A new worker over the same disk directory: only the disk tier survives."""
@@ -232,6 +241,19 @@ class TieredCacheMachine(RuleBasedStateMachine):
         assert host_all.numel() == HOST_SLOTS and torch.unique(host_all).numel() == HOST_SLOTS
         assert cache.host_size() == host_held.numel()
         assert cache.evictable_size() + cache.protected_size() == held.numel()
+
+    @invariant()
+    def every_candidate_is_in_its_heap(self) -> None:
+        """Each tier's eviction candidates, found by a walk of the tree, have an entry in that
+        tier's heap under their current access time: what makes eviction from the heaps take
+        exactly what a walk would, in its order."""
+        cache = self.cache
+        for heap, candidates in (
+            (cache._lru, cache._evictable_leaves()),
+            (cache._host_lru, cache._host_leaves()),
+        ):
+            for node in candidates:
+                assert heap.entered(node), "a candidate left out"
 
     @invariant()
     def nodes_are_placed_and_exact(self) -> None:
@@ -497,3 +519,79 @@ def test_workers_may_share_a_disk_directory(tmp_path) -> None:
     assert not stale.exists() and live.exists()
     first.close()
     second.close()
+
+
+def small_tiered(host_slots: int) -> TieredRadixCache:
+    """A write-back tiered cache of 16 device slots, without a disk tier."""
+    kv_pool = TokenToKVPool(16, 1, 1, 2, torch.float32, "cpu")
+    return TieredRadixCache(
+        ReqToTokenPool(1, 16, "cpu"), TokenSlotAllocator(16), HostKVPool(kv_pool, host_slots)
+    )
+
+
+def put(cache: TieredRadixCache, tokens: list[int]) -> None:
+    """A finished request's tokens into the tree (its duplicates of the tree's slots freed)."""
+    allocator = cache.token_to_kv_pool_allocator
+    slots = allocator.alloc(len(tokens))
+    allocator.free(slots[: cache.insert(tokens, slots)])
+
+
+def test_a_device_leaf_walked_past_into_the_host_stays_evictable() -> None:
+    """A match through a device leaf into its host-only child touches both: the leaf must be
+    entered again under its new time, or no eviction finds it."""
+    cache = small_tiered(host_slots=16)
+    put(cache, [1, 1, 1, 1])
+    put(cache, [1, 1, 1, 1, 2, 2, 2, 2])
+    assert cache.evict(4) == 4  # the child to the host: its parent is a device leaf now
+    assert cache.match_prefix([1, 1, 1, 1, 2, 2, 2, 2]).restorable == 4
+    assert cache.evict(4) == 4 and cache.evictable_size() == 0
+
+
+def test_a_touched_host_leaf_goes_after_the_untouched_one() -> None:
+    """Two host-only leaves fill the host; the older one is touched: making room for two new
+    back-ups drops the untouched one first, then the touched one (not left out as stale)."""
+    cache = small_tiered(host_slots=8)
+    put(cache, [1, 1, 1, 1])
+    put(cache, [2, 2, 2, 2])
+    assert cache.evict(8) == 8 and cache.host_size() == 8
+    cache.match_prefix([1, 1, 1, 1])
+    put(cache, [3, 3, 3, 3])
+    put(cache, [4, 4, 4, 4])
+    # (each check matches only what must be gone: a match of a cached prefix touches it)
+    cache.evict(4)  # [3, 3, 3, 3] backed up over [2, 2, 2, 2], the least recently used
+    assert cache.match_prefix([2, 2, 2, 2]).restorable == 0
+    cache.evict(4)  # [4, 4, 4, 4] over [1, 1, 1, 1]
+    assert cache.match_prefix([1, 1, 1, 1]).restorable == 0
+    assert [cache.match_prefix([t] * 4).restorable for t in (3, 4)] == [4, 4]
+
+
+def test_a_leaf_inserted_again_stays_evictable() -> None:
+    """A second request's tokens ending at a cached leaf touch it: entered again."""
+    cache = small_tiered(host_slots=16)
+    put(cache, [1, 1, 1, 1])
+    put(cache, [1, 1, 1, 1])
+    assert cache.evict(4) == 4
+
+
+def test_a_node_touched_while_locked_is_evictable_once_unlocked() -> None:
+    cache = small_tiered(host_slots=16)
+    put(cache, [1, 1, 1, 1])
+    node = cache.match_prefix([1, 1, 1, 1]).last_node
+    cache.inc_lock_ref(node)
+    cache.match_prefix([1, 1, 1, 1])  # another request's match: a new time, while locked
+    assert cache.evict(4) == 0
+    cache.dec_lock_ref(node)
+    assert cache.evict(4) == 4
+
+
+def test_a_host_only_parent_left_childless_is_dropped_in_the_same_pass() -> None:
+    """A host-only chain (a prefix and its continuation) fills the host; a back-up that needs
+    all of it drops the leaf, then its parent, which became a leaf on the way."""
+    cache = small_tiered(host_slots=8)
+    put(cache, [1, 1, 1, 1])
+    put(cache, [1, 1, 1, 1, 2, 2, 2, 2])
+    assert cache.evict(8) == 8 and cache.host_size() == 8
+    put(cache, [3] * 8)
+    assert cache.evict(8) == 8
+    assert cache.match_prefix([3] * 8).restorable == 8  # backed up: the host made room
+    assert cache.match_prefix([1, 1, 1, 1]).restorable == 0

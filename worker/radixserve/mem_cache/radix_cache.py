@@ -3,18 +3,15 @@
 Each edge holds a run of token ids (`key`) and the KV slots that hold their K/V (`value`).
 Requests that share a prompt prefix share those slots: admission matches the longest cached
 prefix and locks it; a finished request inserts its tokens so later requests can reuse them.
-Unlocked leaves are evicted least-recently-used first when the allocator runs dry, from a
-heap kept as the tree changes (`_offer`), not gathered by a walk of the whole tree at each
-eviction: a server that caches tens of thousands of prompts evicts at nearly every admission,
-and the walk then held the scheduler loop for 11 ms a call at 10,000 cached prompts and 110 ms
-at 50,000 (this repository's CPU), with the GPU idle behind it.
+Unlocked leaves are evicted least-recently-used first when the allocator runs dry, from a heap
+the tree keeps as it changes (`lru_heap.LRUHeap`: a leaf is offered when it is made, touched or
+unlocked, or loses its last child), not gathered by a walk of the whole tree at each eviction.
 With KV events on, the cache tells its `event_sink` (see `kv_event_sink`) what it stores and
 drops on the GPU; with them off the sink is None and nothing else runs.
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 
 import torch
@@ -28,6 +25,7 @@ from radixserve.mem_cache.base_prefix_cache import (
     empty_slots,
 )
 from radixserve.mem_cache.kv_event_sink import KVEventSink
+from radixserve.mem_cache.lru_heap import LRUHeap
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 
 _node_ids = itertools.count()
@@ -81,10 +79,10 @@ class RadixCache(BasePrefixCache):
         self._evictable_size = 0
         self._protected_size = 0
         self._clock = 0
-        # (last_access_time, id, node) of every leaf offered since the last rebuild (`_offer`);
-        # entries go stale as their node is touched, locked, grows a child or is evicted
-        self._lru: list[tuple[int, int, TreeNode]] = []
-        self._lru_rebuilt_size = 0
+        # unlocked leaves, by access time
+        self._lru = LRUHeap(
+            self.root_node, self._may_evict, self._may_evict, self._evictable_leaves
+        )
 
     def _tick(self) -> int:
         """The LRU clock: a counter, so access order is exact and needs no system call."""
@@ -202,7 +200,7 @@ class RadixCache(BasePrefixCache):
         freed: list[torch.Tensor] = []
         num_evicted = 0
         while num_evicted < num_tokens:
-            leaf = self._pop_lru()
+            leaf = self._lru.pop()
             if leaf is None:
                 break
             parent = leaf.parent
@@ -221,42 +219,12 @@ class RadixCache(BasePrefixCache):
         return num_evicted
 
     def _offer(self, node: TreeNode) -> None:
-        """Enter `node` in the LRU heap if it is now an evictable leaf (unlocked, childless, not
-        the root), under its current access time. Called wherever a node may have become one
-        or been touched: a new leaf, the nodes a match or insert touches, an unlock, a parent
-        left childless; `_pop_lru` skips the entries that have gone stale since. The heap is
-        rebuilt from the tree when stale entries outnumber the live ones (a server that does
-        not evict for a long time still touches nodes), so it stays within a few times the
-        tree's leaves at O(1) amortized a call."""
-        if node.lock_ref or node.children or node is self.root_node:
-            return
-        heapq.heappush(self._lru, (node.last_access_time, node.id, node))
-        if len(self._lru) > 2 * self._lru_rebuilt_size + 4096:
-            self._rebuild_lru()
+        """Tell the LRU heap that `node` was made, touched, unlocked or left childless."""
+        self._lru.offer(node)
 
-    def _pop_lru(self) -> TreeNode | None:
-        """The least recently used evictable leaf, out of the heap (None when there is none):
-        an entry counts only while its node is in the tree, still an unlocked leaf and not
-        touched since it was entered."""
-        heap = self._lru
-        while heap:
-            stamp, _, node = heapq.heappop(heap)
-            parent = node.parent
-            if (
-                stamp == node.last_access_time
-                and not node.lock_ref
-                and not node.children
-                and parent is not None
-                and parent.children.get(node.key[0]) is node
-            ):
-                return node
-        return None
-
-    def _rebuild_lru(self) -> None:
-        """The heap from a walk of the tree: exactly its evictable leaves, no stale entry."""
-        self._lru = [(n.last_access_time, n.id, n) for n in self._evictable_leaves()]
-        heapq.heapify(self._lru)
-        self._lru_rebuilt_size = len(self._lru)
+    def _may_evict(self, node: TreeNode) -> bool:
+        """An unlocked leaf (the root aside): O(1), so the heap tests it on every offer."""
+        return not node.lock_ref and not node.children and node is not self.root_node
 
     def token_path(self, node: TreeNode) -> list[int]:
         """The tokens from the root to the end of `node` (what an event sink is given)."""

@@ -8,6 +8,9 @@ device prefix followed by host-only nodes, and then, past the tree, whole disk b
   just before eviction (`write_back`, the default) or when the request that computed it
   finished (`write_through`). Without room on the host the node goes, as without the tier.
 - The host tier has its own LRU: host-only leaves that no request locks go first.
+- Both tiers' candidates come from heaps the tree keeps as it changes (`lru_heap.LRUHeap`, as in
+  the plain cache): a node is offered to both wherever it is made, touched, unlocked, gains or
+  loses device slots, or loses a child, and each heap tests its own rule as it pops.
 - A match reports how many tokens beyond the device prefix the host and disk hold
   (`MatchResult.restorable`); admission calls `restore`, which reads disk blocks into the
   host tier, gives host-resident nodes fresh device slots and queues their copies, then
@@ -31,7 +34,6 @@ its own allocator. Locks pin a node in every tier.
 
 from __future__ import annotations
 
-import heapq
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +59,7 @@ from radixserve.mem_cache.disk_store import (
 from radixserve.mem_cache.host_pool import HostKVPool, kv_buffers
 from radixserve.mem_cache.kv_event_sink import KVEventSink, Medium
 from radixserve.mem_cache.kv_restore import KVRestore
+from radixserve.mem_cache.lru_heap import LRUHeap
 from radixserve.mem_cache.memory_pool import ReqToTokenPool
 from radixserve.mem_cache.radix_cache import RadixCache, TreeNode, _common_prefix_len
 from radixserve.server_args import ServerArgs
@@ -132,6 +135,14 @@ class TieredRadixCache(RadixCache):
     def reset(self) -> None:
         super().reset()
         self.root_node = TieredNode([], empty_slots(), None, empty_slots())
+        # device eviction: unlocked device-resident nodes without a device-resident child
+        self._lru = LRUHeap(
+            self.root_node, self._may_evict, self._device_leaf, self._evictable_leaves
+        )
+        # host eviction: unlocked host-only leaves
+        self._host_lru = LRUHeap(
+            self.root_node, self._host_leaf, self._host_leaf, self._host_leaves
+        )
         self.host_pool.clear()
         if self.disk is not None:  # the sink was told everything went: the disk's blocks stay
             self.disk.announce()
@@ -158,12 +169,17 @@ class TieredRadixCache(RadixCache):
             child.last_access_time = now
             n = _common_prefix_len(child.key, key, pos)  # type: ignore[arg-type]
             if n < len(child.key):
+                self._offer(child)  # the lower half, touched now
                 child = self._split_node(child, n)
             if child.value is not None and node is device_node:
                 device.append(child.value)
                 device_node = child
             node = child
             pos += n
+        # the touched nodes that may be candidates: the deepest device node (a device leaf
+        # when what follows is host-only) and the deepest node (a host-only leaf)
+        self._offer(device_node)
+        self._offer(node)
         return device, device_node, node, pos
 
     def match_prefix(self, key: list[int]) -> MatchResult:
@@ -301,10 +317,12 @@ class TieredRadixCache(RadixCache):
                 node.children[key[pos]] = leaf
                 self._evictable_size += len(leaf.key)
                 self._emit("stored", leaf, "GPU")
-                break
+                self._offer(leaf)
+                return pos
             child.last_access_time = now
             n = _common_prefix_len(child.key, key, pos)
             if n < len(child.key):
+                self._offer(child)  # the lower half, touched now
                 child = self._split_node(child, n)
             if child.value is None:
                 child.value = value[pos : pos + n]
@@ -316,6 +334,7 @@ class TieredRadixCache(RadixCache):
                 self._emit("stored", child, "GPU")
             node = child
             pos += n
+        self._offer(node)  # the key ended at a node, device-resident now, touched now
         return pos
 
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
@@ -417,6 +436,8 @@ class TieredRadixCache(RadixCache):
                 self._evictable_size += len(node.key)
                 self._protected_size -= len(node.key)
             node.lock_ref -= 1
+            if node.lock_ref == 0:
+                self._offer(node)
             node = node.parent
 
     # --- eviction --------------------------------------------------------------------------
@@ -425,12 +446,12 @@ class TieredRadixCache(RadixCache):
         """Free at least `num_tokens` device slots, least recently used first. A node whose
         KV is (or can be written) on the host stays in the tree, host-only; one that cannot
         goes with its host-only subtree."""
-        heap = [(n.last_access_time, n.id, n) for n in self._evictable_leaves()]
-        heapq.heapify(heap)
         freed: list[torch.Tensor] = []
         num_evicted = 0
-        while num_evicted < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+        while num_evicted < num_tokens:
+            node = self._lru.pop()
+            if node is None:
+                break
             if node.host_value is None:  # type: ignore[attr-defined]
                 self._backup(node)
             freed.append(node.value)
@@ -441,15 +462,12 @@ class TieredRadixCache(RadixCache):
             assert parent is not None
             if node.host_value is not None:  # type: ignore[attr-defined]
                 node.value = None
+                self._offer(node)  # host-only now: a host leaf if childless
             else:
                 node.value = None
                 self._drop_subtree(node)
-            if (
-                parent is not self.root_node
-                and parent.lock_ref == 0
-                and not any(c.value is not None for c in parent.children.values())
-            ):
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+            if parent is not self.root_node:
+                self._offer(parent)  # a device leaf if that was its last device child
         self._flush_backups()
         if freed:
             slots = torch.cat(freed)
@@ -471,6 +489,31 @@ class TieredRadixCache(RadixCache):
                 leaves.append(node)
         return leaves
 
+    def _offer(self, node: TreeNode) -> None:
+        """Tell both tiers' heaps that `node` changed (see the module docstring)."""
+        self._lru.offer(node)
+        self._host_lru.offer(node)
+
+    def _may_evict(self, node: TreeNode) -> bool:
+        """Device-resident, unlocked, not the root: O(1), tested on every offer."""
+        return node.value is not None and not node.lock_ref and node is not self.root_node
+
+    def _device_leaf(self, node: TreeNode) -> bool:
+        """A device eviction candidate: `_may_evict` and no device-resident child (tested as
+        a candidate comes up, not on every offer: a shared prefix has many children)."""
+        return self._may_evict(node) and not any(
+            c.value is not None for c in node.children.values()
+        )
+
+    def _host_leaf(self, node: TreeNode) -> bool:
+        """A host eviction candidate: host-only, unlocked, childless, not the root."""
+        return (
+            node.value is None
+            and not node.lock_ref
+            and not node.children
+            and node is not self.root_node
+        )
+
     def _drop_subtree(self, node: TreeNode) -> None:
         """Remove a node whose device KV is already freed, and its host-only descendants."""
         parent = node.parent
@@ -489,7 +532,7 @@ class TieredRadixCache(RadixCache):
     def _backup(self, node: TreeNode) -> bool:
         """Give a device-resident node host slots (the host's own LRU makes room) and queue
         its copy there for `_flush_backups`; False if the host is full."""
-        host_slots = self._alloc_host(len(node.key), keep=node)
+        host_slots = self._alloc_host(len(node.key))
         if host_slots is None:
             return False
         self._queued_backups.append((node.value, host_slots))
@@ -507,35 +550,30 @@ class TieredRadixCache(RadixCache):
         self._queued_backups = []
         self.host_pool.backup(torch.cat(device), torch.cat(host))
 
-    def _alloc_host(self, n: int, keep: TreeNode | None = None) -> torch.Tensor | None:
+    def _alloc_host(self, n: int) -> torch.Tensor | None:
         pool = self.host_pool
         if pool.available_size() < n:
-            self._evict_host(n - pool.available_size(), keep)
+            self._evict_host(n - pool.available_size())
         return pool.allocator.alloc(n)
 
-    def _evict_host(self, num_tokens: int, keep: TreeNode | None) -> None:
-        """Drop least recently used host-only leaves no request locks (never `keep`)."""
+    def _evict_host(self, num_tokens: int) -> None:
+        """Drop least recently used host-only leaves no request locks (a node being backed up
+        still has its device slots: never one of them)."""
         # a queued back-up's slots may be dropped and handed out again here: its copy goes first
         self._flush_backups()
-        heap = [(n.last_access_time, n.id, n) for n in self._host_leaves() if n is not keep]
-        heapq.heapify(heap)
         num_evicted = 0
-        while num_evicted < num_tokens and heap:
-            _, _, node = heapq.heappop(heap)
+        while num_evicted < num_tokens:
+            node = self._host_lru.pop()
+            if node is None:
+                break
             parent = node.parent
             assert parent is not None
             self._emit("removed", node, "CPU")
             del parent.children[node.key[0]]
             num_evicted += len(node.key)
             self._free_host(node)
-            if (
-                parent is not self.root_node
-                and parent is not keep
-                and not parent.children
-                and parent.lock_ref == 0
-                and parent.value is None
-            ):
-                heapq.heappush(heap, (parent.last_access_time, parent.id, parent))
+            if parent is not self.root_node:
+                self._offer(parent)  # a host leaf if that was its last child
 
     def _host_leaves(self) -> list[TreeNode]:
         leaves = []
