@@ -21,10 +21,18 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from radixserve.mem_cache.radix_cache import TreeNode
+
+class TreeNode(Protocol):
+    """What the heap reads of a tree's node (radix_cache.TreeNode has it)."""
+
+    parent: TreeNode | None
+    children: dict[int, TreeNode]
+    key: list[int]
+    last_access_time: int
+    id: int
+
 
 # rebuilt when the heap holds more than twice the candidates of the last rebuild, plus this
 REBUILD_SLACK = 4096
