@@ -1,12 +1,13 @@
 """The radix caches' host costs at the tree sizes a long-running server reaches: a prompt's
 insert and match, and an eviction of 64 tokens, the scheduler loop's own time (CPU only).
 
-Each size: N prompts (20 shared 32-token system prompts, then 32 tokens of their own) are inserted, each is
-matched once, then 50 evictions of 64 tokens run; the median of 3 runs per figure. With the
-host tier (`TieredRadixCache`, write-back; the second table): half the prompts are evicted to
-the host first, which that fills, so each timed eviction backs a prompt up and drops another
-from the host. The numbers recorded in docs/benchmark-log.md (2026-12-05) came from this
-script.
+Each size: N prompts (one of 20 shared 32-token system prompts, then 32 tokens of their own)
+are inserted, each is matched once, then 50 evictions of 64 tokens run; the median of 3 runs
+per figure, each phase after a full collection (the runs before leave their trees to the
+collector). With the host tier (`TieredRadixCache`, write-back; the second table): half the
+prompts' own tokens are evicted to the host first, which that fills, so each timed eviction
+backs prompts up and drops others from the host. The numbers recorded in
+docs/benchmark-log.md (2026-12-05) came from this script.
 
 Usage: python3 scripts/radix_cache_costs.py [N ...]   (default: 1000 10000 50000)
 """
@@ -40,7 +41,7 @@ def one_run(n: int, seed: int, tiered: bool) -> tuple[float, float, float]:
     rng = random.Random(seed)
     systems = [[rng.randrange(50000) for _ in range(32)] for _ in range(20)]
     keys = [systems[i % 20] + [rng.randrange(50000) for _ in range(32)] for i in range(n)]
-    gc.collect()  # the runs before left their trees (cycles) to the collector: not timed here
+    gc.collect()  # not timed: what the runs before left
     start = time.perf_counter()
     for key in keys:
         cache.insert(key, allocator.alloc(len(key)))
