@@ -360,16 +360,16 @@ def device_times(scheduler, prompts, n: int) -> list[tuple[str, float]]:
     steps: list[tuple[str, float]] = []
     add = timeline.add
 
-    def record(pending, decode):
+    def record(pending, mode, tokens=0):
         if pending.started is not None and pending.done is not None:
-            mode = "verify" if pending.verify_draft_lens is not None else "decode"
+            kind = "verify" if pending.verify_draft_lens is not None else "decode"
             steps.append(
                 (
-                    mode if decode or mode == "verify" else "other",
+                    kind if mode == "decode" or kind == "verify" else "other",
                     pending.started.elapsed_time(pending.done),
                 )
             )
-        add(pending, decode)
+        add(pending, mode, tokens)
 
     timeline.add = record
     scheduler.pop_stats()
