@@ -46,9 +46,9 @@ def loop_body(sass: str) -> list[str]:
 def compile_sass(kernel, constexprs: dict, warps: int, weight_type: str) -> tuple[str, str]:
     """The kernel's Hopper SASS and its resource line (registers, stack) for these constants;
     pointers bf16 but for W (`weight_type`) and Scale, integers i32, every non-constant
-    argument specialized divisible by 16 except M (the row count, never specialized)."""
+    argument specialized divisible by 16."""
     pointers = {"W": weight_type, "Scale": "fp32", "LoraSlot": "i32"}
-    scalars = {"M", "N", "K", "lora_rank", "lora_sub1", "lora_sub2"}
+    scalars = {"N", "K", "lora_rank", "lora_sub1", "lora_sub2"}
     signature = {
         arg: "constexpr"
         if arg in constexprs
@@ -60,7 +60,7 @@ def compile_sass(kernel, constexprs: dict, warps: int, weight_type: str) -> tupl
     attrs = {
         (i,): [["tt.divisibility", 16]]
         for i, arg in enumerate(kernel.arg_names)
-        if signature[arg] != "constexpr" and arg != "M"
+        if signature[arg] != "constexpr"
     }
     source = ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
     compiled = triton.compile(source, target=HOPPER, options={"num_warps": warps})
