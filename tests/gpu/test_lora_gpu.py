@@ -181,6 +181,61 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
         assert rel(out, -1) > 0.05
 
 
+@pytest.mark.parametrize("sizes,gated", [([4096, 1024, 1024], False), ([14336, 14336], True)])
+def test_batch1_norm_and_shrink_in_one_launch_in_a_replayed_graph(sizes, gated):
+    """Batch 1, bf16, the 8B shapes: the norm before q/k/v (or gate/up) and the projection's
+    shrink in one launch (`norm_and_shrink`, as the decoder layer takes it) give the norm's
+    and the projection's values as the norm's own kernel and the one-row shrink do, the
+    residual sum too, in a captured graph replayed for other slots and the base."""
+    from radixserve.layers.layernorm import RMSNorm
+    from radixserve.layers.linear import Linear
+    from radixserve.layers.lora_linear import LoRABatch, LoRALinear
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    torch.manual_seed(1)
+    batch = LoRABatch(torch.device("cuda"), 8, 3)
+    k = 4096
+    base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
+    layer = LoRALinear(base, k, sizes, 3, 16, batch, torch.bfloat16)
+    layer.lora_a.copy_(torch.randn(layer.lora_a.shape) * 0.02)
+    layer.lora_b.copy_(torch.randn(layer.lora_b.shape) * 0.02)
+    norm = RMSNorm(k, eps=1e-5).cuda().bfloat16()
+    norm.weight.data.copy_(1 + 0.1 * torch.randn(k, device="cuda"))
+    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    residual = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    run = layer.silu_and_mul if gated else layer
+
+    def fused() -> tuple[torch.Tensor, ...]:
+        normed, summed = LlamaDecoderLayer.norm_before(norm, layer, x, residual)
+        assert layer._shrunk_by_norm is not None  # the fused launch was taken
+        return run(normed), normed, summed
+
+    def separate() -> tuple[torch.Tensor, ...]:
+        normed, summed = norm(x.clone(), residual.clone())  # in place on copies
+        return run(normed), normed, summed
+
+    def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        return float((a.double() - b.double()).norm() / b.double().norm())
+
+    with torch.no_grad():
+        batch.prepare([0], [1], always=True)
+        graph = torch.cuda.CUDAGraph()
+        fused()  # compiled outside the capture
+        with torch.cuda.graph(graph):
+            captured = fused()
+        outputs = {}
+        for slot in (2, -1, 1):
+            batch.prepare([slot], [1], always=True)
+            graph.replay()
+            torch.cuda.synchronize()
+            want = separate()
+            assert rel(captured[0], want[0]) < 5e-3, slot
+            assert rel(captured[1], want[1]) < 1e-3 and torch.equal(captured[2], want[2]), slot
+            outputs[slot] = captured[0].clone()
+        # the adapter term is far above bf16 rounding: a shrink that was lost would show
+        assert rel(outputs[1], outputs[-1]) > 0.05
+
+
 @pytest.mark.parametrize("pattern", ["random", "one_adapter", "each_its_own"])
 def test_grouped_decode_kernels_at_8b_shapes(pattern):
     """The decode shrink and expand on 64 bf16 rows grouped by slot (16-row blocks, the 8B

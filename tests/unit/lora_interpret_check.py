@@ -20,8 +20,10 @@ from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
 from radixserve.kernels import lora as lora_kernels  # noqa: E402
 from radixserve.kernels import triton_support  # noqa: E402
+from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm  # noqa: E402
 from radixserve.layers.linear import Linear  # noqa: E402
 from radixserve.layers.lora_linear import LoRABatch, LoRALinear  # noqa: E402
+from radixserve.models.llama import LlamaDecoderLayer  # noqa: E402
 
 _allow_one_element_index()
 gen = torch.Generator().manual_seed(0)
@@ -123,4 +125,67 @@ for sizes, gated in (([24, 12, 12], False), ([48], False), ([40, 40], True)):
         epilogue.append(
             {"gated": gated, "slot": slot, "rel_err": rel(fused, reference_out.double())}
         )
-print(json.dumps({"cases": results, "wrapper_rel_err": wrapper_rel_err, "epilogue": epilogue}))
+
+# batch 1: the norm before q/k/v or gate/up and the projection's shrink in one launch
+# (`norm_and_shrink`, through the decoder layer's `norm_before`), with and without the residual
+# add, Llama's and Gemma's norm, an adapter row and a base row in an active batch (a captured
+# graph's), plain and gated; then the projection called on another row than the norm's output
+# must shrink that row itself. Each against the torch path of the same layer and norm.
+norm_shrink = []
+batch = LoRABatch(torch.device("cpu"), 1, 3)
+for sizes, gated in (([24, 12, 12], False), ([40, 40], True)):
+    base = Linear(300, sum(sizes), bias=False).half()
+    layer = LoRALinear(base, 300, sizes, 3, 8, batch, torch.float16)
+    layer.lora_a.copy_(torch.randn(layer.lora_a.shape, generator=gen) * 0.1)
+    layer.lora_b.copy_(torch.randn(layer.lora_b.shape, generator=gen) * 0.1)
+    run = layer.silu_and_mul if gated else layer
+    for norm_cls, with_residual, slot in (
+        (RMSNorm, True, 2),
+        (RMSNorm, False, 0),
+        (GemmaRMSNorm, True, 1),
+        (RMSNorm, True, -1),
+    ):
+        norm = norm_cls(300, eps=1e-5).half()
+        norm.weight.data.copy_(
+            torch.randn(300, generator=gen) * 0.2 + (0 if norm_cls is GemmaRMSNorm else 1)
+        )
+        x = torch.randn(1, 300, generator=gen).half()
+        residual = torch.randn(1, 300, generator=gen).half() if with_residual else None
+        batch.prepare([slot], [1], always=True)
+        outs = {}
+        for path, on in (("fused", True), ("torch", False)):
+            with (
+                torch.no_grad(),
+                mock.patch.object(triton_support, "enabled_for", lambda t, on=on: on),
+            ):
+                r_in = residual.clone() if residual is not None else None
+                normed, summed = LlamaDecoderLayer.norm_before(norm, layer, x.clone(), r_in)
+                taken = layer._shrunk_by_norm is not None
+                outs[path] = (run(normed), normed, summed, taken)
+        other = torch.randn(1, 300, generator=gen).half()
+        with torch.no_grad(), mock.patch.object(triton_support, "enabled_for", lambda t: True):
+            fresh = run(other)
+            LlamaDecoderLayer.norm_before(norm, layer, x.clone(), residual)
+            stale = run(other)  # another row: the norm's shrink is not this row's
+        fused, torch_path = outs["fused"], outs["torch"]
+        norm_shrink.append(
+            {
+                "case": f"{norm_cls.__name__} residual={with_residual} slot={slot} gated={gated}",
+                "took_the_fused_norm": fused[3],
+                "torch_path_did_not": not torch_path[3],
+                "rel_err": rel(fused[0], torch_path[0].double()),
+                "normed_rel_err": rel(fused[1], torch_path[1].double()),
+                "residual_same": bool(torch.equal(fused[2], torch_path[2])),
+                "other_row_rel_err": rel(stale, fresh.double()),
+            }
+        )
+print(
+    json.dumps(
+        {
+            "cases": results,
+            "wrapper_rel_err": wrapper_rel_err,
+            "epilogue": epilogue,
+            "norm_shrink": norm_shrink,
+        }
+    )
+)

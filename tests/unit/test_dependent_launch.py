@@ -330,6 +330,13 @@ KERNELS = {
         set(),
         {"BLOCK_K": 4096},
     ),
+    # batch 1: the norm before q/k/v or gate/up with the projection's shrink (norm_and_shrink)
+    "lora norm + shrink (one row)": (
+        lora._norm_shrink_row_kernel,
+        {"Out": "fp32", "SegSlot": "i32"},
+        {"eps"},
+        {"HAS_RESIDUAL": True, "UNIT_OFFSET": False, "BLOCK_K": 4096},
+    ),
     "lora expand (decode)": (
         lora._expand_kernel,
         {"S": "fp32", "SegStart": "i32", "SegSlot": "i32", "Blocks": "i32"},
@@ -369,12 +376,13 @@ EARLY_READS = {
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
     "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A row
+    "lora norm + shrink (one row)": {"SegSlot", "A", "W"},  # and the norm's weight
     "lora expand (decode)": {"Blocks", "B"},
     "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }
 # kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next
 # one may then start while the one before still runs
-LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)"}
+LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)", "lora norm + shrink (one row)"}
 
 # the GEMVs' sizes (E: the router's experts, M: rows); other capitalised arguments are pointers
 UPPERCASE_SCALARS = {"N", "K", "E", "M"}

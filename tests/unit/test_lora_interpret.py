@@ -32,3 +32,14 @@ def test_lora_kernels_match_float64_reference():
     assert len(epilogue) == 9
     for case in epilogue:
         assert case["rel_err"] < 3e-3, case
+    # batch 1: the norm before the projection and its shrink in one launch (norm_and_shrink):
+    # taken in the kernels' path only, the projection's output, the normed row and the residual
+    # sum as the torch path's, Llama's and Gemma's norm, with and without a residual, an adapter
+    # and a base row; a different row than the norm's output shrinks itself
+    norm_shrink = result["norm_shrink"]
+    assert len(norm_shrink) == 8
+    for case in norm_shrink:
+        assert case["took_the_fused_norm"] and case["torch_path_did_not"], case
+        assert case["rel_err"] < 3e-3 and case["normed_rel_err"] < 1e-3, case
+        assert case["residual_same"], case
+        assert case["other_row_rel_err"] == 0.0, case

@@ -19,6 +19,7 @@ from radixserve.kernels import lora as lora_kernels
 from radixserve.kernels import triton_support
 from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv, uses_gemv
 from radixserve.layers.activation import silu_and_mul
+from radixserve.layers.layernorm import RMSNorm
 
 NO_ADAPTER = -1  # a base-model row's slot
 
@@ -124,6 +125,9 @@ class LoRALinear(nn.Module):
             (slots, len(self.sub_sizes) * max_rank, in_features), dtype=dtype, device=device
         )
         self.lora_b = torch.zeros((slots, out, max_rank), dtype=dtype, device=device)
+        # (the normed row, its s): the shrink that `norm_and_shrink` did with the norm before
+        # this projection, taken by the next call on exactly that row
+        self._shrunk_by_norm: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def load_rows(self, kind: str, start: int, count: int, tensor: torch.Tensor) -> set[str]:
         return self.base.load_rows(kind, start, count, tensor)
@@ -152,8 +156,41 @@ class LoRALinear(nn.Module):
             return self._gemv(x, self._shrink(x), gated=True)
         return silu_and_mul(self.forward(x))
 
+    def norm_and_shrink(
+        self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The norm before this projection, as the decoder layer takes it ((norm(x + residual),
+        x + residual); x as the residual without one), with this projection's shrink of its
+        output in the same launch, where the shrink would be the one-row kernel: batch 1 with
+        an adapter row. Saves the shrink's launch and its wait on the norm (two a layer: q/k/v
+        and gate/up); the product takes the shrink's output on its next call. None elsewhere:
+        the caller runs the norm itself."""
+        batch = self.batch
+        if not (
+            batch.active
+            and type(norm).forward is RMSNorm.forward
+            and uses_gemv(x, self.base.weight)
+            and batch.layout.seg_slots.shape[0] == 1
+        ):
+            return None
+        normed, summed, s = lora_kernels.norm_shrink_row(
+            x,
+            residual,
+            norm.weight,
+            norm.variance_epsilon,
+            norm.unit_offset,
+            self.lora_a,
+            batch.layout.seg_slots[:1],
+        )
+        self._shrunk_by_norm = (normed, s)
+        return normed, summed if summed is not None else x
+
     def _shrink(self, x: torch.Tensor) -> torch.Tensor:
-        """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums."""
+        """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums, or the ones
+        `norm_and_shrink` computed for exactly this x."""
+        shrunk, self._shrunk_by_norm = self._shrunk_by_norm, None
+        if shrunk is not None and shrunk[0] is x:
+            return shrunk[1]
         return lora_kernels.shrink(x, self.lora_a, self.batch.layout)
 
     def _gemv(self, x: torch.Tensor, shrunk: torch.Tensor, gated: bool) -> torch.Tensor:

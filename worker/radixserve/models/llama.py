@@ -267,8 +267,30 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.attend(positions, hidden, residual, forward_batch)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        gate_up = getattr(self.mlp, "gate_up_proj", None)
+        hidden, residual = self.norm_before(
+            self.post_attention_layernorm, gate_up, hidden, residual
+        )
         return self.mlp(hidden), residual
+
+    @staticmethod
+    def norm_before(
+        norm: RMSNorm,
+        projection: nn.Module | None,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(hidden + residual), hidden + residual), or (norm(hidden), hidden) without a
+        residual (the first layer), as `projection`'s input: the projection runs the norm with
+        its LoRA shrink in one launch where it can (layers/lora_linear.py `norm_and_shrink`:
+        batch 1 with an adapter), else the norm runs alone."""
+        fused = getattr(projection, "norm_and_shrink", None)
+        out = fused(norm, hidden, residual) if fused is not None else None
+        if out is not None:
+            return out
+        if residual is None:
+            return norm(hidden), hidden
+        return norm(hidden, residual)
 
     def attend(
         self,
@@ -282,11 +304,8 @@ class LlamaDecoderLayer(nn.Module):
         # On CUDA the add+norm runs in place, overwriting hidden and residual. Both are ours to
         # overwrite: the first residual is the embedding's fresh output (the norm without a
         # residual writes a new tensor, leaving it intact); every other hidden is a projection's.
-        if residual is None:
-            residual = hidden
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        qkv = getattr(self.self_attn, "qkv_proj", None)
+        hidden, residual = self.norm_before(self.input_layernorm, qkv, hidden, residual)
         return self.self_attn(positions, hidden, forward_batch), residual
 
 
