@@ -361,6 +361,60 @@ def test_gemma_norms(dtype, gen) -> None:
     _assert_within(check_head_norm(7, 8, 4, 256, dtype, "cuda", gen, GemmaRMSNorm), dtype)
 
 
+@pytest.mark.parametrize(
+    "shape",
+    [
+        ("qwen3-30b-a3b", 2048, 128, False),
+        ("gpt-oss-20b", 2880, 32, True),
+        ("deepseek", 2048, 64, None),
+    ],
+)
+def test_router_logits_in_the_norm_launch(shape, gen) -> None:
+    """Batch 1, bf16, the served MoE shapes: a router's logits computed in the norm's launch
+    (`norm_and_project`) equal the norm's own kernel then the router's own product (Qwen3's
+    bf16 GEMV, gpt-oss's biased one, DeepSeek's float32 router GEMV) to a rounding, the normed
+    row and the residual sum too, also replayed in a CUDA graph after the inputs changed."""
+    from radixserve.kernels.moe_gemv import router_gemv
+    from radixserve.layers.moe.router import RouterLinear
+    from radixserve.models.deepseek_v2 import DeepseekRouter
+    from radixserve.models.llama import LlamaDecoderLayer
+
+    name, hidden, experts, bias = shape
+    if bias is None:  # DeepSeek's float32 router
+        config = SimpleNamespace(hidden_size=hidden, num_experts_per_tok=6, topk_method="greedy")
+        router = DeepseekRouter(config, experts).cuda()
+        router.weight.data.copy_(_randn((experts, hidden), torch.float32, "cuda", gen) * 0.05)
+        separate_logits = lambda x: router_gemv(x, router.weight)  # noqa: E731
+    else:
+        router = RouterLinear(hidden, experts, bias=bias).cuda().bfloat16()
+        for param in router.parameters():
+            param.data.copy_(_randn(param.shape, torch.bfloat16, "cuda", gen) * 0.05)
+        separate_logits = router
+    norm = _norm(hidden, torch.bfloat16, "cuda", gen)
+    x = _randn((1, hidden), torch.bfloat16, "cuda", gen)
+    residual = _randn((1, hidden), torch.bfloat16, "cuda", gen)
+
+    def fused() -> tuple[torch.Tensor, ...]:
+        normed, summed = LlamaDecoderLayer.norm_before(norm, router, x, residual)
+        logits = router.logits_after_norm(normed)
+        assert logits is not None, name  # the fused launch was taken
+        return logits, normed, summed
+
+    with torch.no_grad():
+        fused()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fused()
+        for _ in range(2):
+            x.copy_(_randn((1, hidden), torch.bfloat16, "cuda", gen))
+            graph.replay()
+            normed, summed = norm(x.clone(), residual.clone())
+            want = separate_logits(normed)
+            assert captured[0].dtype == want.dtype, name
+            assert rel_err(captured[0], want) < 1e-2, name
+            assert rel_err(captured[1], normed) < 1e-3 and torch.equal(captured[2], summed), name
+
+
 def test_store_cells(gen) -> None:
     assert check_store_cells("cuda", gen) == {"store_cells": 0.0}
 

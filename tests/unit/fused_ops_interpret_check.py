@@ -13,23 +13,29 @@ import json
 import os
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ["TRITON_INTERPRET"] = "1"
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 
 import torch  # noqa: E402
 from test_fused_ops import (  # noqa: E402
+    _norm,
     check_head_norm,
     check_rms_norm,
     check_rotary_and_store_kv,
     check_silu_and_mul,
     check_store_cells,
+    fused_path,
     model_passes,
     rel_err,
 )
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
 from radixserve.layers.layernorm import GemmaRMSNorm  # noqa: E402
+from radixserve.layers.moe.router import RouterLinear  # noqa: E402
+from radixserve.models.deepseek_v2 import DeepseekRouter  # noqa: E402
+from radixserve.models.llama import LlamaDecoderLayer  # noqa: E402
 
 DTYPES = (torch.float32, torch.float16)
 # a prompt past the rotary kernel's one-head-per-program size, one below it, one of a few tokens
@@ -103,10 +109,74 @@ def model_results() -> list[dict]:
     return results
 
 
+@torch.no_grad()
+def router_results() -> list[dict]:
+    """A MoE router's logits in the norm's launch (`norm_and_project`, as the decoder layer's
+    `norm_before` asks at batch 1) against the norm's torch code and the router's torch
+    product: Qwen3's plain router, gpt-oss's biased one, DeepSeek's float32 one, with and
+    without the residual add; then the router called on another row than the norm's output
+    must compute that row's logits itself (equal to its own fused-path call)."""
+    gen = torch.Generator().manual_seed(1)
+    config = SimpleNamespace(
+        hidden_size=192,
+        num_experts_per_tok=6,
+        topk_method="greedy",
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+    )
+    results = []
+    for name, router, with_residual in (
+        ("qwen3", RouterLinear(192, 128, bias=False), True),
+        ("gpt-oss", RouterLinear(192, 32, bias=True), False),
+        ("deepseek", DeepseekRouter(config, 64), True),
+    ):
+        with torch.no_grad():
+            for param in router.parameters():
+                param.copy_(torch.randn(param.shape, generator=gen) * 0.1)
+        if isinstance(router, RouterLinear):
+            router.half()
+            logits_of = router
+        else:  # the float32 router: its logits, not its routing
+            logits_of = lambda x, r=router: torch.nn.functional.linear(x.float(), r.weight)  # noqa: E731
+        norm = _norm(192, torch.float16, "cpu", gen)
+        x = torch.randn(1, 192, generator=gen).half()
+        residual = torch.randn(1, 192, generator=gen).half() if with_residual else None
+        with fused_path(True):
+            r_in = residual.clone() if residual is not None else None
+            normed, summed = LlamaDecoderLayer.norm_before(norm, router, x.clone(), r_in)
+            took = router._after_norm is not None
+            fused = router.logits_after_norm(normed)
+        with fused_path(False):
+            r_in = residual.clone() if residual is not None else None
+            exp_normed, exp_summed = LlamaDecoderLayer.norm_before(norm, router, x.clone(), r_in)
+            expected = logits_of(exp_normed)
+        other = torch.randn(1, 192, generator=gen).half()
+        with fused_path(True):
+            fresh = logits_of(other)
+            LlamaDecoderLayer.norm_before(norm, router, x.clone(), residual)
+            stale = router(other) if isinstance(router, RouterLinear) else None
+        results.append(
+            {
+                "case": name,
+                "took_the_fused_norm": took,
+                "dtype_same": fused is not None and fused.dtype == expected.dtype,
+                "logits_rel_err": rel_err(fused, expected),
+                "normed_rel_err": rel_err(normed, exp_normed),
+                "residual_same": bool(torch.equal(summed, exp_summed)),
+                "other_row_same": stale is None or bool(torch.equal(stale, fresh)),
+            }
+        )
+    return results
+
+
 def main() -> None:
     torch.set_num_threads(2)
     _allow_one_element_index()  # the triton attention backend's loops need it under numpy 2
-    print(json.dumps({"kernels": kernel_results(), "models": model_results()}))
+    print(
+        json.dumps(
+            {"kernels": kernel_results(), "models": model_results(), "routers": router_results()}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -330,12 +330,31 @@ KERNELS = {
         set(),
         {"BLOCK_K": 4096},
     ),
-    # batch 1: the norm before q/k/v or gate/up with the projection's shrink (norm_and_shrink)
-    "lora norm + shrink (one row)": (
-        lora._norm_shrink_row_kernel,
-        {"Out": "fp32", "SegSlot": "i32"},
+    # batch 1: the norm before q/k/v or gate/up with the projection's LoRA shrink
+    # (norm_and_shrink), and before a MoE router with the router
+    "norm + projection (one row, LoRA shrink)": (
+        fused_ops._norm_project_row_kernel,
+        {"Out": "fp32", "Slot": "i32"},
         {"eps"},
-        {"HAS_RESIDUAL": True, "UNIT_OFFSET": False, "BLOCK_K": 4096},
+        {
+            "HAS_RESIDUAL": True,
+            "UNIT_OFFSET": False,
+            "HAS_SLOT": True,
+            "HAS_BIAS": False,
+            "BLOCK_K": 4096,
+        },
+    ),
+    "norm + projection (one row, biased router)": (
+        fused_ops._norm_project_row_kernel,
+        {"Slot": "i32"},
+        {"eps"},
+        {
+            "HAS_RESIDUAL": True,
+            "UNIT_OFFSET": False,
+            "HAS_SLOT": False,
+            "HAS_BIAS": True,
+            "BLOCK_K": 4096,
+        },
     ),
     "lora expand (decode)": (
         lora._expand_kernel,
@@ -376,13 +395,20 @@ EARLY_READS = {
     # the pass's adapter layout (its segments, or its decode block table); the expand's B
     "lora shrink (decode)": {"Blocks"},
     "lora shrink (one row)": {"SegSlot", "A"},  # the row's slot and its A row
-    "lora norm + shrink (one row)": {"SegSlot", "A", "W"},  # and the norm's weight
+    # the norm's weight, the projection's row (and bias), the LoRA row's slot
+    "norm + projection (one row, LoRA shrink)": {"W", "P", "Slot"},
+    "norm + projection (one row, biased router)": {"W", "P", "Bias"},
     "lora expand (decode)": {"Blocks", "B"},
     "lora shrink (prefill)": {"SegStart", "SegSlot"},
 }
 # kernels that let the next kernel launch before their own wait (LAUNCH_NEXT_FIRST): the next
 # one may then start while the one before still runs
-LAUNCH_NEXT_FIRST = {"rotary_store_kv", "lora shrink (one row)", "lora norm + shrink (one row)"}
+LAUNCH_NEXT_FIRST = {
+    "rotary_store_kv",
+    "lora shrink (one row)",
+    "norm + projection (one row, LoRA shrink)",
+    "norm + projection (one row, biased router)",
+}
 
 # the GEMVs' sizes (E: the router's experts, M: rows); other capitalised arguments are pointers
 UPPERCASE_SCALARS = {"N", "K", "E", "M"}

@@ -48,3 +48,16 @@ def test_fused_model_forward_matches_the_torch_path(interpreted) -> None:
     ]
     for result in models:
         assert result["rel_err"] < 1e-5 and result["same_argmax"], result
+
+
+def test_router_logits_in_the_norm_launch_match_the_torch_path(interpreted) -> None:
+    """Batch 1: a MoE router's logits computed in the norm's launch (Qwen3's, gpt-oss's biased,
+    DeepSeek's float32 router): taken, in the router's dtype, equal to the norm then the
+    router in torch to a rounding, the residual sum exact; a router called on another row
+    computes that row's own logits."""
+    routers = interpreted["routers"]
+    assert [r["case"] for r in routers] == ["qwen3", "gpt-oss", "deepseek"]
+    for result in routers:
+        assert result["took_the_fused_norm"] and result["dtype_same"], result
+        assert result["logits_rel_err"] < 2e-3 and result["normed_rel_err"] < 1e-3, result
+        assert result["residual_same"] and result["other_row_same"], result

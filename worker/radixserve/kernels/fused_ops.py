@@ -197,6 +197,75 @@ def _rotary_store_kv_kernel(
     tl.store(v_ptrs + HALF, c2.to(V_Cache.dtype.element_ty), mask=is_v)
 
 
+@jit
+def _norm_project_row_kernel(
+    X,
+    R,
+    W,
+    P,
+    Bias,
+    Slot,
+    Normed,
+    ResidualOut,
+    Out,
+    K,
+    stride_ps,
+    stride_pr,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
+    HAS_SLOT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """One row's RMSNorm (after the residual add, as `_rms_norm_kernel` computes it) and a small
+    projection of the normed row, in one launch: program r normalizes the whole row (its sum of
+    squares is the row's, so every program takes all of it: K values from L2) and stores
+    Out[r] = normed . P[r] (+ Bias[r]), summed in float32 and rounded once to Out's dtype;
+    program 0 also stores the normed row and the sum into `Normed` and `ResidualOut` (new
+    buffers: the other programs still read X and R). HAS_SLOT: P is stacked [slots, rows, K]
+    and the row's slot (a step input) picks it, -1 none (a LoRA shrink of a base row: zeros).
+    P's row, the bias and the norm's weight are constants and the slot a step input: read
+    before the wait, and the kernel after launches first."""
+    r = tl.program_id(0)
+    ks = tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    on = k_ok
+    p_row = P + r * stride_pr
+    if HAS_SLOT:
+        slot = tl.load(Slot).to(tl.int64)
+        on = k_ok & (ks * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
+        p_row += tl.maximum(slot, 0) * stride_ps
+    p = tl.load(p_row + ks, mask=on, other=0.0)
+    w = tl.load(W + ks, mask=k_ok, other=0.0).to(tl.float32)
+    if HAS_BIAS:
+        bias = tl.load(Bias + r).to(tl.float32)
+    wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
+    x = tl.load(X + ks, mask=k_ok, other=0.0)
+    if HAS_RESIDUAL:
+        # the sum rounded to the activation dtype before the norm, as in the reference
+        x = (x.to(tl.float32) + tl.load(R + ks, mask=k_ok, other=0.0).to(tl.float32)).to(
+            R.dtype.element_ty
+        )
+    xf = x.to(tl.float32)
+    inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
+    if UNIT_OFFSET:
+        normed = xf * inv_rms
+        w = 1.0 + w
+    else:
+        normed = (xf * inv_rms).to(x.dtype).to(tl.float32)
+    y = (normed * w).to(Normed.dtype.element_ty)
+    if r == 0:
+        tl.store(Normed + ks, y, mask=k_ok)
+        if HAS_RESIDUAL:
+            tl.store(ResidualOut + ks, x, mask=k_ok)
+    out = tl.sum(p.to(tl.float32) * y.to(tl.float32), axis=0)
+    if HAS_BIAS:
+        out += bias
+    tl.store(Out + r, out.to(Out.dtype.element_ty))
+
+
 # Called eagerly once per decode step with a batch size that keeps changing: no specialisation
 # on the count or on the index tensors' alignment (views of the packed inputs at offsets that
 # follow the batch size), or each new kind of size would compile a variant mid-serving.
@@ -286,6 +355,67 @@ def fused_add_rms_norm(
     One pass over the residual stream instead of an add, a copy and the norm's six kernels."""
     _launch_rms_norm(x, residual, weight, eps, x, unit_offset)
     return x, residual
+
+
+# The largest projection `norm_project_row` takes: every program normalizes the whole row
+# again, which pays only for a few programs (a LoRA shrink's 16-64 rank columns, a MoE router's
+# 32-256 experts), not for a model's projections (the norm folded into the next GEMV's programs
+# measured slower: docs/benchmarks.md, the 1B batch-1 row of the missed targets).
+NORM_PROJECT_MAX_ROWS = 512
+
+
+def norm_project_row(
+    x: torch.Tensor,
+    residual: torch.Tensor | None,
+    norm_weight: torch.Tensor,
+    eps: float,
+    unit_offset: bool,
+    weight: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    slot: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """One row x `[1, K]` (plus `residual`) RMS-normalized with `norm_weight` and projected by
+    `weight` `[rows, K]` (+ `bias`), or with `slot` (one int32 on the device) by its slot's
+    rows of a stacked `[slots, rows, K]`, in one launch (`_norm_project_row_kernel`): (the
+    normed row, x + residual (None without a residual), the projection `[1, rows]` in
+    `out_dtype`). Unlike `fused_add_rms_norm`, the results are new tensors."""
+    k, rows = x.shape[1], weight.shape[-2]
+    if x.shape[0] != 1 or x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
+        raise ValueError(f"norm_project_row takes one unit-stride row, got {tuple(x.shape)}")
+    if weight.shape[-1] != k or weight.stride(-1) != 1 or rows > NORM_PROJECT_MAX_ROWS:
+        raise ValueError(
+            f"norm_project_row projects by <= {NORM_PROJECT_MAX_ROWS} unit-stride rows"
+        )
+    if (weight.dim() == 3) != (slot is not None):
+        raise ValueError("a stacked [slots, rows, K] projection takes a slot, a plain one none")
+    normed = torch.empty_like(x)
+    summed = torch.empty_like(x) if residual is not None else None
+    out = torch.empty((1, rows), dtype=out_dtype, device=x.device)
+    block_k = _pow2(k)
+    _norm_project_row_kernel[(rows,)](
+        x,
+        residual if residual is not None else x,
+        norm_weight,
+        weight,
+        bias if bias is not None else norm_weight,
+        slot if slot is not None else out,
+        normed,
+        summed if summed is not None else normed,
+        out,
+        k,
+        weight.stride(0) if slot is not None else 0,
+        weight.stride(-2),
+        eps,
+        HAS_RESIDUAL=residual is not None,
+        UNIT_OFFSET=unit_offset,
+        HAS_SLOT=slot is not None,
+        HAS_BIAS=bias is not None,
+        BLOCK_K=block_k,
+        num_warps=4 if block_k <= 4096 else 8,
+        **dependent_launch(x),
+    )
+    return normed, summed, out
 
 
 def silu_and_mul(gate_up: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -303,62 +303,6 @@ def _shrink_row_kernel(
 
 
 @jit
-def _norm_shrink_row_kernel(
-    X,
-    R,
-    W,
-    A,
-    Normed,
-    ResidualOut,
-    Out,
-    SegSlot,
-    K,
-    stride_as,
-    stride_ar,
-    eps,
-    HAS_RESIDUAL: tl.constexpr,
-    UNIT_OFFSET: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-    PDL: tl.constexpr,
-):
-    """One row's RMSNorm (after the residual add, as `fused_ops.fused_add_rms_norm` computes
-    it) and its LoRA shrink, in one launch: program r normalizes the whole row (its sum of
-    squares is the row's, so every program takes all of it: K values from L2) and sums rank
-    column r of the normed row's product with the slot's A into `Out[0, 0, r]`; program 0 also
-    stores the normed row and the sum into `Normed` and `ResidualOut` (new buffers: the other
-    programs still read X and R). The A row and the norm's weight are constants and the slot a
-    step input: read before the wait, as `_shrink_row_kernel` reads them, and the GEMV after
-    launches first. The shrink's own launch and its wait on the norm leave the step."""
-    r = tl.program_id(0)
-    ks = tl.arange(0, BLOCK_K)
-    k_ok = ks < K
-    slot = tl.load(SegSlot).to(tl.int64)
-    on = k_ok & (ks * 0 + slot >= 0)  # (vector-shaped: the interpreter's masks)
-    a = tl.load(A + tl.maximum(slot, 0) * stride_as + r * stride_ar + ks, mask=on, other=0.0)
-    w = tl.load(W + ks, mask=k_ok, other=0.0).to(tl.float32)
-    wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
-    x = tl.load(X + ks, mask=k_ok, other=0.0)
-    if HAS_RESIDUAL:
-        # the sum rounded to the activation dtype before the norm, as in the reference
-        x = (x.to(tl.float32) + tl.load(R + ks, mask=k_ok, other=0.0).to(tl.float32)).to(
-            R.dtype.element_ty
-        )
-    xf = x.to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(xf * xf, axis=0) / K + eps)
-    if UNIT_OFFSET:
-        normed = xf * inv_rms
-        w = 1.0 + w
-    else:
-        normed = (xf * inv_rms).to(x.dtype).to(tl.float32)
-    y = (normed * w).to(Normed.dtype.element_ty)
-    if r == 0:
-        tl.store(Normed + ks, y, mask=k_ok)
-        if HAS_RESIDUAL:
-            tl.store(ResidualOut + ks, x, mask=k_ok)
-    tl.store(Out + r, tl.sum(a.to(tl.float32) * y.to(tl.float32), axis=0))
-
-
-@jit
 def _expand_kernel(
     S,
     B,
@@ -499,48 +443,6 @@ def _shrink_row(x: torch.Tensor, a: torch.Tensor, slot: torch.Tensor) -> torch.T
         **triton_support.dependent_launch(x),
     )
     return out
-
-
-def norm_shrink_row(
-    x: torch.Tensor,
-    residual: torch.Tensor | None,
-    weight: torch.Tensor,
-    eps: float,
-    unit_offset: bool,
-    a: torch.Tensor,
-    slot: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """One row x `[1, K]` (plus `residual`) RMS-normalized with `weight` and shrunk by its
-    slot's A `[slots, R_total, K]` in one launch (`_norm_shrink_row_kernel`): (the normed row,
-    x + residual (None without a residual), s `[1, 1, R_total]` float32 as `shrink` gives one
-    row's). Unlike `fused_ops.fused_add_rms_norm`, the results are new tensors."""
-    k, r_total = x.shape[1], a.shape[1]
-    if x.shape[0] != 1 or x.stride(1) != 1 or (residual is not None and residual.stride(1) != 1):
-        raise ValueError(f"norm_shrink_row takes one unit-stride row, got {tuple(x.shape)}")
-    normed = torch.empty_like(x)
-    summed = torch.empty_like(x) if residual is not None else None
-    out = torch.empty((1, 1, r_total), dtype=torch.float32, device=x.device)
-    block_k = triton.next_power_of_2(k)
-    _norm_shrink_row_kernel[(r_total,)](
-        x,
-        residual if residual is not None else x,
-        weight,
-        a,
-        normed,
-        summed if summed is not None else normed,
-        out,
-        slot,
-        k,
-        a.stride(0),
-        a.stride(1),
-        eps,
-        HAS_RESIDUAL=residual is not None,
-        UNIT_OFFSET=unit_offset,
-        BLOCK_K=block_k,
-        num_warps=4 if block_k <= 4096 else 8,
-        **triton_support.dependent_launch(x),
-    )
-    return normed, summed, out
 
 
 def _shrink_triton(

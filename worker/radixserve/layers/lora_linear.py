@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from radixserve.kernels import fused_ops, triton_support
 from radixserve.kernels import lora as lora_kernels
-from radixserve.kernels import triton_support
 from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv, uses_gemv
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.layernorm import RMSNorm
@@ -125,7 +125,7 @@ class LoRALinear(nn.Module):
             (slots, len(self.sub_sizes) * max_rank, in_features), dtype=dtype, device=device
         )
         self.lora_b = torch.zeros((slots, out, max_rank), dtype=dtype, device=device)
-        # (the normed row, its s): the shrink that `norm_and_shrink` did with the norm before
+        # (the normed row, its s): the shrink that `norm_and_project` did with the norm before
         # this projection, taken by the next call on exactly that row
         self._shrunk_by_norm: tuple[torch.Tensor, torch.Tensor] | None = None
 
@@ -156,7 +156,7 @@ class LoRALinear(nn.Module):
             return self._gemv(x, self._shrink(x), gated=True)
         return silu_and_mul(self.forward(x))
 
-    def norm_and_shrink(
+    def norm_and_project(
         self, norm: RMSNorm, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The norm before this projection, as the decoder layer takes it ((norm(x + residual),
@@ -173,21 +173,22 @@ class LoRALinear(nn.Module):
             and batch.layout.seg_slots.shape[0] == 1
         ):
             return None
-        normed, summed, s = lora_kernels.norm_shrink_row(
+        normed, summed, s = fused_ops.norm_project_row(
             x,
             residual,
             norm.weight,
             norm.variance_epsilon,
             norm.unit_offset,
             self.lora_a,
-            batch.layout.seg_slots[:1],
+            torch.float32,
+            slot=batch.layout.seg_slots[:1],
         )
-        self._shrunk_by_norm = (normed, s)
+        self._shrunk_by_norm = (normed, s.view(1, 1, -1))  # one row's whole s, as `shrink`'s
         return normed, summed if summed is not None else x
 
     def _shrink(self, x: torch.Tensor) -> torch.Tensor:
         """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums, or the ones
-        `norm_and_shrink` computed for exactly this x."""
+        `norm_and_project` computed for exactly this x."""
         shrunk, self._shrunk_by_norm = self._shrunk_by_norm, None
         if shrunk is not None and shrunk[0] is x:
             return shrunk[1]

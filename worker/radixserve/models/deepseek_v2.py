@@ -49,6 +49,7 @@ from radixserve.kernels.moe_gemv import router_gemv, uses_moe_gemv
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.mla import mla_decode, mla_extend
 from radixserve.layers.moe.layer import FusedMoE
+from radixserve.layers.moe.router import LogitsAfterNorm
 from radixserve.layers.moe.routing import grouped_topk
 from radixserve.layers.quantization.base import QuantizationConfig, make_linear
 from radixserve.layers.quantization.fp8 import dequantize_rows
@@ -227,9 +228,9 @@ class DeepseekMLA(nn.Module):
         return q_rope
 
 
-class DeepseekRouter(nn.Module):
+class DeepseekRouter(LogitsAfterNorm, nn.Module):
     """The float32 router (`gate.weight`) and V3's correction bias, named as the checkpoints
-    name them."""
+    name them; its float32 logits may come from the norm's launch (layers/moe/router.py)."""
 
     def __init__(self, config: PretrainedConfig, num_experts: int) -> None:
         super().__init__()
@@ -248,11 +249,19 @@ class DeepseekRouter(nn.Module):
         self.renormalize = bool(getattr(config, "norm_topk_prob", False))
         self.scaling = float(getattr(config, "routed_scaling_factor", 1.0) or 1.0)
 
+    def logits_dtype(self, x: torch.Tensor) -> torch.dtype:
+        return torch.float32
+
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, H] -> (weights [T, top_k] float32, expert ids [T, top_k])."""
-        if triton_support.enabled_for(x) and uses_moe_gemv(x.shape[0], self.top_k):
+        logits = self.logits_after_norm(x)  # from the norm's launch, or:
+        if (
+            logits is None
+            and triton_support.enabled_for(x)
+            and uses_moe_gemv(x.shape[0], self.top_k)
+        ):
             logits = router_gemv(x, self.weight)  # one dependent launch for cast and product
-        else:
+        elif logits is None:
             logits = torch.nn.functional.linear(x.float(), self.weight)
         if self.method == "greedy" and triton_support.enabled_for(logits):
             # plain softmax top-k (V2-Lite): the fused MoE's one-launch routing kernel
@@ -302,6 +311,11 @@ class DeepseekMoE(nn.Module):
         self.shared_experts = (
             LlamaMLP(config, quant, config.moe_intermediate_size * shared) if shared else None
         )
+
+    @property
+    def input_projection(self) -> nn.Module:
+        """The projection right behind the layer's norm (`LlamaDecoderLayer.norm_before`)."""
+        return self.gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # the shared experts first: their (unreduced) output joins the routed sum, which at a

@@ -22,7 +22,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from radixserve.layers.moe.layer import FusedMoE
-from radixserve.layers.quantization.base import QuantizationConfig, make_linear
+from radixserve.layers.moe.router import RouterLinear
+from radixserve.layers.quantization.base import QuantizationConfig
 from radixserve.layers.quantization.mxfp4 import dequantize_mxfp4
 from radixserve.model_loader.config import sliding_window_of
 from radixserve.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM, LlamaModel
@@ -38,7 +39,7 @@ class GptOssMoE(nn.Module):
     def __init__(self, config: PretrainedConfig, quant: QuantizationConfig | None) -> None:
         super().__init__()
         experts = config.num_local_experts
-        self.router = make_linear(config.hidden_size, experts, True, None)
+        self.router = RouterLinear(config.hidden_size, experts, bias=True)
         # top-k of the logits softmaxed == softmax, top-k, renormalised; rounded to the model
         # dtype as transformers' softmax in that dtype leaves them
         self.experts = FusedMoE(
@@ -54,6 +55,11 @@ class GptOssMoE(nn.Module):
             swiglu=(getattr(config, "swiglu_alpha", 1.702), config.swiglu_limit),
             mxfp4=quant is not None and quant.keeps_experts_mxfp4,
         )
+
+    @property
+    def input_projection(self) -> nn.Module:
+        """The projection right behind the layer's norm (`LlamaDecoderLayer.norm_before`)."""
+        return self.router
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.router(x))

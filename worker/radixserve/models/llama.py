@@ -33,6 +33,7 @@ from radixserve.layers.activation import gated_activation
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
 from radixserve.layers.moe.layer import FusedMoE
+from radixserve.layers.moe.router import RouterLinear
 from radixserve.layers.quantization.base import QuantizationConfig, make_linear
 from radixserve.layers.radix_attention import NO_WINDOW, RadixAttention
 from radixserve.layers.rotary_embedding import RotaryEmbedding
@@ -164,6 +165,11 @@ class LlamaMLP(nn.Module):
         self.silu = activation == "silu"
         self.act_and_mul = gated_activation(activation)
 
+    @property
+    def input_projection(self) -> nn.Module:
+        """The projection right behind the layer's norm (`LlamaDecoderLayer.norm_before`)."""
+        return self.gate_up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return all_reduce(self.partial(x))
 
@@ -192,7 +198,7 @@ class SparseMoeBlock(nn.Module):
         round_weights: bool,
     ) -> None:
         super().__init__()
-        self.gate = make_linear(config.hidden_size, num_experts, False, None)
+        self.gate = RouterLinear(config.hidden_size, num_experts, bias=False)
         self.experts = FusedMoE(
             num_experts,
             config.num_experts_per_tok,
@@ -203,6 +209,11 @@ class SparseMoeBlock(nn.Module):
             activation=getattr(config, "hidden_act", "silu"),
             fp8=quant is not None and quant.quantize_experts,
         )
+
+    @property
+    def input_projection(self) -> nn.Module:
+        """The projection right behind the layer's norm (`LlamaDecoderLayer.norm_before`)."""
+        return self.gate
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.experts(x, self.gate(x))
@@ -267,9 +278,9 @@ class LlamaDecoderLayer(nn.Module):
         forward_batch: ForwardBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         hidden, residual = self.attend(positions, hidden, residual, forward_batch)
-        gate_up = getattr(self.mlp, "gate_up_proj", None)
+        projection = getattr(self.mlp, "input_projection", None)
         hidden, residual = self.norm_before(
-            self.post_attention_layernorm, gate_up, hidden, residual
+            self.post_attention_layernorm, projection, hidden, residual
         )
         return self.mlp(hidden), residual
 
@@ -282,9 +293,10 @@ class LlamaDecoderLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm(hidden + residual), hidden + residual), or (norm(hidden), hidden) without a
         residual (the first layer), as `projection`'s input: the projection runs the norm with
-        its LoRA shrink in one launch where it can (layers/lora_linear.py `norm_and_shrink`:
-        batch 1 with an adapter), else the norm runs alone."""
-        fused = getattr(projection, "norm_and_shrink", None)
+        its own small product of the normed row in one launch where it can (`norm_and_project`
+        at batch 1: a LoRA wrapper's shrink, layers/lora_linear.py; a MoE router's logits,
+        layers/moe/router.py), else the norm runs alone."""
+        fused = getattr(projection, "norm_and_project", None)
         out = fused(norm, hidden, residual) if fused is not None else None
         if out is not None:
             return out
