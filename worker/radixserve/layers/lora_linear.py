@@ -48,6 +48,8 @@ class LoRABatch:
         # a replay takes the graph captured without them (True when capturing the graph with
         # them, whose replays may mix)
         self.active = False
+        # where a decode pass's shrinks run, beside the base products (`LoRALinear.forward`)
+        self.shrink_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def prepare(
         self, row_slots: Sequence[int], row_lens: Sequence[int], always: bool = False
@@ -136,15 +138,39 @@ class LoRALinear(nn.Module):
         batch = self.batch
         if not batch.active:
             return self.base(x)
-        shrunk = self._shrink(x)
         # batch 1: the expand in the GEMV's epilogue, fused q/k/v too: with B read before the
         # GEMV's wait and s right after it, the epilogue adds 0-7 us a launch (q/k/v ~2, gate/up
         # ~7; kernels/gemv.py) and the expand's own launch is gone (H200 2026-12-04)
         if uses_gemv(x, self.base.weight):
-            return self._gemv(x, shrunk, gated=False)
-        y = self.base(x)
+            return self._gemv(x, self._shrink(x), gated=False)
+        stream = batch.shrink_stream
+        if stream is None or batch.layout.max_seg_len != 1:
+            shrunk = self._shrink(x)
+            y = self.base(x)
+        else:
+            shrunk, y = self._shrink_beside_base(x, stream)
         lora_kernels.expand(y, shrunk, self.lora_b, batch.layout, self.sub_sizes)
         return y
+
+    def _shrink_beside_base(
+        self, x: torch.Tensor, stream: torch.cuda.Stream
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A decode pass's shrink on its own stream while the base product runs (a fork and a
+        join, which a captured graph keeps as two branches): the shrink reads only x, and at a
+        few dozen rows cuBLAS's product leaves SMs idle, where the shrink's 64-128 programs
+        fit; in line, four a layer, they cost their launch and latency each time (at 64 rows
+        over 8 adapters, q/k/v's 91 us and o's 70 us an 8B step, H200 2026-12-04).
+        No `record_stream`: s, allocated on the side stream and read by the expand on this
+        one, is freed after the expand is queued, and the side stream's next allocation
+        follows its next fork, which waits for everything queued here before, that expand
+        included. x, this stream's, is reused here only after the join."""
+        main = torch.cuda.current_stream(x.device)
+        stream.wait_stream(main)
+        with torch.cuda.stream(stream):
+            shrunk = self._shrink(x)
+        y = self.base(x)
+        main.wait_stream(stream)
+        return shrunk, y
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """silu(gate) * up of this [gate; up] projection of x, adapters included: at batch 1
