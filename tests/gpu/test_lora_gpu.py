@@ -241,7 +241,7 @@ def test_decode_shrink_beside_the_base_product_in_a_replayed_graph(sizes, gated)
     """64 bf16 rows over 8 adapters and the base at the 8B shapes: with each shrink forked onto
     the batch's shrink stream beside cuBLAS's base product (and joined before the expand), a
     captured graph replayed for new rows and new slots gives exactly the values of the same
-    kernels run in line on one stream, the activation included for gate/up."""
+    kernels run eagerly, in line on one stream, the activation included for gate/up."""
     from radixserve.layers.linear import Linear
     from radixserve.layers.lora_linear import LoRABatch, LoRALinear
 
@@ -257,13 +257,6 @@ def test_decode_shrink_beside_the_base_product_in_a_replayed_graph(sizes, gated)
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(3)
 
-    def in_line() -> torch.Tensor:
-        stream, batch.shrink_stream = batch.shrink_stream, None
-        try:
-            return run(x)
-        finally:
-            batch.shrink_stream = stream
-
     with torch.no_grad():
         batch.prepare(torch.randint(-1, slots, (rows,), generator=gen).tolist(), [1] * rows)
         run(x)  # compiled outside the capture
@@ -277,7 +270,7 @@ def test_decode_shrink_beside_the_base_product_in_a_replayed_graph(sizes, gated)
             x.copy_(torch.randn(rows, k, generator=gen).bfloat16())
             graph.replay()
             torch.cuda.synchronize()
-            want = in_line()
+            want = run(x)  # eager: in line
             torch.cuda.synchronize()
             assert torch.equal(captured, want)
             outputs.append(captured.clone())

@@ -48,7 +48,8 @@ class LoRABatch:
         # a replay takes the graph captured without them (True when capturing the graph with
         # them, whose replays may mix)
         self.active = False
-        # where a decode pass's shrinks run, beside the base products (`LoRALinear.forward`)
+        # where a captured decode pass's shrinks run, beside the base products
+        # (`LoRALinear.forward`)
         self.shrink_stream = torch.cuda.Stream(device) if device.type == "cuda" else None
 
     def prepare(
@@ -144,19 +145,23 @@ class LoRALinear(nn.Module):
         if uses_gemv(x, self.base.weight):
             return self._gemv(x, self._shrink(x), gated=False)
         stream = batch.shrink_stream
-        if stream is None or batch.layout.max_seg_len != 1:
+        if (
+            stream is not None
+            and batch.layout.max_seg_len == 1
+            and torch.cuda.is_current_stream_capturing()
+        ):
+            shrunk, y = self._shrink_beside_base(x, stream)
+        else:  # eagerly a fork and a join would cost more host time than the overlap saves
             shrunk = self._shrink(x)
             y = self.base(x)
-        else:
-            shrunk, y = self._shrink_beside_base(x, stream)
         lora_kernels.expand(y, shrunk, self.lora_b, batch.layout, self.sub_sizes)
         return y
 
     def _shrink_beside_base(
         self, x: torch.Tensor, stream: torch.cuda.Stream
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """A decode pass's shrink on its own stream while the base product runs (a fork and a
-        join, which a captured graph keeps as two branches): the shrink reads only x, and at a
+        """A captured decode pass's shrink on its own stream while the base product runs (a
+        fork and a join, which the graph keeps as two branches): the shrink reads only x, and at a
         few dozen rows cuBLAS's product leaves SMs idle, where the shrink's 64-128 programs
         fit; in line, four a layer, they cost their launch and latency each time (at 64 rows
         over 8 adapters, q/k/v's 91 us and o's 70 us an 8B step, H200 2026-12-04).
