@@ -13,6 +13,9 @@
   rows over 8 slots (kernels/lora.py SHRINK_SWEEP, EXPAND_SWEEP: 19 shrink and 12 expand
   candidates a projection, ~1-2 compilations each), the best per projection and the step's
   total with them, against the tiles before (`STAGES=kernels bash scripts/gpu/lora.sh`).
+- profile: batch 1, the graphs with and without the LoRA kernels replayed alone, each one's
+  time and its kernels by device time a replay (torch's profiler): where batch 1's adapter
+  cost goes.
 
 The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
 under /tmp). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
@@ -32,6 +35,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch.profiler import ProfilerActivity, profile
 
 from radixserve.boundary import TokenizedGenerateReqInput
 from radixserve.kernels import lora as lora_kernels
@@ -187,6 +191,45 @@ def section_throughput(a, scheduler, dirs, batch: int, spread: bool) -> dict:
         "base_replays": dict(base_replays),
         "lora_replays": dict(replays - base_replays),
     }
+
+
+def section_profile(a, scheduler, dirs) -> dict:
+    """Batch 1 with one adapter against the base: each graph's replay alone (the graphs with
+    and without the LoRA kernels, captured for one row) and its kernels by device time a
+    replay, from torch's profiler: where the adapter's extra time in the step goes."""
+    graphs = scheduler.worker.model_runner.cuda_graph_runner
+    if graphs is None:
+        print("profile: no CUDA graphs here", flush=True)
+        return {}
+    name = next(iter(dirs))
+    decode_tok_s(scheduler, [name], a.prompt_len, 8)  # leaves the adapter's slot in the buffers
+    result: dict = {}
+    for variant, graph in (("lora", graphs.lora_graphs[1]), ("plain", graphs.graphs[1])):
+        graph.replay()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(50):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                graph.replay()
+            torch.cuda.synchronize()
+        kernels = sorted(
+            (e for e in prof.key_averages() if e.self_device_time_total),
+            key=lambda e: -e.self_device_time_total,
+        )
+        result[variant] = {
+            "replay_ms": start.elapsed_time(end) / 50,
+            "kernels": [
+                [e.key[:90], e.self_device_time_total / 10, e.count / 10] for e in kernels[:24]
+            ],
+        }
+        print(f"profile {variant}: replay {result[variant]['replay_ms']:.3f} ms", flush=True)
+        for key, us, calls in result[variant]["kernels"]:
+            print(f"  {key[:70]:70s} {us:8.1f} us {calls:6.1f} calls", flush=True)
+    return result
 
 
 def graph_us(fn, layers: int) -> float:
@@ -376,7 +419,7 @@ def section_kernels(a) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("section", choices=("decode", "kernels", "plain"))
+    parser.add_argument("section", choices=("decode", "kernels", "plain", "profile"))
     parser.add_argument("--model", default="random:llama-3-8b")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--adapters", type=int, default=8)
@@ -401,6 +444,9 @@ def main() -> None:
         print(f"kernels: {json.dumps(result)}", flush=True)
     elif a.section == "plain":
         result = section_plain(a)
+    elif a.section == "profile":
+        dirs = write_adapters(a.model, 1, a.rank, Path(a.adapter_dir))
+        result = section_profile(a, make(a, dirs), dirs)
     else:  # one server for both: one model load and graph capture
         dirs = write_adapters(a.model, a.adapters, a.rank, Path(a.adapter_dir))
         scheduler = make(a, dirs)
