@@ -205,13 +205,7 @@ def section_profile(a, scheduler, dirs) -> dict:
     decode_tok_s(scheduler, [name], a.prompt_len, 8)  # leaves the adapter's slot in the buffers
     result: dict = {}
     for variant, graph in (("lora", graphs.lora_graphs[1]), ("plain", graphs.graphs[1])):
-        graph.replay()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(50):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
+        replay_ms = replay_us(graph, 50) / 1e3
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
                 graph.replay()
@@ -221,7 +215,7 @@ def section_profile(a, scheduler, dirs) -> dict:
             key=lambda e: -e.self_device_time_total,
         )
         result[variant] = {
-            "replay_ms": start.elapsed_time(end) / 50,
+            "replay_ms": replay_ms,
             "kernels": [
                 [e.key[:90], e.self_device_time_total / 10, e.count / 10] for e in kernels[:24]
             ],
@@ -240,14 +234,19 @@ def graph_us(fn, layers: int) -> float:
     with torch.cuda.graph(graph):
         for _ in range(layers):
             fn()
+    return replay_us(graph, 10)
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, replays: int) -> float:
+    """A captured graph's device time a replay, us: one warm replay, then `replays` timed."""
     graph.replay()
     begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     begin.record()
-    for _ in range(10):
+    for _ in range(replays):
         graph.replay()
     end.record()
     torch.cuda.synchronize()
-    return begin.elapsed_time(end) * 1e3 / 10
+    return begin.elapsed_time(end) * 1e3 / replays
 
 
 def decode_layout(row_slots: list[int], slots: int, device: str) -> lora_kernels.Layout:

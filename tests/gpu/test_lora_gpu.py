@@ -124,6 +124,21 @@ def count_replays(graphs: dict) -> dict[int, int]:
     return counts
 
 
+def random_lora_linear(sizes, rows: int, slots: int, seed: int):
+    """A bf16 base projection of K = 4096 with random rank-16 adapters in `slots` slots and
+    the `LoRABatch` of `rows` rows it reads: (batch, base, layer)."""
+    from radixserve.layers.linear import Linear
+    from radixserve.layers.lora_linear import LoRABatch, LoRALinear
+
+    torch.manual_seed(seed)
+    batch = LoRABatch(torch.device("cuda"), rows, slots)
+    base = Linear(4096, sum(sizes), bias=False).cuda().bfloat16()
+    layer = LoRALinear(base, 4096, sizes, slots, 16, batch, torch.bfloat16)
+    layer.lora_a.copy_(torch.randn(layer.lora_a.shape) * 0.02)
+    layer.lora_b.copy_(torch.randn(layer.lora_b.shape) * 0.02)
+    return batch, base, layer
+
+
 def epilogue_reference(x, weight, layer, sizes, gated, slot) -> torch.Tensor:
     """float64: x · Wᵀ plus each sub-projection's adapter term of `slot`, then the activation."""
     rank = layer.max_rank
@@ -149,17 +164,8 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
     epilogue for fused q/k/v, one projection and the gated pair (the MLP's activation): against
     float64, for each slot and the base, in a captured graph replayed after the step's slot
     changed."""
-    from radixserve.layers.linear import Linear
-    from radixserve.layers.lora_linear import LoRABatch, LoRALinear
-
-    torch.manual_seed(0)
-    batch = LoRABatch(torch.device("cuda"), 8, 3)
-    k = 4096
-    base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
-    layer = LoRALinear(base, k, sizes, 3, 16, batch, torch.bfloat16)
-    layer.lora_a.copy_(torch.randn(layer.lora_a.shape) * 0.02)
-    layer.lora_b.copy_(torch.randn(layer.lora_b.shape) * 0.02)
-    x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+    batch, base, layer = random_lora_linear(sizes, 8, 3, seed=0)
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
     run = layer.silu_and_mul if gated else layer
 
     def rel(got: torch.Tensor, slot: int) -> float:
@@ -184,21 +190,14 @@ def test_batch1_bf16_gemv_epilogue_in_a_replayed_graph(sizes, gated):
 @pytest.mark.parametrize("sizes,gated", [([4096, 1024, 1024], False), ([14336, 14336], True)])
 def test_batch1_norm_and_shrink_in_one_launch_in_a_replayed_graph(sizes, gated):
     """Batch 1, bf16, the 8B shapes: the norm before q/k/v (or gate/up) and the projection's
-    shrink in one launch (`norm_and_shrink`, as the decoder layer takes it) give the norm's
+    shrink in one launch (`norm_and_project`, as the decoder layer takes it) give the norm's
     and the projection's values as the norm's own kernel and the one-row shrink do, the
     residual sum too, in a captured graph replayed for other slots and the base."""
     from radixserve.layers.layernorm import RMSNorm
-    from radixserve.layers.linear import Linear
-    from radixserve.layers.lora_linear import LoRABatch, LoRALinear
     from radixserve.models.llama import LlamaDecoderLayer
 
-    torch.manual_seed(1)
-    batch = LoRABatch(torch.device("cuda"), 8, 3)
+    batch, base, layer = random_lora_linear(sizes, 8, 3, seed=1)
     k = 4096
-    base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
-    layer = LoRALinear(base, k, sizes, 3, 16, batch, torch.bfloat16)
-    layer.lora_a.copy_(torch.randn(layer.lora_a.shape) * 0.02)
-    layer.lora_b.copy_(torch.randn(layer.lora_b.shape) * 0.02)
     norm = RMSNorm(k, eps=1e-5).cuda().bfloat16()
     norm.weight.data.copy_(1 + 0.1 * torch.randn(k, device="cuda"))
     x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
@@ -242,17 +241,9 @@ def test_decode_shrink_beside_the_base_product_in_a_replayed_graph(sizes, gated)
     the batch's shrink stream beside cuBLAS's base product (and joined before the expand), a
     captured graph replayed for new rows and new slots gives exactly the values of the same
     kernels run eagerly, in line on one stream, the activation included for gate/up."""
-    from radixserve.layers.linear import Linear
-    from radixserve.layers.lora_linear import LoRABatch, LoRALinear
-
-    torch.manual_seed(2)
     rows, k, slots = 64, 4096, 8
-    batch = LoRABatch(torch.device("cuda"), rows, slots)
+    batch, base, layer = random_lora_linear(sizes, rows, slots, seed=2)
     assert batch.shrink_stream is not None
-    base = Linear(k, sum(sizes), bias=False).cuda().bfloat16()
-    layer = LoRALinear(base, k, sizes, slots, 16, batch, torch.bfloat16)
-    layer.lora_a.copy_(torch.randn(layer.lora_a.shape) * 0.02)
-    layer.lora_b.copy_(torch.randn(layer.lora_b.shape) * 0.02)
     run = layer.silu_and_mul if gated else layer
     x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
     gen = torch.Generator().manual_seed(3)
