@@ -49,6 +49,33 @@ class RMSNorm(nn.Module):
             out = self.weight * h.to(input_dtype)
         return out if residual is None else (out, residual)
 
+    def with_row_projection(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        weight: torch.Tensor,
+        out_dtype: torch.dtype,
+        bias: torch.Tensor | None = None,
+        slot: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """This norm of one row x (after the residual add) and a small projection of the normed
+        row in one launch (`fused_ops.norm_project_row`; `weight`, `bias`, `slot` as it takes
+        them): (norm(x + residual), x + residual (x without a residual), the projection), the
+        values of `forward` (Llama's and Gemma's scaling) and of the projection after it. The
+        caller says when one row qualifies (a half-precision row on the GPU at batch 1)."""
+        normed, summed, projected = fused_ops.norm_project_row(
+            x,
+            residual,
+            self.weight,
+            self.variance_epsilon,
+            self.unit_offset,
+            weight,
+            out_dtype,
+            bias=bias,
+            slot=slot,
+        )
+        return normed, summed if summed is not None else x, projected
+
     def normalize_heads_(self, heads: torch.Tensor) -> None:
         """Normalise [tokens, heads, head_dim] in place (a view into qkv): the CUDA path's q/k
         norm."""

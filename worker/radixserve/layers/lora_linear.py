@@ -15,8 +15,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from radixserve.kernels import fused_ops, triton_support
 from radixserve.kernels import lora as lora_kernels
+from radixserve.kernels import triton_support
 from radixserve.kernels.gemv import LoRAEpilogue, block_config, gemv, uses_gemv
 from radixserve.layers.activation import silu_and_mul
 from radixserve.layers.layernorm import RMSNorm
@@ -198,24 +198,14 @@ class LoRALinear(nn.Module):
         the caller runs the norm itself."""
         batch = self.batch
         if not (
-            batch.active
-            and type(norm).forward is RMSNorm.forward
-            and uses_gemv(x, self.base.weight)
-            and batch.layout.seg_slots.shape[0] == 1
+            batch.active and uses_gemv(x, self.base.weight) and batch.layout.seg_slots.shape[0] == 1
         ):
             return None
-        normed, summed, s = fused_ops.norm_project_row(
-            x,
-            residual,
-            norm.weight,
-            norm.variance_epsilon,
-            norm.unit_offset,
-            self.lora_a,
-            torch.float32,
-            slot=batch.layout.seg_slots[:1],
+        normed, summed, s = norm.with_row_projection(
+            x, residual, self.lora_a, torch.float32, slot=batch.layout.seg_slots[:1]
         )
         self._shrunk_by_norm = (normed, s.view(1, 1, -1))  # one row's whole s, as `shrink`'s
-        return normed, summed if summed is not None else x
+        return normed, summed
 
     def _shrink(self, x: torch.Tensor) -> torch.Tensor:
         """x times each token's adapter's A: `kernels/lora.shrink`'s partial sums, or the ones

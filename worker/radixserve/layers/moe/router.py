@@ -37,22 +37,14 @@ class LogitsAfterNorm:
             and x.dim() == 2
             and x.shape[0] == 1
             and x.dtype in (torch.bfloat16, torch.float16)
-            and type(norm).forward is RMSNorm.forward
             and self.weight.shape[0] <= fused_ops.NORM_PROJECT_MAX_ROWS
         ):
             return None
-        normed, summed, logits = fused_ops.norm_project_row(
-            x,
-            residual,
-            norm.weight,
-            norm.variance_epsilon,
-            norm.unit_offset,
-            self.weight,
-            self.logits_dtype(x),
-            bias=getattr(self, "bias", None),
+        normed, summed, logits = norm.with_row_projection(
+            x, residual, self.weight, self.logits_dtype(x), bias=getattr(self, "bias", None)
         )
         self._after_norm = (normed, logits)
-        return normed, summed if summed is not None else x
+        return normed, summed
 
     def logits_after_norm(self, x: torch.Tensor) -> torch.Tensor | None:
         """The logits `norm_and_project` computed, if x is exactly the row it normed."""
