@@ -158,6 +158,9 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         **os.environ,
         "TRITON_CACHE_DIR": str(caches / "triton"),
         "FLASHINFER_WORKSPACE_BASE": str(caches / "flashinfer"),
+        # the start-up read-ahead's record (radixserve/read_ahead.py): a first-ever start has
+        # none, the next ones read what it recorded, as a node's next pod does
+        "RADIXSERVE_CACHE_DIR": str(caches / "radixserve"),
     }
     args = ["--model", str(CHECKPOINT), "--attention-backend", backend]
     args += ["--context-length", "4096", "--device", DEVICE]
@@ -183,6 +186,7 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         server.stop()
     text = log.read_text()
     read_ahead = re.search(r"read [\d.]+ GB of weights ahead in .*", text)
+    startup_read = re.search(r"read [\d.]+ GB of start-up files ahead in [\d.]+s", text)
     built = re.search(r"built them in [\d.]+s", text)
     served_by = re.search(r" on \w+, attention (\w+),", text)  # the engine's "loaded" line
     return {
@@ -192,6 +196,7 @@ def start_once(backend: str, caches: Path, log: Path) -> dict:
         "sm_clock_mhz_before_each": clocks,
         "page_cache_dropped": dropped,
         "read_ahead": read_ahead[0] if read_ahead else None,
+        "startup_read_ahead": startup_read[0] if startup_read else None,
         "served_by": served_by[1] if served_by else None,
         "flashinfer_built_at_start": built[0] if built else None,
         "background_build": background,

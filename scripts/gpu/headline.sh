@@ -95,7 +95,7 @@ for stage in $stages; do
     import-footprint)
       run import-footprint 150 env PYTHONPYCACHEPREFIX="${PYTHONPYCACHEPREFIX:-/tmp/cold-start/pycache}" \
         $COLD python3 scripts/gpu/import_footprint.py "$OUT/import-footprint.json"
-      grep -E "^(warm|cold|libraries)" "$OUT/import-footprint.log" ;;
+      grep -E "^(warm|cold|libraries|start-up)" "$OUT/import-footprint.log" ;;
     *) echo "=== unknown stage $stage" ;;
   esac
 done

@@ -1,30 +1,42 @@
 """How much of a cold start's `imports` phase is the disk: the scheduler process's imports (the
 engine, torch, its CUDA context) timed in a fresh interpreter with the page cache warm, dropped
 with the disk idle, dropped with the weight read-ahead beside it (as a start runs them), and
-dropped after the shared libraries that import maps had been read ahead in whole files.
+dropped after the shared libraries that import maps had been read ahead in whole files, and
+dropped with the start-up read-ahead (radixserve/read_ahead.py) beside it, then that read-ahead
+followed by the weights' as a server's front end runs them.
 
 Run on the device after cold_start.py (it reads the checkpoint cold_start.py wrote; export the
 same PYTHONPYCACHEPREFIX). This process imports no torch: the pages a live process maps stay
 in memory when the page cache is dropped. Usage: python3 scripts/gpu/import_footprint.py OUT_JSON
+[--startup-only] (IMPORT_FOOTPRINT_ROUNDS=N repeats the start-up read-ahead's comparison). On a
+CPU machine, as root: `COLD_START_PRESET=tiny-llama python3 scripts/gpu/cold_start.py OUT
+torch_native`, then this with `--startup-only`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 
-from cold_start import CHECKPOINT, drop_page_cache  # torch-free
+from cold_start import CHECKPOINT, DEVICE, KERNEL_CACHES, drop_page_cache  # torch-free
+
+from radixserve import read_ahead  # torch-free
+from radixserve.catalog import checkpoint_files  # torch-free
+
+# rounds of the start-up read-ahead's comparison (cold, beside it, beside it then the weights)
+ROUNDS = int(os.environ.get("IMPORT_FOOTPRINT_ROUNDS", "1"))
 
 # what the scheduler process imports before it loads a model, and its CUDA context; prints
 # the seconds, then its memory map (the shared libraries it mapped)
 IMPORT = (
     "import time; t = time.perf_counter()\n"
     "import radixserve.scheduler.scheduler_process, torch\n"
-    "torch.zeros(1, device='cuda')\n"
+    f"torch.zeros(1, device='{DEVICE}')\n"
     "print(time.perf_counter() - t)\n"
     "print(open('/proc/self/maps').read())\n"
 )
@@ -79,6 +91,10 @@ def read_whole(files: list[Path], threads: int = 2) -> float:
 
 def main() -> None:
     results: dict = {}
+    if sys.argv[2:] == ["--startup-only"]:  # the start-up read-ahead's comparison alone
+        startup_read_ahead(results)
+        Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
+        return
     results["warm_s"], libraries = timed_import()
     results["libraries"] = {str(p): p.stat().st_size for p in libraries}
     results["library_bytes"] = sum(results["libraries"].values())
@@ -127,7 +143,60 @@ def main() -> None:
         f"{results['after_library_read_s']:.2f}s",
         flush=True,
     )
+    startup_read_ahead(results)
     Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
+
+
+def startup_read_ahead(results: dict) -> None:
+    """The import with the page cache dropped, alone and beside the start-up read-ahead of the
+    record cold_start.py's starts wrote (what a server's front end runs), then that read-ahead
+    followed at once by the weights' read (the front end's gate opens when either the record is
+    read or the imports are done), ROUNDS times interleaved: the import's times, and when each
+    read ended, from the drop."""
+    caches = sorted(KERNEL_CACHES.glob("*/radixserve"), key=lambda p: p.parent.name != "triton")
+    if not caches:
+        print("no start-up record: run cold_start.py first", flush=True)
+        return
+    os.environ["RADIXSERVE_CACHE_DIR"] = str(caches[0])
+    extents = read_ahead.recorded_extents(1 << 40)
+    results["startup_record"] = {
+        "files": len({e.path for e in extents}),
+        "bytes": sum(e.length for e in extents),
+        "library_bytes": sum(e.length for e in extents if ".so" in e.path.name),
+    }
+    print("start-up record", results["startup_record"], flush=True)
+    if not extents:
+        return
+    for _ in range(ROUNDS):
+        drop_page_cache()
+        results.setdefault("cold_idle_rounds_s", []).append(timed_import()[0])
+        for then_weights in (False, True):
+            drop_page_cache()
+            ended: dict[str, float] = {}
+            reader = threading.Thread(
+                target=read_startup_files,
+                args=(extents, then_weights, time.perf_counter(), ended),
+            )
+            reader.start()
+            import_s, _ = timed_import()
+            reader.join()
+            key = "cold_beside_startup_read_ahead" + ("_then_weights" if then_weights else "")
+            results.setdefault(key, []).append({"import_s": import_s, **ended})
+            print(key, results[key][-1], flush=True)
+    print("cold, disk idle, each round", results["cold_idle_rounds_s"], flush=True)
+
+
+def read_startup_files(
+    extents: list[read_ahead.Extent], then_weights: bool, started: float, ended: dict
+) -> None:
+    """The start-up read-ahead, then (`then_weights`) the weights' read at once; when each
+    ended (seconds from `started`) and the weights' GB/s, into `ended`."""
+    read_ahead.read_extents(extents, read_ahead.STARTUP_READ_THREADS, 8 << 20)
+    ended["startup_read_s"] = time.perf_counter() - started
+    if then_weights:
+        gb = checkpoint_files.prefetch(str(CHECKPOINT)) / 1e9
+        ended["weights_read_s"] = time.perf_counter() - started
+        ended["weights_gb_per_s"] = gb / (ended["weights_read_s"] - ended["startup_read_s"])
 
 
 if __name__ == "__main__":

@@ -17,9 +17,11 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
+from radixserve import read_ahead
 from radixserve.bench.server_process import ServerProcess
 
 pytestmark = pytest.mark.slow
@@ -28,12 +30,31 @@ STALL_TIMEOUT_S = 2
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def startup_cache(tmp_path_factory) -> Path:
+    """A worker cache whose start-up record (read_ahead.py) lists one small file, as if the
+    last start had read only that."""
+    cache = tmp_path_factory.mktemp("cache")
+    sentinel = cache / "sentinel.bin"
+    sentinel.write_bytes(b"x" * 40960)
+    with mock.patch.dict(os.environ, {"RADIXSERVE_CACHE_DIR": str(cache)}):
+        record = read_ahead.startup_record_path()
+    record.parent.mkdir(parents=True)
+    now = sentinel.stat()
+    entry = {"path": str(sentinel), "size": now.st_size, "mtime_ns": now.st_mtime_ns}
+    files = [{**entry, "ranges": [[0, now.st_size]]}]
+    record.write_text(json.dumps({"version": read_ahead.RECORD_VERSION, "files": files}))
+    return cache
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, startup_cache):
     args = ["--model", "random:tiny-llama", "--max-total-tokens", "4096"]
     args += ["--max-running-requests", "2", "--max-queued-requests", "6"]
     args += ["--scheduler-stall-timeout", str(STALL_TIMEOUT_S)]
     log = tmp_path_factory.mktemp("readiness") / "server.log"
-    with ServerProcess(args, log_path=log) as server:
+    env = {**os.environ, "RADIXSERVE_CACHE_DIR": str(startup_cache)}
+    with ServerProcess(args, log_path=log, env=env) as server:
+        server.log_path = log
         yield server
 
 
@@ -83,6 +104,18 @@ def test_an_idle_server_runs_no_batches(server):
     assert metric(server, "radixserve_startup_seconds", phase="total") > 0
     for phase in ("launch", "imports", "model_check", "weight_read"):
         assert metric(server, "radixserve_startup_seconds", phase=phase) > 0, phase
+
+
+def test_a_start_reads_ahead_what_the_last_one_recorded_and_records_its_own(server, startup_cache):
+    log = server.log_path.read_text()
+    assert re.search(r"read 0\.00 GB of start-up files ahead in [\d.]+s", log), log[-3000:]
+    with mock.patch.dict(os.environ, {"RADIXSERVE_CACHE_DIR": str(startup_cache)}):
+        files = json.loads(read_ahead.startup_record_path().read_text())["files"]
+    paths = [Path(f["path"]) for f in files]
+    assert startup_cache / "sentinel.bin" not in paths  # the scheduler wrote its own record
+    # torch's bytecode (pip compiled it) and its library, as the scheduler process loaded them
+    assert any(p.parent.parent.name == "torch" and p.suffix == ".pyc" for p in paths)
+    assert any(p.name.startswith("libtorch_cpu.so") for p in paths)
 
 
 def test_ready_through_a_saturating_burst_then_usage_falls_to_zero(server):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -76,7 +77,8 @@ def test_only_what_fits_in_memory_is_read_in_order(tmp_path, monkeypatch):
 
 
 class RecordedGate:
-    """Stands in for the front end's `imported` event: records when the read waited on it."""
+    """Stands in for the front end's `imports_off_disk` event: records when the read waited on
+    it."""
 
     def __init__(self, events: list[str]) -> None:
         self.events = events
@@ -89,13 +91,13 @@ class RecordedGate:
 def test_the_read_starts_only_once_the_imports_are_done(tmp_path, monkeypatch):
     directory = hf_directory(tmp_path, {"a.safetensors": 3000}, False)
     events: list[str] = []
-    real_open = checkpoint_files.os.open
+    real_open = os.open
 
     def opened(path, flags):
         events.append(f"opened {Path(path).name}")
         return real_open(path, flags)
 
-    monkeypatch.setattr(checkpoint_files.os, "open", opened)
+    monkeypatch.setattr(os, "open", opened)
     assert prefetch(str(directory), after=RecordedGate(events)) == 3000
     assert events == ["waited for the imports", "opened a.safetensors"]
 

@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from radixserve.entrypoints.cli import build_parser
-from radixserve.model_loader import conversion_cache
-from radixserve.server_args import ServerArgs
+from radixserve.server_args import ServerArgs, cache_root
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -124,7 +123,7 @@ def test_make_clean_cache_removes_the_cache_and_make_clean_keeps_it(
     done = make(["clean-cache"], fake_venv, RADIXSERVE_CACHE_DIR=str(cache))
     assert done.returncode == 0 and not cache.exists(), done.stdout + done.stderr
     assert str(cache) in done.stdout
-    assert conversion_cache.cache_root() == Path(
+    assert cache_root() == Path(
         os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
     )
 

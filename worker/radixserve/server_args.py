@@ -24,6 +24,14 @@ API_KEY_ENV = "RADIXSERVE_API_KEY"
 ADMIN_API_KEY_ENV = "RADIXSERVE_ADMIN_API_KEY"
 
 
+def cache_root() -> Path:
+    """Where the worker keeps what it computes once and reuses across starts (converted GGUF
+    checkpoints, the start-up read-ahead's record): RADIXSERVE_CACHE_DIR (on Kubernetes the
+    model-cache volume), else ~/.cache/radixserve."""
+    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
+    return Path(root)
+
+
 def option(default: Any, help: str, **extra: Any) -> Any:
     """A field with its CLI description (and, via `extra`, static `choices`)."""
     return field(default=default, metadata={"help": help, **extra})

@@ -9,10 +9,12 @@ loader's order, chunk by chunk through a small buffer, nothing kept), and the lo
 read later finds the pages in memory. The loader reads buffered for this (hf_dir.py).
 Torch-free, so the front end can run it before anything heavy is imported.
 
-The read waits for the scheduler process's imports (`after`: the front end sets it when that
-process says so): with the page cache dropped, the imports fault torch's, triton's and CUDA's
-libraries in from the same disk, and beside a read-ahead streaming 16 GB they took 28 s on
-2026-12-03 against 6-10 s alone (docs/benchmark-log.md).
+The read waits until the scheduler process's imports no longer need the disk (`after`: the
+front end sets it when that process says it has imported, or when the start-up read-ahead
+(read_ahead.py) has put what those imports read in memory): with the page cache dropped, the
+imports fault torch's, triton's and CUDA's libraries in from the same disk, and beside a
+read-ahead streaming 16 GB they took 28 s on 2026-12-03 against 6-10 s alone
+(docs/benchmark-log.md).
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import queue
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +29,7 @@ from pathlib import Path
 
 from radixserve.catalog.hub import resolve_hub_model
 from radixserve.host_memory import available_memory_bytes
+from radixserve.read_ahead import Extent, read_extents
 from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX
 
 logger = logging.getLogger(__name__)
@@ -139,52 +140,23 @@ def prefetch(model: str, after: threading.Event | None = None) -> int:
         after.wait()
     started = time.perf_counter()
     budget = int(available_memory_bytes() * MEMORY_SHARE)
-    chunks: queue.SimpleQueue[tuple[Path, int] | None] = queue.SimpleQueue()
+    extents: list[Extent] = []
     planned = 0
     for file in local_weight_files(model):
         size = file.stat().st_size
         if planned + size > budget:
             break
         planned += size
-        for offset in range(0, size, CHUNK_BYTES):
-            chunks.put((file, offset))
-    if not planned:
+        extents.append(Extent(file, 0, size))
+    if not extents:
         return 0
-    counts = [0] * READ_THREADS
-    readers = [
-        threading.Thread(target=_read_chunks, args=(chunks, counts, i), daemon=True)
-        for i in range(READ_THREADS)
-    ]
-    for reader in readers:
-        chunks.put(None)  # one end mark per reader
-        reader.start()
-    for reader in readers:
-        reader.join()
+    read = read_extents(extents, READ_THREADS, CHUNK_BYTES)
     elapsed = time.perf_counter() - started
-    read = sum(counts)
     logger.info(
-        "read %.1f GB of weights ahead in %.1fs (%.2f GB/s), after %.1fs waiting for the imports",
+        "read %.1f GB of weights ahead in %.1fs (%.2f GB/s), after %.1fs waiting for the disk",
         read / 1e9,
         elapsed,
         read / 1e9 / max(elapsed, 1e-9),
         started - asked,
     )
     return read
-
-
-def _read_chunks(
-    chunks: queue.SimpleQueue[tuple[Path, int] | None], counts: list[int], slot: int
-) -> None:
-    buffer = bytearray(CHUNK_BYTES)
-    descriptors: dict[Path, int] = {}
-    try:
-        while (item := chunks.get()) is not None:
-            file, offset = item
-            if file not in descriptors:
-                descriptors[file] = os.open(file, os.O_RDONLY)
-            counts[slot] += os.preadv(descriptors[file], [buffer], offset)
-    except OSError as exc:  # the loader will meet the same file and say what is wrong
-        logger.debug("weight read-ahead stopped: %s", exc)
-    finally:
-        for fd in descriptors.values():
-            os.close(fd)

@@ -36,6 +36,7 @@ from radixserve.frontend.tokenizer import load_frontend_tokenizer
 from radixserve.frontend.tokenizer_manager import GenerateRequest, TokenizerManager
 from radixserve.metrics.collectors import ServerMetrics
 from radixserve.metrics.startup import StartupPhases
+from radixserve.read_ahead import start_startup_read_ahead
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.server_args import BUILTIN_SMOLLM2, RANDOM_PREFIX, ServerArgs
 
@@ -202,14 +203,17 @@ class Engine:
         self._loop_thread: threading.Thread | None = None
         self._closed = False
         started = time.perf_counter()
-        # The scheduler process starts; once it has imported (torch, triton, the engine:
-        # seconds of a cold node's disk, which a read beside them slows several times) the
-        # weights are read ahead into the page cache, beside its model setup and this
-        # process's model check and tokenizer. `process_started_at` (a server's start) times
-        # what came before.
-        imported = threading.Event()
-        start_prefetch(server_args.model, after=imported)
+        # The scheduler process starts, and the pages its imports read at the last start
+        # (torch's, triton's and CUDA's libraries, the bytecode: seconds of a cold node's
+        # disk) are read ahead beside them. Once those are in memory, or its imports are done,
+        # the disk is the weights': they are read ahead into the page cache, beside its model
+        # setup and this process's model check and tokenizer (a read beside the imports'
+        # page faults slows them several times). `process_started_at` (a server's start)
+        # times what came before.
+        imports_off_disk = threading.Event()
         self._process, port_args, scheduler_conn = spawn_scheduler(server_args)
+        start_startup_read_ahead(done=imports_off_disk)
+        start_prefetch(server_args.model, after=imports_off_disk)
         self.startup = StartupPhases()
         if process_started_at is not None:
             self.startup.add("launch", time.time() - process_started_at)
@@ -217,7 +221,7 @@ class Engine:
             check_model(server_args)
             approve_model(scheduler_conn)
             logger.info("loading %s in the scheduler process", server_args.model)
-            self.model_info = wait_until_loaded(self._process, scheduler_conn, imported)
+            self.model_info = wait_until_loaded(self._process, scheduler_conn, imports_off_disk)
             tokenizer = load_frontend_tokenizer(self.model_info.tokenizer_dir)
         except BaseException:
             stop_process(self._process)

@@ -42,17 +42,14 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from radixserve.server_args import cache_root
+
 logger = logging.getLogger(__name__)
 
 # inside every conversion: the content digest and the files (path, size, mtime) it was used for
 SOURCE_RECORD = "source.json"
 # beside the conversions: one small file per source path, its size, mtime and sha256
 DIGESTS = "digests"
-
-
-def cache_root() -> Path:
-    root = os.environ.get("RADIXSERVE_CACHE_DIR") or Path.home() / ".cache" / "radixserve"
-    return Path(root)
 
 
 def source_record(source: Path) -> dict[str, object]:

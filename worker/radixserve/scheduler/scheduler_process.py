@@ -46,6 +46,7 @@ from radixserve.mem_cache.kv_events import KVEventPublisher
 from radixserve.metrics.startup import StartupPhases
 from radixserve.model_loader.loader import ModelSource, derived_hf_config, load_model_source_for
 from radixserve.model_loader.tokenizer import frontend_tokenizer_dir
+from radixserve.read_ahead import record_startup_files
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler import Scheduler, ServedModel
 from radixserve.scheduler.tp_worker import ModelWorker
@@ -235,6 +236,8 @@ def run_scheduler_process(
         if scheduler.worker.device.type == "cuda":  # the CPU's torch code compiles nothing
             with startup.timed("kernel_warmup"):
                 warm_up(scheduler)
+        if tp_rank == 0:  # what this start read, for the next one's read-ahead (read_ahead.py)
+            record_startup_files()
         logger.info("model loaded; KV capacity %d tokens", scheduler.max_total_tokens)
     except Exception as exc:  # report any load failure to the parent, then exit
         logger.exception("scheduler failed to start")

@@ -1,0 +1,158 @@
+"""The start-up read-ahead: what a scheduler process records of its start, what the next start
+reads back from that record, and the chunked reader both read-aheads use."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from radixserve import read_ahead
+from radixserve.read_ahead import (
+    MERGE_GAP_BYTES,
+    PAGE_BYTES,
+    Extent,
+    read_extents,
+    record_startup_files,
+    recorded_extents,
+    start_startup_read_ahead,
+)
+
+pytestmark = pytest.mark.skipif(
+    not Path("/proc/self/maps").exists(), reason="the record reads /proc/self/maps"
+)
+
+
+def record(tmp_path: Path) -> list[dict]:
+    path = tmp_path / "record.json"
+    assert record_startup_files(path) > 0
+    return json.loads(path.read_text())["files"]
+
+
+def test_the_record_holds_the_bytecode_then_the_touched_libraries(tmp_path):
+    import numpy  # noqa: F401  (a shared library this process has surely touched)
+
+    files = record(tmp_path)
+    kinds = ["so" if ".so" in Path(f["path"]).name else "pyc" for f in files]
+    assert "pyc" in kinds and "so" in kinds
+    assert kinds == sorted(kinds)  # every bytecode file before the first library
+    assert any(f["path"] == read_ahead.__spec__.cached for f in files) == os.path.isfile(
+        read_ahead.__spec__.cached
+    )
+    libraries = [f for f in files if ".so" in Path(f["path"]).name]
+    assert any("numpy" in f["path"] for f in libraries)
+    for entry in libraries:
+        assert os.stat(entry["path"]).st_size == entry["size"]
+        ends = 0
+        for offset, length in entry["ranges"]:
+            assert offset % PAGE_BYTES == 0 and length > 0
+            assert offset >= ends + MERGE_GAP_BYTES or ends == 0  # merged where closer
+            ends = offset + length
+        # the touched pages only: the page table's, never past the file's last page
+        assert ends <= entry["size"] + PAGE_BYTES
+    touched = sum(length for f in libraries for _, length in f["ranges"])
+    assert touched < sum(f["size"] for f in libraries)  # not every page of every library
+
+
+def test_without_a_page_table_whole_libraries_are_recorded(tmp_path, monkeypatch):
+    def no_pagemap():
+        raise PermissionError("/proc/self/pagemap")
+
+    monkeypatch.setattr(read_ahead, "_present_ranges", no_pagemap)
+    libraries = [f for f in record(tmp_path) if ".so" in Path(f["path"]).name]
+    assert libraries
+    assert all(f["ranges"] == [[0, f["size"]]] for f in libraries)
+
+
+def test_a_record_that_cannot_be_written_does_not_fail_the_start(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    assert record_startup_files(blocker / "under-a-file.json") == 0
+
+
+def write_record(path: Path, files: list[tuple[Path, list[list[int]]]]) -> Path:
+    entries = []
+    for file, ranges in files:
+        now = file.stat()
+        entries.append(
+            {"path": str(file), "size": now.st_size, "mtime_ns": now.st_mtime_ns, "ranges": ranges}
+        )
+    path.write_text(json.dumps({"version": read_ahead.RECORD_VERSION, "files": entries}))
+    return path
+
+
+def test_only_files_still_as_recorded_are_read_back_within_the_budget(tmp_path):
+    a, b, c, gone = (tmp_path / n for n in "abcd")
+    for file, size in ((a, 5000), (b, 100), (c, 3000), (gone, 10)):
+        file.write_bytes(b"x" * size)
+    path = write_record(
+        tmp_path / "r.json",
+        [(a, [[0, 1000], [4096, 8192]]), (b, [[0, 100]]), (c, [[0, 3000]]), (gone, [[0, 10]])],
+    )
+    b.write_bytes(b"y" * 101)  # changed since: skipped
+    gone.unlink()
+    assert recorded_extents(10_000, path) == [
+        Extent(a, 0, 1000),
+        Extent(a, 4096, 904),  # clipped to the file
+        Extent(c, 0, 3000),
+    ]
+    assert recorded_extents(2000, path) == [Extent(a, 0, 1000), Extent(a, 4096, 904)]
+    assert recorded_extents(999, path) == []
+
+
+@pytest.mark.parametrize("content", ["not json", '{"version": 0, "files": []}', '{"files": 3}'])
+def test_an_unusable_record_reads_nothing(tmp_path, content):
+    path = tmp_path / "r.json"
+    path.write_text(content)
+    assert recorded_extents(1 << 30, path) == []
+    assert recorded_extents(1 << 30, tmp_path / "missing.json") == []
+
+
+def test_every_byte_of_the_extents_is_read_and_nothing_blocks(tmp_path):
+    data = tmp_path / "data"
+    data.write_bytes(os.urandom(10_000))
+    fifo = tmp_path / "fifo"  # a reader opening it for reading would wait for a writer
+    os.mkfifo(fifo)
+    extents = [
+        Extent(data, 0, 10_000),
+        Extent(fifo, 0, 100),
+        Extent(tmp_path / "missing", 0, 100),
+        Extent(data, 9_000, 1_000),
+    ]
+    reader = threading.Thread(target=lambda: out.append(read_extents(extents, 3, 999)))
+    out: list[int] = []
+    reader.start()
+    reader.join(timeout=30)
+    assert out == [11_000]
+
+
+def test_the_gate_opens_once_the_recorded_files_are_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    done = threading.Event()
+    start_startup_read_ahead(done).join(timeout=30)
+    assert not done.is_set()  # no record yet: the scheduler's imports open the gate
+
+    lib = tmp_path / "lib.so"
+    lib.write_bytes(b"z" * 50_000)
+    read_ahead.startup_record_path().parent.mkdir(parents=True)
+    write_record(read_ahead.startup_record_path(), [(lib, [[0, 50_000]])])
+    seen: list[list[Extent]] = []
+    real_read = read_ahead.read_extents
+    monkeypatch.setattr(
+        read_ahead, "read_extents", lambda e, *a: seen.append(e) or real_read(e, *a)
+    )
+    start_startup_read_ahead(done).join(timeout=30)
+    assert done.is_set()
+    assert seen == [[Extent(lib, 0, 50_000)]]
+
+
+def test_the_record_is_per_interpreter(tmp_path, monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_CACHE_DIR", str(tmp_path))
+    mine = read_ahead.startup_record_path()
+    assert mine.parent == tmp_path / "startup"
+    monkeypatch.setattr(sys, "executable", "/another/python")
+    assert read_ahead.startup_record_path() != mine
