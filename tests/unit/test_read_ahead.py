@@ -58,11 +58,27 @@ def test_the_record_holds_the_bytecode_then_the_touched_libraries(tmp_path):
     assert touched < sum(f["size"] for f in libraries)  # not every page of every library
 
 
-def test_without_a_page_table_whole_libraries_are_recorded(tmp_path, monkeypatch):
-    def no_pagemap():
-        raise PermissionError("/proc/self/pagemap")
+def no_source(start, pages):
+    raise PermissionError("not here")
 
-    monkeypatch.setattr(read_ahead, "_present_ranges", no_pagemap)
+
+def test_without_a_page_table_the_page_cache_says_what_was_read(tmp_path, monkeypatch):
+    """mincore's pages (in the page cache) include every page this process maps (pagemap's):
+    the fallback records at least what the page table would have (compared unmerged: a merge
+    across a gap the page table skipped may span pages the cache does not hold)."""
+    monkeypatch.setattr(read_ahead, "MERGE_GAP_BYTES", 0)
+    touched = {f["path"]: f["ranges"] for f in record(tmp_path) if ".so" in Path(f["path"]).name}
+    monkeypatch.setattr(read_ahead, "_pagemap_present", no_source)
+    cached = {f["path"]: f["ranges"] for f in record(tmp_path) if ".so" in Path(f["path"]).name}
+    assert set(cached) >= set(touched)
+    for path, ranges in touched.items():
+        for offset, length in ranges:  # each touched range lies inside one cached range
+            assert any(o <= offset and offset + length <= o + n for o, n in cached[path]), path
+
+
+def test_with_neither_whole_libraries_are_recorded(tmp_path, monkeypatch):
+    monkeypatch.setattr(read_ahead, "_pagemap_present", no_source)
+    monkeypatch.setattr(read_ahead, "_mincore_resident", no_source)
     libraries = [f for f in record(tmp_path) if ".so" in Path(f["path"]).name]
     assert libraries
     assert all(f["ranges"] == [[0, f["size"]]] for f in libraries)

@@ -8,13 +8,14 @@ only then does the weight read-ahead get the disk, since beside it those faults 
 Most of those pages are known in advance: the scheduler process records, once it has started,
 which bytecode files it imported and which pages of each shared library its own page table
 holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU
-machine), in the order it loaded them. The next start's front end reads exactly those
+machine; without one, the pages of its mappings in the page cache), in the order it loaded
+them. The next start's front end reads exactly those
 ranges on a few threads the moment it has spawned the scheduler, so the imports find their pages
 in memory; and the weight read-ahead may begin as soon as that read is done, not when the
 imports are.
 
-Torch-free, and imports nothing of radixserve but `server_args`, so the front end runs it
-before anything heavy is imported.
+Torch-free, and imports nothing of radixserve but the leaves `server_args` and `host_memory`,
+so the front end runs it before anything heavy is imported.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from radixserve.host_memory import available_memory_bytes
 from radixserve.server_args import cache_root
@@ -139,7 +140,7 @@ def record_startup_files(path: Path | None = None) -> int:
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(json.dumps({"version": RECORD_VERSION, "files": files}))
         os.replace(partial, path)
-    except Exception as exc:  # a read-only cache, a /proc without pagemap, a racing writer
+    except Exception as exc:  # a read-only cache, a /proc without maps, a racing writer
         logger.debug("start-up files not recorded: %s", exc)
         return 0
     return sum(length for entry in files for _, length in entry["ranges"])
@@ -202,13 +203,17 @@ def start_startup_read_ahead(done: threading.Event) -> threading.Thread:
 
 def _touched_libraries() -> list[dict]:
     """Each loaded shared library (the dynamic linker's load order) with the ranges of it this
-    process's page table maps: what its start touched. Whole files where the page table cannot
-    be read (a kernel without /proc/self/pagemap, or one that reports no page present)."""
-    try:
-        touched = _present_ranges()
-    except OSError as exc:
-        logger.debug("no page table to read (%s): recording whole libraries", exc)
-        touched = {}
+    start touched: the pages this process's page table holds (/proc/self/pagemap), else those
+    of its mappings in the page cache (mincore: after a start with the cache dropped, what that
+    start read), else whole files (a kernel with neither, or one that reports nothing)."""
+    touched: dict[str, list[tuple[int, int]]] = {}
+    for source in (_pagemap_present, _mincore_resident):
+        try:
+            touched = _mapped_ranges(source)
+        except OSError as exc:
+            logger.debug("start-up record: %s unavailable (%s)", source.__name__, exc)
+        if touched:
+            break
     entries = []
     for library in _loaded_libraries():
         if not touched:
@@ -258,26 +263,23 @@ def _loaded_libraries() -> list[str]:
     return list(order)
 
 
-def _present_ranges() -> dict[str, list[tuple[int, int]]]:
-    """For every file this process maps, the file ranges (offset, length) of the pages its page
-    table holds (bit 63 of each /proc/self/pagemap entry)."""
+def _mapped_ranges(pages_in: Callable[[int, int], Any]) -> dict[str, list[tuple[int, int]]]:
+    """For every file this process maps, the file ranges (offset, length) of its pages that
+    `pages_in(start address, page count)` (a boolean array a page) says are in."""
     import numpy as np  # the scheduler process has it; the front end never records
 
     ranges: dict[str, list[tuple[int, int]]] = {}
-    with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+    with open("/proc/self/maps") as maps:
         for line in maps:
             fields = line.split(maxsplit=5)
             if len(fields) < 6 or not fields[5].startswith("/"):
                 continue
             file = os.path.realpath(fields[5].rstrip("\n"))
             start, end = (int(x, 16) for x in fields[0].split("-"))
-            pages = (end - start) // PAGE_BYTES
-            pagemap.seek(start // PAGE_BYTES * 8)
-            entries = np.frombuffer(pagemap.read(pages * 8), dtype="<u8")
-            present = np.flatnonzero(entries >> np.uint64(63))
+            present = np.flatnonzero(pages_in(start, (end - start) // PAGE_BYTES))
             if not present.size:
                 continue
-            # runs of consecutive present pages, as file offsets
+            # runs of consecutive pages, as file offsets
             breaks = np.flatnonzero(np.diff(present) != 1)
             firsts = np.concatenate(([present[0]], present[breaks + 1]))
             lasts = np.concatenate((present[breaks], [present[-1]]))
@@ -287,6 +289,29 @@ def _present_ranges() -> dict[str, list[tuple[int, int]]]:
                 for a, b in zip(firsts, lasts, strict=True)
             )
     return ranges
+
+
+def _pagemap_present(start: int, pages: int) -> Any:
+    """Which of the pages from `start` this process's page table holds: bit 63 of their
+    /proc/self/pagemap entries (readable without privileges; the frame numbers are not)."""
+    import numpy as np
+
+    with open("/proc/self/pagemap", "rb") as pagemap:
+        pagemap.seek(start // PAGE_BYTES * 8)
+        entries = np.frombuffer(pagemap.read(pages * 8), dtype="<u8")
+    return (entries >> np.uint64(63)).astype(bool)
+
+
+def _mincore_resident(start: int, pages: int) -> Any:
+    """Which of the pages from `start` (a mapping of this process) are in the page cache."""
+    import numpy as np
+
+    vector = (ctypes.c_ubyte * pages)()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p)
+    if libc.mincore(start, pages * PAGE_BYTES, vector) != 0:
+        raise OSError(ctypes.get_errno(), "mincore failed")
+    return np.frombuffer(vector, dtype=np.uint8) & 1 == 1
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
