@@ -27,6 +27,7 @@ import asyncio
 import base64
 import binascii
 import contextlib
+import contextvars
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -68,16 +69,23 @@ class SyncSchedule:
     """The services to sync and their rounds. ``track`` is told of every event of a service:
     a new generation (a spec change) starts a round at once, status changes start none (the
     rounds write the status themselves); ``run`` starts one for every service each interval.
-    A service never has two rounds at once; a change during a round gets one more after it."""
+    A service never has two rounds at once; a change during a round gets one more after it.
+
+    Every round of a service runs in a copy of the context its last ``track`` call ran in (a
+    kopf handler of that service): ``kopf.event`` posts through context variables that kopf
+    sets for each object's handlers, and a round started by ``run`` (a task of the startup
+    handler's) would otherwise have none, its Events lost with a LookupError."""
 
     def __init__(self, sync: Callable[[str, str], Awaitable[None]]) -> None:
         self._sync = sync
         self._generations: dict[tuple[str, str], int | None] = {}
+        self._contexts: dict[tuple[str, str], contextvars.Context] = {}
         self._rounds: dict[tuple[str, str], asyncio.Task[None]] = {}
         self._again: set[tuple[str, str]] = set()
 
     def track(self, namespace: str, name: str, generation: int | None, serves: bool) -> None:
         key = (namespace, name)
+        self._contexts[key] = contextvars.copy_context()
         if not serves:
             self._generations.pop(key, None)
         elif key not in self._generations or self._generations[key] != generation:
@@ -86,6 +94,7 @@ class SyncSchedule:
 
     def forget(self, namespace: str, name: str) -> None:
         self._generations.pop((namespace, name), None)
+        self._contexts.pop((namespace, name), None)
 
     async def run(self, interval: float) -> None:
         while True:
@@ -105,7 +114,9 @@ class SyncSchedule:
         if key in self._rounds:
             self._again.add(key)
             return
-        self._rounds[key] = asyncio.create_task(self._rounds_of(key))
+        self._rounds[key] = asyncio.create_task(
+            self._rounds_of(key), context=self._contexts.get(key, contextvars.copy_context())
+        )
 
     async def _rounds_of(self, key: tuple[str, str]) -> None:
         try:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextvars
 from typing import Any
 
 from radixserve_operator.lora_sync import (
@@ -244,3 +245,33 @@ def test_a_failing_round_does_not_stop_the_schedule() -> None:
     errors = ERRORS.labels("adapters")._value.get()
     calls = asyncio.run(scenario())
     assert calls > 2 and ERRORS.labels("adapters")._value.get() - errors == calls
+
+
+HANDLER_VAR: contextvars.ContextVar[str] = contextvars.ContextVar("handler_var")
+
+
+def test_every_round_runs_in_the_context_of_its_service_s_handler() -> None:
+    """kopf.event needs the context variables kopf sets for an object's handlers: a round the
+    interval starts (from the startup handler's task, which has none) must see them too."""
+
+    async def scenario() -> list[str]:
+        seen: list[str] = []
+
+        async def sync(namespace: str, name: str) -> None:
+            seen.append(HANDLER_VAR.get("none"))
+
+        schedule = SyncSchedule(sync)
+        loop = asyncio.create_task(schedule.run(0.01))  # started without the variable
+
+        async def handler() -> None:  # as kopf runs a service's event handler
+            HANDLER_VAR.set("the service's")
+            schedule.track("ns", "a", 1, serves=True)
+
+        await asyncio.create_task(handler())
+        await asyncio.sleep(0.1)
+        loop.cancel()
+        await schedule.close()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert len(seen) > 2 and set(seen) == {"the service's"}
