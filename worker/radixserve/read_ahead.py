@@ -206,16 +206,17 @@ def _touched_libraries() -> list[dict]:
     start touched: the pages this process's page table holds (/proc/self/pagemap), else those
     of its mappings in the page cache (mincore: after a start with the cache dropped, what that
     start read), else whole files (a kernel with neither, or one that reports nothing)."""
+    libraries = _loaded_libraries()
     touched: dict[str, list[tuple[int, int]]] = {}
     for source in (_pagemap_present, _mincore_resident):
         try:
-            touched = _mapped_ranges(source)
+            touched = _mapped_ranges(source, set(libraries))
         except OSError as exc:
             logger.debug("start-up record: %s unavailable (%s)", source.__name__, exc)
         if touched:
             break
     entries = []
-    for library in _loaded_libraries():
+    for library in libraries:
         if not touched:
             entries.append(_entry(library, [(0, os.path.getsize(library))]))
         elif ranges := touched.get(library):
@@ -263,9 +264,13 @@ def _loaded_libraries() -> list[str]:
     return list(order)
 
 
-def _mapped_ranges(pages_in: Callable[[int, int], Any]) -> dict[str, list[tuple[int, int]]]:
-    """For every file this process maps, the file ranges (offset, length) of its pages that
-    `pages_in(start address, page count)` (a boolean array a page) says are in."""
+def _mapped_ranges(
+    pages_in: Callable[[int, int], Any], files: set[str]
+) -> dict[str, list[tuple[int, int]]]:
+    """For each of `files` this process maps, the file ranges (offset, length) of its pages
+    that `pages_in(start address, page count)` (a boolean array a page) says are in. Only
+    those files' mappings are asked about: not a memory-mapped checkpoint's gigabytes, nor a
+    device's mappings (mincore refuses those)."""
     import numpy as np  # the scheduler process has it; the front end never records
 
     ranges: dict[str, list[tuple[int, int]]] = {}
@@ -275,6 +280,8 @@ def _mapped_ranges(pages_in: Callable[[int, int], Any]) -> dict[str, list[tuple[
             if len(fields) < 6 or not fields[5].startswith("/"):
                 continue
             file = os.path.realpath(fields[5].rstrip("\n"))
+            if file not in files:
+                continue
             start, end = (int(x, 16) for x in fields[0].split("-"))
             present = np.flatnonzero(pages_in(start, (end - start) // PAGE_BYTES))
             if not present.size:
