@@ -172,3 +172,66 @@ def test_the_record_is_per_interpreter(tmp_path, monkeypatch):
     assert mine.parent == tmp_path / "startup"
     monkeypatch.setattr(sys, "executable", "/another/python")
     assert read_ahead.startup_record_path() != mine
+
+
+def a_library() -> Path:
+    import numpy
+
+    return next(Path(numpy.__file__).parent.rglob("_multiarray_umath*.so"))
+
+
+def test_a_fatbin_section_is_found_by_its_name(tmp_path):
+    """A real library with one section renamed `.nv_fatbin` in its section-name table (as
+    CUDA's libraries carry their device code): that section's bytes, and none in the
+    original or in a file that is not ELF."""
+    original = a_library()
+    assert read_ahead._fatbin_sections(str(original)) == []
+    data = bytearray(original.read_bytes())
+    at = data.find(b"\0.init_array\0") + 1
+    assert at > 0
+    data[at : at + 12] = b".nv_fatbin\0\0"  # same offsets for every other name
+    renamed = tmp_path / "lib.so"
+    renamed.write_bytes(bytes(data))
+    ((offset, size),) = read_ahead._fatbin_sections(str(renamed))
+    assert offset > 0 and size > 0 and offset + size <= len(data)
+    other = bytearray(original.read_bytes())
+    at_text = other.find(b"\0.text\0") + 1
+    other[at_text : at_text + 6] = b"__nv_r"  # not a fatbin name: nothing
+    (tmp_path / "other.so").write_bytes(bytes(other))
+    assert read_ahead._fatbin_sections(str(tmp_path / "other.so")) == []
+    (tmp_path / "text.so").write_text("not an ELF file")
+    assert read_ahead._fatbin_sections(str(tmp_path / "text.so")) == []
+
+
+def test_ranges_less_a_hole_keep_whole_pages_around_it():
+    page = PAGE_BYTES
+    ranges = [(0, 10 * page), (20 * page, 2 * page), (30 * page, 5 * page)]
+    # a hole from inside page 2 to inside page 8 takes pages 3..7; one over pages 20-21 all
+    hole = [(2 * page + 1, 6 * page), (19 * page, 4 * page)]
+    assert read_ahead._without(ranges, hole) == [
+        (0, 3 * page),
+        (8 * page, 2 * page),
+        (30 * page, 5 * page),
+    ]
+    assert read_ahead._without(ranges, [(5, 10)]) == ranges  # inside one page: nothing out
+
+
+def test_without_a_page_table_fatbins_are_left_out(tmp_path, monkeypatch):
+    """From mincore or whole files (not what was touched: gVisor's mincore calls every page
+    resident), a library's fatbin sections are not recorded; from pagemap they may be."""
+    library = str(a_library().resolve())
+    page = PAGE_BYTES
+    monkeypatch.setattr(
+        read_ahead, "_fatbin_sections", lambda p: [(page, 4 * page)] if p == library else []
+    )
+    monkeypatch.setattr(read_ahead, "MERGE_GAP_BYTES", 0)
+
+    def ranges_of(files):
+        return next(f["ranges"] for f in files if f["path"] == library)
+
+    monkeypatch.setattr(read_ahead, "_pagemap_present", no_source)
+    cached = ranges_of(record(tmp_path))
+    assert all(o + n <= page or o >= 5 * page for o, n in cached), cached
+    monkeypatch.setattr(read_ahead, "_mincore_resident", no_source)
+    whole = ranges_of(record(tmp_path))
+    assert whole == [[0, page], [5 * page, os.path.getsize(library) - 5 * page]]

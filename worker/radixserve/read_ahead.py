@@ -27,6 +27,7 @@ import logging
 import os
 import queue
 import stat
+import struct
 import sys
 import threading
 import time
@@ -205,23 +206,82 @@ def _touched_libraries() -> list[dict]:
     """Each loaded shared library (the dynamic linker's load order) with the ranges of it this
     start touched: the pages this process's page table holds (/proc/self/pagemap), else those
     of its mappings in the page cache (mincore: after a start with the cache dropped, what that
-    start read), else whole files (a kernel with neither, or one that reports nothing)."""
+    start read), else whole files (a kernel with neither, or one that reports nothing). Only
+    pagemap says what was touched: gVisor (the H200 host's sandbox) has no pagemap and its
+    mincore calls every mapped page resident. So from the other two, a library's CUDA fatbin
+    sections are left out: most of CUDA's libraries' bytes (cuBLASLt's, NCCL's, cuFFT's device
+    code), which the driver reads kernel by kernel when one is first used, not at import."""
     libraries = _loaded_libraries()
     touched: dict[str, list[tuple[int, int]]] = {}
+    exact = False
     for source in (_pagemap_present, _mincore_resident):
         try:
             touched = _mapped_ranges(source, set(libraries))
         except OSError as exc:
             logger.debug("start-up record: %s unavailable (%s)", source.__name__, exc)
         if touched:
+            exact = source is _pagemap_present
             break
     entries = []
     for library in libraries:
         if not touched:
-            entries.append(_entry(library, [(0, os.path.getsize(library))]))
-        elif ranges := touched.get(library):
+            ranges = [(0, os.path.getsize(library))]
+        elif not (ranges := touched.get(library, [])):
+            continue
+        if not exact:
+            ranges = _without(ranges, _fatbin_sections(library))
+        if ranges:
             entries.append(_entry(library, _merged(ranges)))
     return entries
+
+
+FATBIN_SECTIONS = (b".nv_fatbin", b"__nv_relfatbin")
+
+
+def _fatbin_sections(path: str) -> list[tuple[int, int]]:
+    """The (file offset, size) of the ELF file's CUDA fatbin sections, from its section headers
+    (ELF64, little-endian); none for anything else or a file that cannot be read."""
+    try:
+        with open(path, "rb") as elf:
+            header = elf.read(64)
+            if header[:6] != b"\x7fELF\x02\x01":  # 64-bit, little-endian
+                return []
+            (shoff,) = struct.unpack_from("<Q", header, 0x28)
+            shentsize, shnum, shstrndx = struct.unpack_from("<HHH", header, 0x3A)
+            if shentsize < 64 or not shnum or shstrndx >= shnum:
+                return []
+            elf.seek(shoff)
+            table = elf.read(shentsize * shnum)
+            sections = [struct.unpack_from("<IIQQQQ", table, i * shentsize) for i in range(shnum)]
+            names_at, names_size = sections[shstrndx][4], sections[shstrndx][5]
+            elf.seek(names_at)
+            names = elf.read(names_size)
+    except (OSError, struct.error):
+        return []
+    found = []
+    for name_at, kind, _flags, _addr, offset, size in sections:
+        name = names[name_at : names.find(b"\0", name_at)]
+        if name in FATBIN_SECTIONS and kind != 8:  # SHT_NOBITS occupies no file bytes
+            found.append((offset, size))
+    return found
+
+
+def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`ranges` (offset, length) less the bytes of `holes`, each hole's edges rounded inwards
+    to pages (the ranges are pages)."""
+    for hole_at, hole_size in holes:
+        first = -(-hole_at // PAGE_BYTES) * PAGE_BYTES
+        end = (hole_at + hole_size) // PAGE_BYTES * PAGE_BYTES
+        if end <= first:
+            continue
+        kept = []
+        for offset, length in ranges:
+            if offset < first:
+                kept.append((offset, min(offset + length, first) - offset))
+            if offset + length > end:
+                kept.append((max(offset, end), offset + length - max(offset, end)))
+        ranges = kept
+    return ranges
 
 
 def _bytecode_files() -> list[dict]:
