@@ -207,8 +207,8 @@ def _touched_libraries() -> list[dict]:
     start touched: the pages this process's page table holds (/proc/self/pagemap), else those
     of its mappings in the page cache (mincore: after a start with the cache dropped, what that
     start read), else whole files (a kernel with neither, or one that reports nothing). Only
-    pagemap says what was touched: gVisor (the H200 host's sandbox) has no pagemap and its
-    mincore calls every mapped page resident. So from the other two, a library's CUDA fatbin
+    pagemap says what was touched: gVisor (the H200 host's sandbox) may have no pagemap, and
+    its mincore calls every mapped page resident. So from the other two, a library's CUDA fatbin
     sections are left out: most of CUDA's libraries' bytes (cuBLASLt's, NCCL's, cuFFT's device
     code), which the driver reads kernel by kernel when one is first used, not at import."""
     libraries = _loaded_libraries()
