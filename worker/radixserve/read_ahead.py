@@ -7,12 +7,11 @@ and triton's shared libraries page by page, one fault at a time, and its bytecod
 only then does the weight read-ahead get the disk, since beside it those faults crawl (15 s).
 Most of those pages are known in advance: the scheduler process records, once it has started,
 which bytecode files it imported and which pages of each shared library its own page table
-holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU
-machine; without one, the pages of its mappings in the page cache), in the order it loaded
-them. The next start's front end reads exactly those
-ranges on a few threads the moment it has spawned the scheduler, so the imports find their pages
-in memory; and the weight read-ahead may begin as soon as that read is done, not when the
-imports are.
+holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU machine;
+without one, the pages of its mappings in the page cache, less the CUDA fatbins), in the order
+it loaded them. The next start's front end reads those ranges on a few threads the moment it
+has spawned the scheduler, so the imports find their pages in memory; and the weight
+read-ahead may begin as soon as that read is done, not when the imports are.
 
 Torch-free, and imports nothing of radixserve but the leaves `server_args` and `host_memory`,
 so the front end runs it before anything heavy is imported.
