@@ -85,10 +85,11 @@ class SyncSchedule:
 
     def track(self, namespace: str, name: str, generation: int | None, serves: bool) -> None:
         key = (namespace, name)
-        self._contexts[key] = contextvars.copy_context()
         if not serves:
-            self._generations.pop(key, None)
-        elif key not in self._generations or self._generations[key] != generation:
+            self.forget(namespace, name)
+            return
+        self._contexts[key] = contextvars.copy_context()
+        if key not in self._generations or self._generations[key] != generation:
             self._generations[key] = generation
             self._start(key)
 
@@ -114,9 +115,7 @@ class SyncSchedule:
         if key in self._rounds:
             self._again.add(key)
             return
-        self._rounds[key] = asyncio.create_task(
-            self._rounds_of(key), context=self._contexts.get(key, contextvars.copy_context())
-        )
+        self._rounds[key] = asyncio.create_task(self._rounds_of(key), context=self._contexts[key])
 
     async def _rounds_of(self, key: tuple[str, str]) -> None:
         try:

@@ -289,17 +289,19 @@ def _bytecode_files() -> list[dict]:
         cached = getattr(getattr(module, "__spec__", None), "cached", None)
         if cached and cached not in seen and os.path.isfile(cached):
             seen.add(cached)
-            entries.append(_entry(cached, [(0, os.path.getsize(cached))]))
+            entries.append(_entry(cached))
     return entries
 
 
-def _entry(path: str, ranges: Sequence[tuple[int, int]]) -> dict:
+def _entry(path: str, ranges: Sequence[tuple[int, int]] | None = None) -> dict:
+    """A record's line for one file: its size and mtime now, and its ranges (the whole file
+    without any)."""
     now = os.stat(path)
     return {
         "path": path,
         "size": now.st_size,
         "mtime_ns": now.st_mtime_ns,
-        "ranges": [list(r) for r in ranges],
+        "ranges": [list(r) for r in ranges] if ranges is not None else [[0, now.st_size]],
     }
 
 
