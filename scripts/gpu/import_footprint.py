@@ -91,10 +91,15 @@ def read_whole(files: list[Path], threads: int = 2) -> float:
 
 def main() -> None:
     results: dict = {}
-    if sys.argv[2:] == ["--startup-only"]:  # the start-up read-ahead's comparison alone
-        startup_read_ahead(results)
-        Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
-        return
+    if sys.argv[2:] != ["--startup-only"]:  # else the start-up read-ahead's comparison alone
+        footprint(results)
+    startup_read_ahead(results)
+    Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
+
+
+def footprint(results: dict) -> None:
+    """The import warm, cold, beside the weights' read-ahead, beside a process holding torch,
+    and after the libraries were read whole."""
     results["warm_s"], libraries = timed_import()
     results["libraries"] = {str(p): p.stat().st_size for p in libraries}
     results["library_bytes"] = sum(results["libraries"].values())
@@ -143,8 +148,6 @@ def main() -> None:
         f"{results['after_library_read_s']:.2f}s",
         flush=True,
     )
-    startup_read_ahead(results)
-    Path(sys.argv[1]).write_text(json.dumps(results, indent=1))
 
 
 def startup_read_ahead(results: dict) -> None:
@@ -191,7 +194,9 @@ def read_startup_files(
 ) -> None:
     """The start-up read-ahead, then (`then_weights`) the weights' read at once; when each
     ended (seconds from `started`) and the weights' GB/s, into `ended`."""
-    read_ahead.read_extents(extents, read_ahead.STARTUP_READ_THREADS, 8 << 20)
+    read_ahead.read_extents(
+        extents, read_ahead.STARTUP_READ_THREADS, read_ahead.STARTUP_CHUNK_BYTES
+    )
     ended["startup_read_s"] = time.perf_counter() - started
     if then_weights:
         gb = checkpoint_files.prefetch(str(CHECKPOINT)) / 1e9

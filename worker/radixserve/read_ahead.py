@@ -46,6 +46,7 @@ MERGE_GAP_BYTES = 256 << 10
 # the start-up read's readers: most of its files are small (a thousand bytecode files), where a
 # read is its latency, so more than the weights' two
 STARTUP_READ_THREADS = 4
+STARTUP_CHUNK_BYTES = 8 << 20  # the largest read a reader makes: its buffer
 # of the memory available at start: a record larger than this (a small pod) is read only so far
 STARTUP_MEMORY_SHARE = 0.25
 RECORD_VERSION = 1
@@ -187,7 +188,7 @@ def start_startup_read_ahead(done: threading.Event) -> threading.Thread:
         extents = recorded_extents(int(available_memory_bytes() * STARTUP_MEMORY_SHARE))
         if not extents:
             return
-        read = read_extents(extents, STARTUP_READ_THREADS, 8 << 20)
+        read = read_extents(extents, STARTUP_READ_THREADS, STARTUP_CHUNK_BYTES)
         done.set()
         logger.info(
             "read %.2f GB of start-up files ahead in %.1fs (the libraries and bytecode the "
