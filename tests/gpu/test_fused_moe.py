@@ -54,9 +54,6 @@ def weights(experts: int, hidden: int, inter: int, gen: torch.Generator):
     return w13, w2
 
 
-@pytest.mark.parametrize("kind", ROUTINGS)
-@pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("shape", list(SHAPES))
 def capture_without_sync(layer, x: torch.Tensor, logits: torch.Tensor):
     """The layer's pass over the static (x, logits) captured in a CUDA graph after a warm-up
     (compilation stays out of it), any host sync during capture an error: (graph, output)."""
@@ -74,6 +71,9 @@ def capture_without_sync(layer, x: torch.Tensor, logits: torch.Tensor):
     return graph, out
 
 
+@pytest.mark.parametrize("kind", ROUTINGS)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("shape", list(SHAPES))
 def test_fused_moe_matches_reference_within_bf16(shape, tokens, kind):
     """Error against float64 no larger than the bf16 torch reference's own (plus slack):
     within bf16 norms, idle experts and pile-ups included."""
