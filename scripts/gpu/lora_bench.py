@@ -18,7 +18,8 @@
   cost goes.
 
 The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
-under /tmp). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
+under /tmp). The servers decode with Triton attention, as the other benches do (`auto` would take
+FlashInfer only once its modules are built: on 2026-12-05 one call's later stages ran on it). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def make(a, dirs: dict[str, Path]):
             ServerArgs(
                 model=a.model,
                 device=a.device,
+                attention_backend=a.attention_backend,
                 quantization=a.quantization,
                 max_total_tokens=a.max_total_tokens,
             )
@@ -122,6 +124,7 @@ def make(a, dirs: dict[str, Path]):
     args = ServerArgs(
         model=a.model,
         device=a.device,
+        attention_backend=a.attention_backend,
         lora_modules=modules,
         max_loras=len(dirs),
         max_lora_rank=a.rank,
@@ -421,6 +424,11 @@ def main() -> None:
     parser.add_argument("section", choices=("decode", "kernels", "plain", "profile"))
     parser.add_argument("--model", default="random:llama-3-8b")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--attention-backend",
+        help="the servers' decode attention (default: triton on CUDA, as the other benches: auto"
+        " would pick FlashInfer only once its modules are built, so two runs could differ)",
+    )
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--rank", type=int, default=16)
     parser.add_argument("--batch", type=int, default=64)
@@ -438,6 +446,7 @@ def main() -> None:
         "its adapter pool: PLAIN_KV=same in lora.sh gives the plain server the same)",
     )
     a = parser.parse_args()
+    a.attention_backend = a.attention_backend or ("triton" if a.device == "cuda" else "auto")
     if a.section == "kernels":
         result = section_kernels(a)
         print(f"kernels: {json.dumps(result)}", flush=True)
