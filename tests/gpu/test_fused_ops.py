@@ -98,30 +98,6 @@ def check_rms_norm(
 
 
 @torch.no_grad()
-def check_head_norm(
-    tokens: int, heads: int, kv_heads: int, head_dim: int, dtype, device, gen, cls=RMSNorm
-):
-    """Qwen3's (Gemma 3's with GemmaRMSNorm) q/k norm: in place on [T, heads, head_dim] views
-    of a fused qkv buffer."""
-    q_norm = _norm(head_dim, dtype, device, gen, cls)
-    k_norm = _norm(head_dim, dtype, device, gen, cls)
-    qkv = _randn((tokens, (heads + 2 * kv_heads) * head_dim), dtype, device, gen)
-    before = qkv.clone()
-    view = qkv.view(tokens, heads + 2 * kv_heads, head_dim)
-    q, k = view[:, :heads], view[:, heads : heads + kv_heads]
-    expected_q = q_norm.forward_native(q.clone())
-    expected_k = k_norm.forward_native(k.clone())
-    q_norm.normalize_heads_(q)
-    k_norm.normalize_heads_(k)
-    v_cols = (heads + kv_heads) * head_dim
-    return {
-        "q_norm": rel_err(q, expected_q),
-        "k_norm": rel_err(k, expected_k),
-        "v_untouched": float(not torch.equal(qkv[:, v_cols:], before[:, v_cols:])),
-    }
-
-
-@torch.no_grad()
 def check_silu_and_mul(tokens: int, d: int, dtype, device: str, gen) -> dict[str, float]:
     """Against the torch code in float32, rounded once: the kernel's contract (the reference in
     half precision rounds after the silu too; the model tests cover that difference)."""
@@ -159,12 +135,16 @@ def check_rotary_and_store_kv(
     padded: int = 0,
     cache_dtype=None,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    qk_norm_cls=None,
 ) -> dict[str, float]:
     """The fused kernel against RotaryEmbedding.forward in float32, rounded once (the kernel's
     contract), plus the pool's index store (an FP8 cache gets value / scale, saturated; its
     comparison is of the dequantized values, as `k_cache_fp8`: a rounding flip of the rotated
     k moves an FP8 value a step, 2**-3 relative). The last `padded` tokens are CUDA-graph
-    padding: position 0, KV slot 0 (not compared: several tokens race to it)."""
+    padding: position 0, KV slot 0 (not compared: several tokens race to it). `qk_norm_cls`:
+    the q and k heads normalized first in the same kernel (Qwen3's RMSNorm, Gemma 3's
+    GemmaRMSNorm), against the norm's torch code per head, in the activation dtype as the
+    reference rounds it, then the rotary."""
     cache_dtype = cache_dtype or dtype
     fp8 = cache_dtype.itemsize == 1
     rotary = _rotary(head_dim, device)
@@ -178,10 +158,17 @@ def check_rotary_and_store_kv(
     loc[tokens - padded :] = 0
 
     q_size, kv_size = heads * head_dim, kv_heads * head_dim
-    q, k, _ = qkv.float().split([q_size, kv_size, kv_size], dim=-1)
-    exp_q, exp_k = rotary(
-        positions, q.reshape(-1, heads, head_dim), k.reshape(-1, kv_heads, head_dim)
-    )
+    q, k, _ = qkv.split([q_size, kv_size, kv_size], dim=-1)
+    q, k = q.reshape(-1, heads, head_dim), k.reshape(-1, kv_heads, head_dim)
+    qk_norm = None
+    if qk_norm_cls is not None:
+        q_norm = _norm(head_dim, dtype, device, gen, qk_norm_cls)
+        k_norm = _norm(head_dim, dtype, device, gen, qk_norm_cls)
+        q, k = q_norm.forward_native(q), k_norm.forward_native(k)
+        qk_norm = fused_ops.QKNorm(
+            q_norm.weight, k_norm.weight, q_norm.variance_epsilon, q_norm.unit_offset
+        )
+    exp_q, exp_k = rotary(positions, q.float(), k.float())
     exp_q, exp_k = exp_q.to(dtype), exp_k.to(dtype)
     exp_k_cache, exp_v_cache = k_cache.clone(), v_cache.clone()
     exp_v = qkv[:, q_size + kv_size :].clone()
@@ -194,7 +181,9 @@ def check_rotary_and_store_kv(
         exp_k_cache[loc] = exp_k.to(cache_dtype)
         exp_v_cache[loc] = exp_v.reshape(-1, kv_heads, head_dim).to(cache_dtype)
 
-    rotary.rotate_and_store_kv(positions, qkv, heads, kv_heads, k_cache, v_cache, loc, kv_scales)
+    rotary.rotate_and_store_kv(
+        positions, qkv, heads, kv_heads, k_cache, v_cache, loc, kv_scales, qk_norm
+    )
     q, k, v = qkv.split([q_size, kv_size, kv_size], dim=-1)
     k_metric = "k_cache_fp8" if fp8 else "k_cache"
     return {
@@ -323,8 +312,13 @@ def test_rms_norm(tokens, dtype, gen) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", TOKENS)
 @pytest.mark.parametrize("head_dim", [128, 64])
-def test_head_norm_on_qkv_views(head_dim, tokens, dtype, gen) -> None:
-    _assert_within(check_head_norm(tokens, 32, 8, head_dim, dtype, "cuda", gen), dtype)
+def test_rotary_with_qk_norm(head_dim, tokens, dtype, gen) -> None:
+    """Qwen3's q/k norm in the rotary kernel."""
+    padded = 3 if tokens > 3 else 0
+    results = check_rotary_and_store_kv(
+        tokens, 32, 8, head_dim, dtype, "cuda", gen, padded, qk_norm_cls=RMSNorm
+    )
+    _assert_within(results, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -358,7 +352,8 @@ def test_rotary_stores_into_fp8_cache(tokens, gen) -> None:
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gemma_norms(dtype, gen) -> None:
     _assert_within(check_rms_norm(300, 2304, dtype, "cuda", gen, GemmaRMSNorm), dtype)
-    _assert_within(check_head_norm(7, 8, 4, 256, dtype, "cuda", gen, GemmaRMSNorm), dtype)
+    results = check_rotary_and_store_kv(7, 8, 4, 256, dtype, "cuda", gen, qk_norm_cls=GemmaRMSNorm)
+    _assert_within(results, dtype)
 
 
 @pytest.mark.parametrize(

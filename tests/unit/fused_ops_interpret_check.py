@@ -21,7 +21,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gpu"))
 import torch  # noqa: E402
 from test_fused_ops import (  # noqa: E402
     _norm,
-    check_head_norm,
     check_rms_norm,
     check_rotary_and_store_kv,
     check_silu_and_mul,
@@ -32,7 +31,7 @@ from test_fused_ops import (  # noqa: E402
 )
 from triton_interpret_check import _allow_one_element_index  # noqa: E402
 
-from radixserve.layers.layernorm import GemmaRMSNorm  # noqa: E402
+from radixserve.layers.layernorm import GemmaRMSNorm, RMSNorm  # noqa: E402
 from radixserve.layers.moe.router import RouterLinear  # noqa: E402
 from radixserve.models.deepseek_v2 import DeepseekRouter  # noqa: E402
 from radixserve.models.llama import LlamaDecoderLayer  # noqa: E402
@@ -53,9 +52,9 @@ def kernel_results() -> list[dict]:
     for dtype in DTYPES:
         for rows, hidden in ((1, 256), (300, 256), (5, 200)):
             add(f"rms_norm-{rows}x{hidden}", dtype, check_rms_norm(rows, hidden, dtype, "cpu", gen))
-        for t, h, kvh, d in ((1, 8, 2, 64), (70, 3, 1, 32)):
-            errors = check_head_norm(t, h, kvh, d, dtype, "cpu", gen)
-            add(f"head_norm-{t}-{h}/{kvh}-d{d}", dtype, errors)
+        for t, h, kvh, d in ((1, 8, 2, 64), (70, 3, 1, 32)):  # Qwen3's q/k norm in the rotary
+            errors = check_rotary_and_store_kv(t, h, kvh, d, dtype, "cpu", gen, qk_norm_cls=RMSNorm)
+            add(f"qk_norm_rotary-{t}-{h}/{kvh}-d{d}", dtype, errors)
         for t, d in ((1, 256), (300, 96)):
             add(f"silu_and_mul-{t}x{d}", dtype, check_silu_and_mul(t, d, dtype, "cpu", gen))
         # T=1 and T=7 take the one-head-per-program grid, T >= 65 the tiled one
@@ -74,8 +73,8 @@ def kernel_results() -> list[dict]:
     for dtype in DTYPES:  # Gemma's (1 + w) norm, whole rows and per head
         errors = check_rms_norm(5, 200, dtype, "cpu", gen, GemmaRMSNorm)
         add("gemma_rms_norm-5x200", dtype, errors)
-        errors = check_head_norm(7, 4, 2, 32, dtype, "cpu", gen, GemmaRMSNorm)
-        add("gemma_head_norm-7-4/2-d32", dtype, errors)
+        errors = check_rotary_and_store_kv(7, 4, 2, 32, dtype, "cpu", gen, qk_norm_cls=GemmaRMSNorm)
+        add("gemma_qk_norm_rotary-7-4/2-d32", dtype, errors)
     add("store_cells", torch.int32, check_store_cells("cpu", gen))
     return results
 

@@ -241,8 +241,29 @@ KERNELS = {
     "rotary_store_kv": (
         fused_ops._rotary_store_kv_kernel,
         {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
-        {"k_inv_scale", "v_inv_scale"},
-        {"HALF": 64, "BLOCK_H": 1, "BLOCK_HALF": 64, "FP8_CACHE": False},
+        {"k_inv_scale", "v_inv_scale", "norm_eps"},
+        {
+            "HALF": 64,
+            "BLOCK_H": 1,
+            "BLOCK_HALF": 64,
+            "FP8_CACHE": False,
+            "QK_NORM": False,
+            "UNIT_OFFSET": False,
+        },
+    ),
+    # Qwen3's q/k norm in the same launch: the norms' weights are constants, read early too
+    "rotary_store_kv (q/k norm)": (
+        fused_ops._rotary_store_kv_kernel,
+        {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
+        {"k_inv_scale", "v_inv_scale", "norm_eps"},
+        {
+            "HALF": 64,
+            "BLOCK_H": 1,
+            "BLOCK_HALF": 64,
+            "FP8_CACHE": False,
+            "QK_NORM": True,
+            "UNIT_OFFSET": False,
+        },
     ),
     "decode split": (
         decode_attention._decode_grouped_split_kernel,
@@ -385,6 +406,7 @@ EARLY_READS = {
     "gemv (bf16, gated, LoRA)": {"LoraSlot", "LoraB"},
     "rms_norm (with residual)": {"W"},
     "rotary_store_kv": {"Positions", "Loc", "Cos", "Sin"},
+    "rotary_store_kv (q/k norm)": {"Positions", "Loc", "Cos", "Sin", "Q_Norm", "K_Norm"},
     "decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
     "decode merge": {"Seq_lens"},
     "mla decode split": {"Seq_lens", "Req_pool_indices", "Req_to_token"},
@@ -405,6 +427,7 @@ EARLY_READS = {
 # one may then start while the one before still runs
 LAUNCH_NEXT_FIRST = {
     "rotary_store_kv",
+    "rotary_store_kv (q/k norm)",
     "lora shrink (one row)",
     "norm + projection (one row, LoRA shrink)",
     "norm + projection (one row, biased router)",

@@ -19,6 +19,8 @@ Without Triton this module still imports (the torch paths never call in here): s
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from radixserve.kernels.triton_support import (
@@ -135,10 +137,13 @@ def _rotary_store_kv_kernel(
     K_Cache,
     V_Cache,
     Loc,
+    Q_Norm,
+    K_Norm,
     num_heads,
     num_kv_heads,
     k_inv_scale,
     v_inv_scale,
+    norm_eps,
     stride_pos,
     stride_qkv,
     stride_cos,
@@ -152,11 +157,16 @@ def _rotary_store_kv_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
     FP8_CACHE: tl.constexpr,
+    QK_NORM: tl.constexpr,
+    UNIT_OFFSET: tl.constexpr,
     PDL: tl.constexpr,
 ):
     """One token, BLOCK_H of its heads in q | k | v order (all head_dim wide and adjacent in
     the qkv row): q and k heads are rotated in place, k and v heads are copied to the cache
-    (an FP8 cache gets value / scale, saturated to the type's range)."""
+    (an FP8 cache gets value / scale, saturated to the type's range). With QK_NORM, each q and
+    k head is first RMS-normalized over its head_dim with Q_Norm's or K_Norm's weight (Qwen3's
+    and Gemma 3's q/k norm; UNIT_OFFSET: Gemma's (1 + w)), rounded as `_rms_norm_kernel` stores
+    it: the two norm launches of a layer become part of this one."""
     token = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, BLOCK_HALF)
@@ -167,6 +177,14 @@ def _rotary_store_kv_kernel(
     loc = tl.load(Loc + token * stride_loc)
     cos = tl.load(Cos + pos * stride_cos + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
     sin = tl.load(Sin + pos * stride_sin + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+    if QK_NORM:  # the norms' weights are constants too
+        is_q = (heads < num_heads)[:, None]
+        q_w1 = tl.load(Q_Norm + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+        q_w2 = tl.load(Q_Norm + HALF + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+        k_w1 = tl.load(K_Norm + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+        k_w2 = tl.load(K_Norm + HALF + i, mask=in_half, other=0.0).to(tl.float32)[None, :]
+        w1 = tl.where(is_q, q_w1, k_w1)
+        w2 = tl.where(is_q, q_w2, k_w2)
     wait_for_prior_kernel(PDL, LAUNCH_NEXT_FIRST=True)
 
     rotated_heads = num_heads + num_kv_heads
@@ -176,6 +194,18 @@ def _rotary_store_kv_kernel(
     x1 = tl.load(lo_ptrs, mask=exists, other=0.0)
     x2 = tl.load(lo_ptrs + HALF, mask=exists, other=0.0)
     x1f, x2f = x1.to(tl.float32), x2.to(tl.float32)
+    if QK_NORM:
+        inv_rms = tl.rsqrt(
+            (tl.sum(x1f * x1f, axis=1) + tl.sum(x2f * x2f, axis=1)) / (2 * HALF) + norm_eps
+        )
+        n1, n2 = x1f * inv_rms[:, None], x2f * inv_rms[:, None]
+        if UNIT_OFFSET:
+            n1, n2 = n1 * (1.0 + w1), n2 * (1.0 + w2)
+        else:
+            n1 = n1.to(x1.dtype).to(tl.float32) * w1
+            n2 = n2.to(x1.dtype).to(tl.float32) * w2
+        x1f = tl.where(rotated, n1.to(x1.dtype).to(tl.float32), x1f)
+        x2f = tl.where(rotated, n2.to(x1.dtype).to(tl.float32), x2f)
     # v heads pass through unchanged
     o1 = tl.where(rotated, x1f * cos - x2f * sin, x1f).to(x1.dtype)
     o2 = tl.where(rotated, x2f * cos + x1f * sin, x2f).to(x1.dtype)
@@ -335,7 +365,7 @@ def rms_norm(
     unit_offset: bool = False,
 ) -> torch.Tensor:
     """RMSNorm over the last axis of x, whose leading axes may be strided (e.g. [T, heads,
-    head_dim] views of a qkv buffer: Qwen3's q/k norm). `out` may be x itself (in place).
+    head_dim] views of a qkv buffer). `out` may be x itself (in place).
     `unit_offset`: Gemma's (1 + weight) scale."""
     if out is None:
         out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -452,6 +482,16 @@ def act_and_mul(gate_up: torch.Tensor, gelu: bool, out: torch.Tensor | None = No
     return out
 
 
+class QKNorm(NamedTuple):
+    """The per-head RMSNorms of the q and k heads (Qwen3's, Gemma 3's), which `rotary_and_store_kv`
+    applies before rotating: weights [head_dim] each, one eps, Gemma's (1 + w) form or not."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    unit_offset: bool
+
+
 def rotary_and_store_kv(
     positions: torch.Tensor,
     qkv: torch.Tensor,
@@ -464,11 +504,13 @@ def rotary_and_store_kv(
     v_cache: torch.Tensor,
     out_cache_loc: torch.Tensor,
     kv_scales: tuple[float, float] = (1.0, 1.0),
+    qk_norm: QKNorm | None = None,
 ) -> None:
     """Neox rotary on the q and k heads of qkv [T, (heads + 2 * kv_heads) * head_dim], in place,
     and the rotated k and the v heads written to k_cache/v_cache [slots, kv_heads, head_dim] at
     rows out_cache_loc: what the attention backend's KV store would do, in the same launch.
-    A one-byte (FP8) cache stores k / kv_scales[0] and v / kv_scales[1]."""
+    A one-byte (FP8) cache stores k / kv_scales[0] and v / kv_scales[1]. `qk_norm`: the q and
+    k heads RMS-normalized first, as `rms_norm` over each head would (in place) before it."""
     tokens = qkv.shape[0]
     half = head_dim // 2
     if qkv.stride(-1) != 1 or qkv.shape[-1] != (num_heads + 2 * num_kv_heads) * head_dim:
@@ -491,10 +533,13 @@ def rotary_and_store_kv(
         k_cache,
         v_cache,
         out_cache_loc,
+        qk_norm.q_weight if qk_norm is not None else cos_cache,
+        qk_norm.k_weight if qk_norm is not None else cos_cache,
         num_heads,
         num_kv_heads,
         1.0 / kv_scales[0],
         1.0 / kv_scales[1],
+        qk_norm.eps if qk_norm is not None else 0.0,
         positions.stride(0),
         qkv.stride(0),
         cos_cache.stride(0),
@@ -508,6 +553,8 @@ def rotary_and_store_kv(
         BLOCK_H=block_h,
         BLOCK_HALF=block_half,
         FP8_CACHE=k_cache.element_size() == 1,
+        QK_NORM=qk_norm is not None,
+        UNIT_OFFSET=qk_norm is not None and qk_norm.unit_offset,
         num_warps=_warps(2 * block_h * block_half, 4, 4),
         **dependent_launch(qkv),
     )

@@ -76,13 +76,6 @@ class RMSNorm(nn.Module):
         )
         return normed, summed if summed is not None else x, projected
 
-    def normalize_heads_(self, heads: torch.Tensor) -> None:
-        """Normalise [tokens, heads, head_dim] in place (a view into qkv): the CUDA path's q/k
-        norm."""
-        fused_ops.rms_norm(
-            heads, self.weight, self.variance_epsilon, heads, unit_offset=self.unit_offset
-        )
-
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: weights stored as offsets from 1 (zeros is the identity scale)."""

@@ -91,10 +91,12 @@ class RotaryEmbedding(nn.Module):
         v_cache: torch.Tensor,
         out_cache_loc: torch.Tensor,
         kv_scales: tuple[float, float] = (1.0, 1.0),
+        qk_norm: fused_ops.QKNorm | None = None,
     ) -> None:
         """The CUDA path: rotate the q and k heads of qkv [tokens, q | k | v] in place and store
         k and v at out_cache_loc, in one kernel (instead of the gathers, casts and cat of
-        `forward` plus the backend's two index_put). Float32 cos/sin, rounded once."""
+        `forward` plus the backend's two index_put). Float32 cos/sin, rounded once. `qk_norm`:
+        the heads' q/k norms first, in the same kernel."""
         fused_ops.rotary_and_store_kv(
             positions,
             qkv,
@@ -107,6 +109,7 @@ class RotaryEmbedding(nn.Module):
             v_cache,
             out_cache_loc,
             kv_scales,
+            qk_norm,
         )
 
 

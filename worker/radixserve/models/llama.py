@@ -28,7 +28,7 @@ from radixserve.distributed.parallel_state import (
     tp_size,
 )
 from radixserve.forward.forward_batch import ForwardBatch
-from radixserve.kernels import triton_support
+from radixserve.kernels import fused_ops, triton_support
 from radixserve.layers.activation import gated_activation
 from radixserve.layers.layernorm import RMSNorm
 from radixserve.layers.logits_processor import LogitsProcessor
@@ -122,13 +122,15 @@ class LlamaAttention(nn.Module):
     def _attend_fused(
         self, positions: torch.Tensor, qkv: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
-        """q/k norm, rotary and the K/V store as kernels working in place on qkv, so q, k and v
-        stay views of it and the backend is spared its own store of K/V."""
+        """q/k norm, rotary and the K/V store as one kernel working in place on qkv, so q, k
+        and v stay views of it and the backend is spared its own store of K/V."""
+        qk_norm = None
         if self.qk_norm:
-            heads = qkv.view(-1, self.num_heads + 2 * self.num_kv_heads, self.head_dim)
-            self.q_norm.normalize_heads_(heads[:, : self.num_heads])
-            self.k_norm.normalize_heads_(
-                heads[:, self.num_heads : self.num_heads + self.num_kv_heads]
+            qk_norm = fused_ops.QKNorm(
+                self.q_norm.weight,
+                self.k_norm.weight,
+                self.q_norm.variance_epsilon,
+                self.q_norm.unit_offset,
             )
         pool = forward_batch.token_to_kv_pool
         k_cache, v_cache = pool.get_kv_buffer(self.attn.layer_id)
@@ -141,6 +143,7 @@ class LlamaAttention(nn.Module):
             v_cache,
             forward_batch.out_cache_loc,
             pool.scales(self.attn.layer_id),
+            qk_norm,
         )
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         return self.attn(q, k, v, forward_batch, save_kv_cache=False)
