@@ -46,6 +46,24 @@ V2_LITE_DOWN = {
     "NUM_STAGES": 1,
 }
 
+
+def rotary_store_kv_case(qk_norm: bool) -> tuple:
+    """The rotary + KV store kernel's entry of KERNELS, with or without the q/k norms in it."""
+    return (
+        fused_ops._rotary_store_kv_kernel,
+        {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
+        {"k_inv_scale", "v_inv_scale", "norm_eps"},
+        {
+            "HALF": 64,
+            "BLOCK_H": 1,
+            "BLOCK_HALF": 64,
+            "FP8_CACHE": False,
+            "QK_NORM": qk_norm,
+            "UNIT_OFFSET": False,
+        },
+    )
+
+
 # kernel, its pointers' element types (others bf16), its float scalars (others i32), its
 # constexprs as the decode step of a Llama-3-8B shape launches them
 KERNELS = {
@@ -238,33 +256,9 @@ KERNELS = {
         {"HAS_RESIDUAL": True, "UNIT_OFFSET": False, "BLOCK_M": 1, "BLOCK_N": 4096},
     ),
     "act_and_mul": (fused_ops._act_and_mul_kernel, {}, set(), {"GELU": False, "BLOCK": 1024}),
-    "rotary_store_kv": (
-        fused_ops._rotary_store_kv_kernel,
-        {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
-        {"k_inv_scale", "v_inv_scale", "norm_eps"},
-        {
-            "HALF": 64,
-            "BLOCK_H": 1,
-            "BLOCK_HALF": 64,
-            "FP8_CACHE": False,
-            "QK_NORM": False,
-            "UNIT_OFFSET": False,
-        },
-    ),
+    "rotary_store_kv": rotary_store_kv_case(qk_norm=False),
     # Qwen3's q/k norm in the same launch: the norms' weights are constants, read early too
-    "rotary_store_kv (q/k norm)": (
-        fused_ops._rotary_store_kv_kernel,
-        {"Positions": "i64", "Loc": "i64", "Cos": "fp32", "Sin": "fp32"},
-        {"k_inv_scale", "v_inv_scale", "norm_eps"},
-        {
-            "HALF": 64,
-            "BLOCK_H": 1,
-            "BLOCK_HALF": 64,
-            "FP8_CACHE": False,
-            "QK_NORM": True,
-            "UNIT_OFFSET": False,
-        },
-    ),
+    "rotary_store_kv (q/k norm)": rotary_store_kv_case(qk_norm=True),
     "decode split": (
         decode_attention._decode_grouped_split_kernel,
         {
