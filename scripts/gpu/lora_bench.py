@@ -19,7 +19,8 @@
 
 The model is random (`random:llama-3-8b`, bf16) and so are the adapters (PEFT's layout, written
 under /tmp). The servers decode with Triton attention, as the other benches do (`auto` would take
-FlashInfer only once its modules are built: on 2026-12-05 one call's later stages ran on it). Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
+FlashInfer only once its modules are built: on 2026-12-05 one call's later stages ran on it).
+Dry run on the CPU: --device cpu with random:tiny-llama and few tokens.
 """
 
 from __future__ import annotations
