@@ -24,9 +24,17 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
     for weights in ${WEIGHTS:-bf16 fp8}; do
       q=$([ "$weights" = fp8 ] && echo "--quantization fp8")
       echo "=== $name $weights round $round $(date +%T)"
+      result="$OUT/latency-$name${BACKEND:+-$BACKEND}${q:+-fp8}-$round.json"
       PYTHONPATH="$tree/worker:$SITE" timeout "${RUN_TIMEOUT:-90}" python3 -m radixserve.entrypoints.cli bench \
         latency --model "$MODEL" $LAT --batch-sizes 1 --transformers-output-len 0 $q \
-        --output-json "$OUT/latency-$name${BACKEND:+-$BACKEND}${q:+-fp8}-$round.json" 2>&1 | tail -2
+        --output-json "$result" > "$result.log" 2>&1
+      # the step and its MBU from the run's JSON (the bench's own printout ends in its legend)
+      python3 - "$result" "$name" "$weights" "$round" <<'PY' || tail -3 "$result.log"
+import json, sys
+row = json.load(open(sys.argv[1]))["rows"][0]
+print(f"{sys.argv[2]} {sys.argv[3]} round {sys.argv[4]}: decode step {row['decode_step_s'] * 1e3:.3f} ms,"
+      f" {row['decode_mbu'] * 100:.1f}% MBU")
+PY
     done
   done
 done
