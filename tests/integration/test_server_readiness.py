@@ -116,6 +116,9 @@ def test_a_start_reads_ahead_what_the_last_one_recorded_and_records_its_own(serv
     # torch's bytecode (pip compiled it) and its library, as the scheduler process loaded them
     assert any(p.parent.parent.name == "torch" and p.suffix == ".pyc" for p in paths)
     assert any(p.name.startswith("libtorch_cpu.so") for p in paths)
+    # and a file it read without importing it: transformers' scan of its model sources
+    # behind AutoConfig (the spawn target watched the process's opens from its first line)
+    assert any(p.suffix == ".py" and {"transformers", "models"} <= set(p.parts) for p in paths)
 
 
 def test_ready_through_a_saturating_burst_then_usage_falls_to_zero(server):

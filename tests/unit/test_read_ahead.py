@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -235,3 +236,47 @@ def test_without_a_page_table_fatbins_are_left_out(tmp_path, monkeypatch):
     monkeypatch.setattr(read_ahead, "_mincore_resident", no_source)
     whole = ranges_of(record(tmp_path))
     assert whole == [[0, page], [5 * page, os.path.getsize(library) - 5 * page]]
+
+
+WATCHED_START = """
+import json, os, sys
+from pathlib import Path
+from radixserve import read_ahead
+read_ahead.watch_opened_files()
+directory = Path(sys.argv[1])
+(directory / "config.json").read_text()  # read, never imported
+(directory / "written.txt").write_text("x")  # opened for writing: not a read
+(directory / "both.txt").write_text("x")
+open(directory / "both.txt", "r+").close()
+open("/proc/self/maps").read()  # the kernel's, per process
+sys.path.insert(0, str(directory))
+import planted_module
+read_ahead.record_startup_files(directory / "record.json")
+(directory / "after.json").read_text()  # after the record: the watch has ended
+print(json.dumps([f["path"] for f in json.loads((directory / "record.json").read_text())["files"]]))
+print(json.dumps(sorted(read_ahead._opened_files)))
+"""
+
+
+def test_a_watched_start_records_the_files_it_read_in_order(tmp_path):
+    """A process that watches from its first line records what it opened for reading, in
+    order, whether imported or only read (a module's source, a config), and not what it wrote, the kernel's files, or what it opened after the record."""
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "after.json").write_text("{}")
+    (tmp_path / "planted_module.py").write_text("VALUE = 1\n")
+    env = {**os.environ, "PYTHONPATH": str(Path(read_ahead.__file__).parents[1])}
+    run = subprocess.run(
+        [sys.executable, "-c", WATCHED_START, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    )
+    recorded, opened = (json.loads(line) for line in run.stdout.splitlines()[-2:])
+    config, source = str(tmp_path / "config.json"), str(tmp_path / "planted_module.py")
+    assert config in recorded and source in recorded
+    assert recorded.index(config) < recorded.index(source)  # in the order they were read
+    for absent in ("written.txt", "both.txt", "after.json"):
+        assert str(tmp_path / absent) not in recorded
+    assert str(tmp_path / "after.json") not in opened
+    assert not [p for p in recorded if p.startswith("/proc/")]

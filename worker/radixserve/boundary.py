@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from radixserve.metrics.stats import SchedulerStats
+from radixserve.read_ahead import watch_opened_files
 from radixserve.sampling.sampling_params import SamplingParams
 
 
@@ -167,6 +168,8 @@ SCHEDULER_ENTRY_POINT = "radixserve.scheduler.scheduler_process:run_scheduler_pr
 
 def run_scheduler_entry_point(*args: Any, **kwargs: Any) -> None:
     """The spawn target: the scheduler (torch and all) is imported in the new process, where
-    its import time is measured as the `imports` phase."""
+    its import time is measured as the `imports` phase, and every file it opens from here on
+    is noted for the next start's read-ahead (read_ahead.py)."""
+    watch_opened_files()
     module, name = SCHEDULER_ENTRY_POINT.split(":")
     getattr(importlib.import_module(module), name)(*args, **kwargs)

@@ -6,8 +6,10 @@ and triton's shared libraries page by page, one fault at a time, and its bytecod
 (on the H200 host with the page cache dropped: 9 s of imports against 5.6 s warm, 2026-12-04);
 only then does the weight read-ahead get the disk, since beside it those faults crawl (15 s).
 Most of those pages are known in advance: the scheduler process records, once it has started,
-which bytecode files it imported and which pages of each shared library its own page table
-holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU machine;
+which files it opened for reading, in order (its bytecode, and what it reads without importing:
+transformers' scan of its 1,700 model sources for `AutoConfig`, configs, the kernel caches; from
+Python's "open" audit event, watched from the spawn's first line), and which pages of each
+shared library its own page table holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU machine;
 without one, the pages of its mappings in the page cache, less the CUDA fatbins), in the order
 it loaded them. The next start's front end reads those ranges on a few threads the moment it
 has spawned the scheduler, so the imports find their pages in memory; and the weight
@@ -50,6 +52,11 @@ STARTUP_CHUNK_BYTES = 8 << 20  # the largest read a reader makes: its buffer
 # of the memory available at start: a record larger than this (a small pod) is read only so far
 STARTUP_MEMORY_SHARE = 0.25
 RECORD_VERSION = 1
+# a file opened at start-up larger than this is not read ahead whole (a GGUF checkpoint that
+# gguf maps: the weights' own read-ahead has it)
+OPENED_FILE_MAX_BYTES = 64 << 20
+# the kernel's files (/proc/self/maps is "regular"): not on a disk, and per process
+_KERNEL_FILES = ("/proc/", "/sys/", "/dev/")
 
 
 class Extent(NamedTuple):
@@ -128,15 +135,43 @@ def startup_record_path() -> Path:
     return cache_root() / "startup" / f"{key}.json"
 
 
+# the regular files this process opened for reading since `watch_opened_files`, in order
+_opened_files: dict[str, None] = {}
+_watching_opens = False
+
+
+def watch_opened_files() -> None:
+    """Note, from now until `record_startup_files`, every file this process opens for reading
+    (Python's "open" audit event: `open`, `io.open_code` for bytecode, `os.open`), in order.
+    Called first thing in the scheduler process, before its imports. An audit hook cannot be
+    removed; once recording is done it returns at its first test."""
+    global _watching_opens
+    if _watching_opens:
+        return
+    _watching_opens = True
+
+    def on_event(event: str, args: tuple) -> None:
+        if not _watching_opens or event != "open":
+            return
+        name, _, flags = args  # (path, mode, open(2) flags)
+        if isinstance(name, str) and isinstance(flags, int) and not flags & os.O_ACCMODE:
+            _opened_files.setdefault(os.path.abspath(name))  # read-only: O_RDONLY is 0
+
+    sys.addaudithook(on_event)
+
+
 def record_startup_files(path: Path | None = None) -> int:
-    """Record what this process read to start, for the next start's read-ahead: every imported
-    module's bytecode file (in import order: small, and each a wait of its own), then the
-    touched ranges of every shared library it loaded (in load order), each file with its size
-    and mtime. Written atomically; the bytes recorded. Never raises: a start must not fail for
-    its record."""
+    """Record what this process read to start, for the next start's read-ahead: the files it
+    opened for reading since `watch_opened_files` (in order: mostly small, and each a wait of
+    its own), every imported module's bytecode file not among them, then the touched ranges of
+    every shared library it loaded (in load order), each file with its size and mtime. Written
+    atomically; the bytes recorded. Never raises: a start must not fail for its record. Ends
+    the watch."""
+    global _watching_opens
+    _watching_opens = False
     path = path or startup_record_path()
     try:
-        files = [*_bytecode_files(), *_touched_libraries()]
+        files = [*_read_files(), *_touched_libraries()]
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(f".{path.name}.{os.getpid()}")
         partial.write_text(json.dumps({"version": RECORD_VERSION, "files": files}))
@@ -284,20 +319,38 @@ def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> lis
     return ranges
 
 
-def _bytecode_files() -> list[dict]:
+def _read_files() -> list[dict]:
+    """The opened files (regular, at most OPENED_FILE_MAX_BYTES; libraries come with their
+    pages), then the imported modules' bytecode files not among them, whole."""
+    bytecode = (
+        getattr(getattr(module, "__spec__", None), "cached", None)
+        for module in list(sys.modules.values())
+    )
     entries, seen = [], set()
-    for module in list(sys.modules.values()):
-        cached = getattr(getattr(module, "__spec__", None), "cached", None)
-        if cached and cached not in seen and os.path.isfile(cached):
-            seen.add(cached)
-            entries.append(_entry(cached))
+    for name in [*_opened_files, *bytecode]:
+        if (
+            not name
+            or name in seen
+            or name.startswith(_KERNEL_FILES)
+            or ".so" in os.path.basename(name)
+        ):
+            continue
+        seen.add(name)
+        try:
+            now = os.stat(name)
+        except OSError:
+            continue
+        if stat.S_ISREG(now.st_mode) and now.st_size <= OPENED_FILE_MAX_BYTES:
+            entries.append(_entry(name, now=now))
     return entries
 
 
-def _entry(path: str, ranges: Sequence[tuple[int, int]] | None = None) -> dict:
-    """A record's line for one file: its size and mtime now, and its ranges (the whole file
-    without any)."""
-    now = os.stat(path)
+def _entry(
+    path: str, ranges: Sequence[tuple[int, int]] | None = None, now: os.stat_result | None = None
+) -> dict:
+    """A record's line for one file: its size and mtime now (`now`, where the caller has
+    them), and its ranges (the whole file without any)."""
+    now = now or os.stat(path)
     return {
         "path": path,
         "size": now.st_size,
