@@ -9,9 +9,9 @@ Most of those pages are known in advance: the scheduler process records, once it
 which files it opened for reading, in order (its bytecode, and what it reads without importing:
 transformers' scan of its 1,700 model sources for `AutoConfig`, configs, the kernel caches; from
 Python's "open" audit event, watched from the spawn's first line), and which pages of each
-shared library its own page table holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07 GB of libraries on a CPU machine;
-without one, the pages of its mappings in the page cache, less the CUDA fatbins), in the order
-it loaded them. The next start's front end reads those ranges on a few threads the moment it
+shared library its own page table holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07
+GB of libraries on a CPU machine; without one, the pages of its mappings in the page cache,
+less the CUDA fatbins), in the order it loaded them. The next start's front end reads those ranges on a few threads the moment it
 has spawned the scheduler, so the imports find their pages in memory; and the weight
 read-ahead may begin as soon as that read is done, not when the imports are.
 
@@ -226,7 +226,7 @@ def start_startup_read_ahead(done: threading.Event) -> threading.Thread:
         read = read_extents(extents, STARTUP_READ_THREADS, STARTUP_CHUNK_BYTES)
         done.set()
         logger.info(
-            "read %.2f GB of start-up files ahead in %.1fs (the libraries and bytecode the "
+            "read %.2f GB of start-up files ahead in %.1fs (the files and library pages the "
             "last start read)",
             read / 1e9,
             time.perf_counter() - started,
@@ -321,7 +321,8 @@ def _without(ranges: list[tuple[int, int]], holes: list[tuple[int, int]]) -> lis
 
 def _read_files() -> list[dict]:
     """The opened files (regular, at most OPENED_FILE_MAX_BYTES; libraries come with their
-    pages), then the imported modules' bytecode files not among them, whole."""
+    pages), then the imported modules' bytecode files not among them (what the spawn's own
+    bootstrap imported before the watch began), whole."""
     bytecode = (
         getattr(getattr(module, "__spec__", None), "cached", None)
         for module in list(sys.modules.values())
