@@ -17,6 +17,10 @@ its figures to a JSON file.
   against a plain decode step on the same request. Target: <= 1.15x at k = 4. Then the sweep
   over batch sizes that sets --speculative-max-batch-size: a verify step's cost per decode step
   at each size (speculation pays while the acceptance length exceeds that cost).
+  `--profile`: at batch 1, one more plain run and one verifying, each under the profiler: every
+  kernel's device time per step of each, side by side, the largest differences first (where a
+  verify step's cost over a decode step goes: its GEMMs at k + 1 rows, the extend attention,
+  the acceptance).
 - `draft MODEL --draft DRAFT`: the copy section's request with `--speculative-method draft`
   (DRAFT proposes, same tokenizer): the acceptance length, and the net speed-up that follows
   from it and the step costs, measured.
@@ -403,12 +407,51 @@ def section_verify(a) -> dict:
             times[on] = statistics.median(kind) if kind else float("nan")
         ratio = times[True] / times[False]
         result[bs] = {"decode_ms": times[False], "verify_ms": times[True], "ratio": ratio}
+        if a.profile and bs == 1:
+            result["profile"] = profile_steps(scheduler, prompts, a.tokens)
         verdict = ("PASS" if ratio <= 1.15 else "FAIL") if bs == 1 else "(sweep)"
         print(
             f"verify k={a.k} batch {bs}: decode {times[False]:.3f} ms, verify {times[True]:.3f} ms "
             f"(x{ratio:.3f}) {verdict}"
         )
     return result
+
+
+def profile_steps(scheduler, prompts, n: int) -> list[dict]:
+    """Each kernel's device time per step in a plain run and in a verifying one (the prompt's
+    prefill amortized over the run's steps: one pass of n), printed largest difference first.
+    Kernels launched as programmatic dependents count their wait on the kernel before them, so
+    the per-kernel sums overstate (the step times above do not)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = torch.cuda.is_available()  # the CPU's dry run: its operators' own time
+    per_step = {}
+    for on in (False, True):
+        with_speculation(scheduler, on)
+        with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
+            steps = device_times(scheduler, prompts, n)
+            if cuda:
+                torch.cuda.synchronize()
+        count = sum(1 for mode, _ in steps if mode == ("verify" if on else "decode"))
+        totals = collections.Counter()
+        for event in prof.key_averages():
+            us = event.self_device_time_total if cuda else event.self_cpu_time_total
+            if us > 0:
+                totals[event.key[:70]] += us / max(count, 1)
+        per_step[on] = totals
+    rows = [
+        {"kernel": name, "decode_us": per_step[False][name], "verify_us": per_step[True][name]}
+        for name in per_step[False].keys() | per_step[True].keys()
+    ]
+    rows.sort(key=lambda r: -abs(r["verify_us"] - r["decode_us"]))
+    print(f"{'kernel (us a step)':70} {'decode':>9} {'verify':>9} {'diff':>9}")
+    for r in rows[:40]:
+        diff = r["verify_us"] - r["decode_us"]
+        print(f"{r['kernel']:70} {r['decode_us']:9.1f} {r['verify_us']:9.1f} {diff:9.1f}")
+    print(
+        f"{'all kernels':70} {sum(per_step[False].values()):9.1f} {sum(per_step[True].values()):9.1f}"
+    )
+    return rows
 
 
 def section_batch(a) -> dict:
@@ -448,6 +491,7 @@ def main() -> None:
         "--host-only", action="store_true", help="copy, CPU: the forward replays the answer"
     )
     parser.add_argument("--sizes", default="1,2,4,8,16,32,64")
+    parser.add_argument("--profile", action="store_true", help="verify: kernels per step")
     parser.add_argument("--draft", help="the draft model (section draft)")
     parser.add_argument("--json")
     a = parser.parse_args()
