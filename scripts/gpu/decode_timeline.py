@@ -1,15 +1,22 @@
-"""One batch-1 decode step's kernels in the order the captured graph runs them: each kernel's
+"""One decode step's kernels in the order the captured graph runs them: each kernel's
 device time and the idle gap before it, summed by kernel. Says whether a step's time over its
 bandwidth floor is in the kernels' bodies (a kernel streaming below bandwidth) or between them
 (launch and dependency gaps, which fusing kernels removes).
 
-Usage: python3 scripts/gpu/decode_timeline.py MODEL [QUANTIZATION] [OUT.json]
-  (e.g. random:llama-3-8b fp8 $OUT/timeline-fp8.json; QUANTIZATION "none" for bf16)
+`--batch-size N`: the step of N requests (its graph captured too). `--no-pdl`: every kernel
+launched plainly, not as a programmatic dependent: a dependent launch's time includes its wait
+on the kernel before (its programs start early), so only without PDL is each kernel's time its
+own, comparable with the same kernel timed alone (bench_gemv.py, bench_skinny.py): 2-16-row
+kernels that were faster alone than cuBLAS made the step slower (2026-12-04, 2026-12-05), and
+this is the measurement that says which launches lose the time in the step.
+
+Usage: python3 scripts/gpu/decode_timeline.py MODEL [QUANTIZATION] [OUT.json] [--batch-size N]
+  [--no-pdl]  (e.g. random:llama-3-8b fp8 $OUT/timeline-fp8.json; QUANTIZATION "none" for bf16)
 """
 
+import argparse
 import json
 import os
-import sys
 import tempfile
 from collections import defaultdict
 
@@ -18,14 +25,24 @@ from decode_worker import decode_worker
 from torch.profiler import ProfilerActivity, profile
 
 from radixserve.bench.latency import run_batch
+from radixserve.kernels import triton_support
 
-model = sys.argv[1] if len(sys.argv) > 1 else "random:llama-3.2-1b"
-quantization = sys.argv[2] if len(sys.argv) > 2 and sys.argv[2] != "none" else None
-out_path = sys.argv[3] if len(sys.argv) > 3 else None
+parser = argparse.ArgumentParser()
+parser.add_argument("model", nargs="?", default="random:llama-3.2-1b")
+parser.add_argument("quantization", nargs="?", default="none")
+parser.add_argument("out", nargs="?")
+parser.add_argument("--batch-size", type=int, default=1)
+parser.add_argument("--no-pdl", action="store_true")
+a = parser.parse_args()
+model, out_path, bs = a.model, a.out, a.batch_size
+quantization = None if a.quantization == "none" else a.quantization
+if a.no_pdl:  # before any kernel launches: `dependent_launch` asks this for every launch
+    triton_support._has_dependent_launch = lambda device_index: False
 REPLAYS = 8
-decode = decode_worker(model, quantization)
-run_batch(decode.worker, decode.cache, 1, 512, 8, decode.vocab)
-graph = decode.runner.cuda_graph_runner.graphs[1]
+decode = decode_worker(model, quantization, max_bs=bs)
+run_batch(decode.worker, decode.cache, bs, 512, 8, decode.vocab)
+graphs = decode.runner.cuda_graph_runner.graphs
+graph = graphs[min(size for size in graphs if size >= bs)]  # the graph the step replays
 
 for _ in range(3):
     graph.replay()
@@ -57,7 +74,8 @@ for row in rows:
 busy = sum(r["us"] for r in rows)
 idle = sum(r["gap_us"] for r in rows)
 span = step[-1]["ts"] + step[-1]["dur"] - step[0]["ts"]
-print(f"=== {model} {quantization or 'bf16'}: {per_step} kernels a step")
+pdl = "PDL off" if a.no_pdl else "PDL as shipped"
+print(f"=== {model} {quantization or 'bf16'}, batch {bs}, {pdl}: {per_step} kernels a step")
 print(f"kernel time {busy:.1f} us, gaps {idle:.1f} us, first start to last end {span:.1f} us")
 print(f"{'kernel':60} {'n':>4} {'us':>9} {'us each':>8} {'gap us':>8} {'gap each':>8}")
 for name, (n, us, gap) in sorted(by_name.items(), key=lambda kv: -kv[1][1]):
@@ -67,4 +85,14 @@ for row in rows[1:12]:
     print(f"  {row['name']:60} {row['us']:7.2f} us, gap {row['gap_us']:5.2f} us")
 if out_path:
     with open(out_path, "w") as f:
-        json.dump({"model": model, "quantization": quantization, "kernels": rows}, f, indent=1)
+        json.dump(
+            {
+                "model": model,
+                "quantization": quantization,
+                "batch_size": bs,
+                "pdl": not a.no_pdl,
+                "kernels": rows,
+            },
+            f,
+            indent=1,
+        )
