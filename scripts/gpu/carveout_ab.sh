@@ -35,11 +35,7 @@ for round in $(seq 1 "${ROUNDS:-2}"); do
       timeout "${RUN_TIMEOUT:-90}" $run radixserve.entrypoints.cli bench latency --model "$model" \
         $LAT --batch-sizes 1 --transformers-output-len 0 $q \
         --output-json "$OUT/carveout-$name.json" > "$OUT/carveout-$name.log" 2>&1
-      python3 - "$OUT/carveout-$name.json" "$name" <<'PY' || tail -3 "$OUT/carveout-$name.log"
-import json, sys
-row = json.load(open(sys.argv[1]))["rows"][0]
-print(f"{sys.argv[2]}: decode step {row['decode_step_s'] * 1e3:.3f} ms, {row['decode_mbu'] * 100:.1f}% MBU")
-PY
+      decode_step_line "$OUT/carveout-$name.json" "$name" || tail -3 "$OUT/carveout-$name.log"
       grep -h "^carveout.py" "$OUT/carveout-$name.log"
     done
   done

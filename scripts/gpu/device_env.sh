@@ -65,6 +65,16 @@ if [ ! -e /tmp/site/.imports ]; then
   mkdir -p /tmp/site && touch /tmp/site/.imports
 fi
 
+decode_step_line() {  # decode_step_line RESULT.json LABEL: a `bench latency` run's batch-1
+  # step and MBU from its JSON (the bench's own printout ends in its legend); status 1 without it
+  python3 - "$1" "$2" <<'PY'
+import json, sys
+row = json.load(open(sys.argv[1]))["rows"][0]
+step, mbu = row["decode_step_s"] * 1e3, row["decode_mbu"] * 100
+print(f"{sys.argv[2]}: decode step {step:.3f} ms, {mbu:.1f}% MBU")
+PY
+}
+
 limit() {  # the stage's own limit $1, or what is left of $BUDGET_S if less (at least 1 s:
   local left=$((BUDGET_S - SECONDS))  # timeout 0 would mean no limit at all)
   left=$((left < 1 ? 1 : left))

@@ -28,13 +28,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       PYTHONPATH="$tree/worker:$SITE" timeout "${RUN_TIMEOUT:-90}" python3 -m radixserve.entrypoints.cli bench \
         latency --model "$MODEL" $LAT --batch-sizes 1 --transformers-output-len 0 $q \
         --output-json "$result" > "$result.log" 2>&1
-      # the step and its MBU from the run's JSON (the bench's own printout ends in its legend)
-      python3 - "$result" "$name" "$weights" "$round" <<'PY' || tail -3 "$result.log"
-import json, sys
-row = json.load(open(sys.argv[1]))["rows"][0]
-print(f"{sys.argv[2]} {sys.argv[3]} round {sys.argv[4]}: decode step {row['decode_step_s'] * 1e3:.3f} ms,"
-      f" {row['decode_mbu'] * 100:.1f}% MBU")
-PY
+      decode_step_line "$result" "$name $weights round $round" || tail -3 "$result.log"
     done
   done
 done

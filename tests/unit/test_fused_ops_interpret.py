@@ -1,9 +1,10 @@
 """The fused Triton kernels of kernels/fused_ops.py, run on the CPU by Triton's interpreter.
 
 RMSNorm (strided per-head views, in place, with the residual add; Gemma's (1 + w) form),
-SiLU- and GELU-and-mul, rotary + KV store (with Qwen3's and Gemma 3's q/k norm) and the req_to_token scatter against
-the torch code they replace, and tiny Llama, Qwen3 and Qwen3-MoE models forced onto
-the fused path against their torch path. tests/gpu/test_fused_ops.py repeats this at real sizes and in bf16.
+SiLU- and GELU-and-mul, rotary + KV store (with Qwen3's and Gemma 3's q/k norm) and the
+req_to_token scatter against the torch code they replace, and tiny Llama, Qwen3 and Qwen3-MoE
+models forced onto the fused path against their torch path. tests/gpu/test_fused_ops.py
+repeats this at real sizes and in bf16.
 """
 
 from __future__ import annotations

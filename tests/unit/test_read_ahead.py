@@ -260,7 +260,8 @@ print(json.dumps(sorted(read_ahead._opened_files)))
 
 def test_a_watched_start_records_the_files_it_read_in_order(tmp_path):
     """A process that watches from its first line records what it opened for reading, in
-    order, whether imported or only read (a module's source, a config), and not what it wrote, the kernel's files, or what it opened after the record."""
+    order, whether imported or only read (a module's source, a config), and not what it wrote,
+    the kernel's files, or what it opened after the record."""
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "after.json").write_text("{}")
     (tmp_path / "planted_module.py").write_text("VALUE = 1\n")

@@ -11,9 +11,10 @@ transformers' scan of its 1,700 model sources for `AutoConfig`, configs, the ker
 Python's "open" audit event, watched from the spawn's first line), and which pages of each
 shared library its own page table holds (/proc/self/pagemap: what it touched, 0.2 of the 1.07
 GB of libraries on a CPU machine; without one, the pages of its mappings in the page cache,
-less the CUDA fatbins), in the order it loaded them. The next start's front end reads those ranges on a few threads the moment it
-has spawned the scheduler, so the imports find their pages in memory; and the weight
-read-ahead may begin as soon as that read is done, not when the imports are.
+less the CUDA fatbins), in the order it loaded them. The next start's front end reads those
+ranges on a few threads the moment it has spawned the scheduler, so the imports find their
+pages in memory; and the weight read-ahead may begin as soon as that read is done, not when
+the imports are.
 
 Torch-free, and imports nothing of radixserve but the leaves `server_args` and `host_memory`,
 so the front end runs it before anything heavy is imported.
