@@ -18,7 +18,9 @@ pytestmark = [
 ]
 
 from radixserve.kernels.fused_moe import (  # noqa: E402
+    align_by_expert,
     fused_moe,
+    gemm_config,
     select_experts,
     select_experts_native,
 )
@@ -141,6 +143,38 @@ def test_mxfp4_gpt_oss_experts_match_decoded_reference(tokens):
         swiglu=(1.702, 7.0),
     )
     assert relative_error(out, ref) < 1e-2
+
+
+@pytest.mark.parametrize("tokens", [64, 8192])
+@pytest.mark.parametrize("kind", ROUTINGS)
+def test_alignment_is_the_stable_sort_by_expert(kind, tokens):
+    """Every expert's run holds its pairs in pair order, padded to its blocks, each block's
+    expert named and the rows and blocks past the used ones padding and -1: at a decode batch
+    (512 pairs) and a prefill (65,536 pairs, 64 chunks of an align program's read), one program
+    per expert running at once."""
+    gen = torch.Generator().manual_seed(tokens)
+    experts, top_k = 128, 8
+    _, ids = select_experts(routing(tokens, experts, kind, gen), top_k, True, False)
+    block_m = gemm_config(ids.numel(), torch.bfloat16).block_m
+    use = torch.zeros(2, dtype=torch.int64, device="cuda")
+    align = align_by_expert(ids, experts, block_m, use)
+    flat, numel = ids.reshape(-1).long().cpu(), ids.numel()
+    counts = torch.bincount(flat, minlength=experts)
+    padded = (counts + block_m - 1) // block_m * block_m
+    expected = torch.full((align.max_padded,), numel, dtype=torch.int32)
+    owners = torch.full((align.expert_ids.numel(),), -1, dtype=torch.int32)
+    order = torch.sort(flat, stable=True).indices.to(torch.int32)
+    start = 0
+    for expert in range(experts):
+        count, run = int(counts[expert]), int(padded[expert])
+        expected[start : start + count] = order[:count]
+        order = order[count:]
+        owners[start // block_m : (start + run) // block_m] = expert
+        start += run
+    assert int(align.num_padded[0]) == start
+    assert torch.equal(align.sorted_ids.cpu(), expected)
+    assert torch.equal(align.expert_ids.cpu(), owners)
+    assert use.tolist() == [int((counts > 0).sum()), 1]
 
 
 @pytest.mark.parametrize("round_weights", [False, True])

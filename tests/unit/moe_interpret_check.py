@@ -93,6 +93,8 @@ def check_alignment(topk_ids: torch.Tensor, experts: int, block_m: int) -> dict:
     # every padding row sits in its expert's last block, after the pairs
     return {
         "pairs_once": sorted(pairs.tolist()) == list(range(numel)),
+        # by expert, then in pair order: the same sort whatever the programs' timing
+        "stable_order": pairs.tolist() == sorted(range(numel), key=lambda p: (int(flat[p]), p)),
         "padding_only_numel": bool((ids[ids >= numel] == numel).all()),
         "tail_padding": bool((align.sorted_ids[used:] == numel).all()),
         "num_padded": used == expected_padded,
@@ -126,12 +128,14 @@ for tokens, experts, top_k, renorm, round_to in [
         }
     )
 
-# alignment: random routings, some with idle experts, block sizes 4 and 16
+# alignment: random routings, some with idle experts, block sizes 4, 16 and 64; the last
+# has more pairs (2,400) than an align program reads at a time
 for tokens, experts, top_k, block_m, used in [
     (1, 8, 2, 16, None),
     (9, 8, 2, 4, [1, 6]),
     (70, 16, 4, 16, None),
     (33, 64, 8, 4, list(range(0, 64, 5))),
+    (300, 128, 8, 64, list(range(0, 128, 3))),
 ]:
     logits = routing_logits(tokens, experts, used)
     _, ids = select_experts_native(logits, top_k, True, False)

@@ -42,7 +42,7 @@ def test_grouped_noaux_tc_routing_kernel_matches_torch(interpreted):
 
 
 def test_alignment_sorts_every_pair_into_its_experts_blocks(interpreted):
-    assert len(interpreted["alignment"]) == 4
+    assert len(interpreted["alignment"]) == 5
     for case in interpreted["alignment"]:
         assert all(v for k, v in case.items() if k != "case"), case
 
