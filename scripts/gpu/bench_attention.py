@@ -8,12 +8,19 @@ repeated calls do not hit in L2, and the calls are captured in a CUDA graph and 
 replay, so the figure is GPU time without Python launch overhead (as the server's decode runs).
 The Triton extend kernel's tile configurations are swept on the same shapes.
 
+`--splits 1,2,4`: instead, the Triton decode kernel at batch 16, 64 and 256 with each split
+count forced, beside the count it chooses (`choose_num_kv_splits` aims at 4 programs an SM):
+whether a large batch, which fills the GPU without splitting, pays for splits and their merge
+(at batch 64 the merge's launch was 3-7 us a layer of a step, 2026-12-05).
+
 Usage (on the GPU machine, repo root): PYTHONPATH=worker:tests/gpu python scripts/gpu/bench_attention.py
+  [--splits 1,2,4] [--json OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 from importlib.util import find_spec
@@ -24,6 +31,7 @@ from attention_cases import make_case, run_backend
 
 from radixserve.forward.mode import ForwardMode
 from radixserve.kernels.extend_attention import extend_attention_fwd
+from radixserve.layers.attention import triton_backend
 from radixserve.layers.attention.triton_backend import TritonAttnBackend
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
@@ -114,9 +122,21 @@ def time_extend_tile(tile, prefix: list[int], extend: list[int]) -> float:
     return graph_ms([lambda c=c: call(c) for _, c in runs])
 
 
+@contextlib.contextmanager
+def forced_splits(splits: int):
+    """The Triton backend's decode metadata (built per pass outside a graph) with `splits`."""
+    chosen = triton_backend.choose_num_kv_splits
+    triton_backend.choose_num_kv_splits = lambda bs, kv_heads, sms: splits
+    try:
+        yield
+    finally:
+        triton_backend.choose_num_kv_splits = chosen
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write all rows here too")
+    parser.add_argument("--splits", help="comma-separated split counts: only the split sweep")
     args = parser.parse_args()
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"ceilings: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s")
@@ -127,12 +147,24 @@ def main() -> None:
         rows.append((kind, name, shape, ms, frac))
         print(f"{kind:7}{name:16}{shape:28}{ms:9.4f}  {frac:6.1%}", flush=True)
 
-    for bs, ctx in itertools.product([1, 16, 64, 256], [1024, 4096]):
+    if args.splits:
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        for bs, ctx in itertools.product([16, 64, 256], [512, 1024]):
+            own = triton_backend.choose_num_kv_splits(bs, KV_HEADS, sms)
+            for splits in sorted({own, *map(int, args.splits.split(","))}):
+                with forced_splits(splits):
+                    ms = time_backend(
+                        TritonAttnBackend, ForwardMode.DECODE, [ctx - 1] * bs, [1] * bs
+                    )
+                rate = bs * ctx * KV_TOKEN_BYTES / (ms * 1e-3)
+                label = f"splits={splits}" + (" (own)" if splits == own else "")
+                add("decode", label, f"bs={bs} ctx={ctx}", ms, rate / bandwidth)
+    for bs, ctx in itertools.product([] if args.splits else [1, 16, 64, 256], [1024, 4096]):
         for name, cls in backends().items():
             ms = time_backend(cls, ForwardMode.DECODE, [ctx - 1] * bs, [1] * bs)
             rate = bs * ctx * KV_TOKEN_BYTES / (ms * 1e-3)
             add("decode", name, f"bs={bs} ctx={ctx}", ms, rate / bandwidth)
-    for bs, prefix, new in [(1, 0, 4096), (8, 0, 1024), (8, 1024, 512)]:
+    for bs, prefix, new in [] if args.splits else [(1, 0, 4096), (8, 0, 1024), (8, 1024, 512)]:
         # QK^T and PV: 2 matmuls of 2*d flops per visible (query, key) pair and head
         pairs = bs * (new * prefix + new * (new + 1) / 2)
         work = 4 * HEAD_DIM * HEADS * pairs

@@ -65,8 +65,9 @@ if [ ! -e /tmp/site/.imports ]; then
   mkdir -p /tmp/site && touch /tmp/site/.imports
 fi
 
-decode_step_line() {  # decode_step_line RESULT.json LABEL: a `bench latency` run's batch-1
-  # step and MBU from its JSON (the bench's own printout ends in its legend); status 1 without it
+decode_step_line() {  # decode_step_line RESULT.json LABEL: a `bench latency` run's step and
+  # MBU at its first batch size from its JSON (the bench's own printout ends in its legend);
+  # status 1 without it
   python3 - "$1" "$2" <<'PY'
 import json, sys
 row = json.load(open(sys.argv[1]))["rows"][0]

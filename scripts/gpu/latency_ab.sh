@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# A kernel change against its base in one device call: batch-1 decode of MODEL (default the
-# Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8" for one), for each
+# A kernel change against its base in one device call: batch-BATCH (default 1) decode of MODEL
+# (default the Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8" for one), for each
 # tree named ("." is this one), ROUNDS times (default 1; 8B random init, capture and bench are
 # ~20-45 s a run), trees interleaved in ABBA order (machines drift), on BACKEND's decode attention (default
 # triton; a first flashinfer run on a fresh machine builds its modules: RUN_TIMEOUT=300);
@@ -26,7 +26,7 @@ for round in $(seq 1 "${ROUNDS:-1}"); do
       echo "=== $name $weights round $round $(date +%T)"
       result="$OUT/latency-$name${BACKEND:+-$BACKEND}${q:+-fp8}-$round.json"
       PYTHONPATH="$tree/worker:$SITE" timeout "${RUN_TIMEOUT:-90}" python3 -m radixserve.entrypoints.cli bench \
-        latency --model "$MODEL" $LAT --batch-sizes 1 --transformers-output-len 0 $q \
+        latency --model "$MODEL" $LAT --batch-sizes "${BATCH:-1}" --transformers-output-len 0 $q \
         --output-json "$result" > "$result.log" 2>&1
       decode_step_line "$result" "$name $weights round $round" || tail -3 "$result.log"
     done
