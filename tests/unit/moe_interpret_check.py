@@ -23,6 +23,7 @@ from radixserve.kernels.fused_moe import (  # noqa: E402
     select_experts,
     select_experts_native,
     select_experts_noaux_tc,
+    topk_sum,
 )
 from radixserve.kernels.moe_experts import mxfp4_tile  # noqa: E402
 from radixserve.kernels.moe_gemv import GemvTiles, fused_moe_gemv, router_gemv  # noqa: E402
@@ -382,6 +383,22 @@ for dtype in (torch.float32, torch.float16):
                 "case": path,
                 "dtype": str(dtype),
                 "rel_err": float((out.double() - exact).norm() / exact.norm()),
+            }
+        )
+# the top-k sum alone: 1,500 features (a partial second block), with and without the add,
+# against float64 rounded once (the sum) and twice (then the add), as torch's sum then add_
+results["topk_sum"] = []
+for dtype in (torch.float32, torch.float16):  # (the interpreter truncates to bf16)
+    rows, add = randn(5, 6, 1500, dtype=dtype), randn(5, 1500, dtype=dtype)
+    summed = rows.double().sum(1).to(dtype)
+    for with_add in (False, True):
+        out = topk_sum(rows, add if with_add else None)
+        exact = (summed.double() + add.double()).to(dtype) if with_add else summed
+        results["topk_sum"].append(
+            {
+                "case": [str(dtype), with_add],
+                "ulps_off": int((out.double() - exact.double()).ne(0).sum()),
+                "max_err": float((out.double() - exact.double()).abs().max()),
             }
         )
 router = randn(70, 600, std=0.05)  # 70 experts: a partial last block; 600: a partial K chunk

@@ -127,6 +127,13 @@ KERNELS = {
             "BLOCK_K": 8,
         },
     ),
+    # the grouped GEMMs' top-k sum with DeepSeek's shared experts added: all written before it
+    "moe top-k sum (+ shared)": (
+        fused_moe._topk_sum_kernel,
+        {},
+        set(),
+        {"TOP_K": 6, "BLOCK": 1024, "HAS_ADD": True},
+    ),
     # the routed MoE GEMV of batch 1: everything it reads hangs on the routing, written by the
     # kernel before, so nothing is read early
     "moe gate_up gemv (bf16, SiLU)": (
