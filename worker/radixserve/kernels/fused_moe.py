@@ -10,8 +10,8 @@ a decode step is captured in a CUDA graph like any other layer:
 2. `align`: one program per expert counts every expert's (token, slot) pairs, pads every
    count to a multiple of BLOCK_M, and writes its expert's pairs in the order sorted by expert
    (`sorted_ids`, padding = numel) and its BLOCK_M blocks' expert (`expert_ids`, -1 past the
-   end). An expert no token chose
-   gets no block. Buffers are sized for the worst case, so nothing depends on the routing.
+   end). An expert no token chose gets no block. Buffers are sized for the worst case, so
+   nothing depends on the routing.
 3. the gate/up GEMM: each program multiplies one block's rows (gathered hidden states) by a
    tile of its expert's [gate; up] weights and applies act(gate) * up in the epilogue.
 4. the down GEMM: the same over the activations, scaled by each pair's routing weight.
