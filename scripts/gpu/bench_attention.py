@@ -8,13 +8,14 @@ repeated calls do not hit in L2, and the calls are captured in a CUDA graph and 
 replay, so the figure is GPU time without Python launch overhead (as the server's decode runs).
 The Triton extend kernel's tile configurations are swept on the same shapes.
 
-`--splits 1,2,4`: instead, the Triton decode kernel at batch 16, 64 and 256 with each split
-count forced, beside the count it chooses (`choose_num_kv_splits` aims at 4 programs an SM):
+`--splits 1,2,4`: instead, the Triton decode kernel at batch 16, 64 and 256 (`--split-batches`)
+and 512 and 1,024 tokens (`--split-contexts`) with each split count forced, beside the count it
+chooses (`choose_num_kv_splits` aims at 4 programs an SM):
 whether a large batch, which fills the GPU without splitting, pays for splits and their merge
 (at batch 64 the merge's launch was 3-7 us a layer of a step, 2026-12-05).
 
 Usage (on the GPU machine, repo root): PYTHONPATH=worker:tests/gpu python scripts/gpu/bench_attention.py
-  [--splits 1,2,4] [--json OUT.json]
+  [--splits 1,2,4 [--split-batches 2,4,8,16,32] [--split-contexts 512,4096]] [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -137,6 +138,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", help="write all rows here too")
     parser.add_argument("--splits", help="comma-separated split counts: only the split sweep")
+    parser.add_argument("--split-batches", default="16,64,256", help="the split sweep's batches")
+    parser.add_argument("--split-contexts", default="512,1024", help="its context lengths")
     args = parser.parse_args()
     bandwidth, flops = copy_bandwidth(), matmul_rate()
     print(f"ceilings: copy {bandwidth / 1e12:.2f} TB/s, bf16 matmul {flops / 1e12:.0f} TFLOP/s")
@@ -149,7 +152,10 @@ def main() -> None:
 
     if args.splits:
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        for bs, ctx in itertools.product([16, 64, 256], [512, 1024]):
+        batches, contexts = (
+            list(map(int, a.split(","))) for a in (args.split_batches, args.split_contexts)
+        )
+        for bs, ctx in itertools.product(batches, contexts):
             own = triton_backend.choose_num_kv_splits(bs, KV_HEADS, sms)
             for splits in sorted({own, *map(int, args.splits.split(","))}):
                 with forced_splits(splits):
