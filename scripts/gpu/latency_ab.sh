@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# A kernel change against its base in one device call: batch-BATCH (default 1) decode of MODEL
-# (default the Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8" for one), for each
-# tree named ("." is this one), ROUNDS times (default 1; 8B random init, capture and bench are
-# ~20-45 s a run), trees interleaved in ABBA order (machines drift), on BACKEND's decode attention (default
-# triton; a first flashinfer run on a fresh machine builds its modules: RUN_TIMEOUT=300);
-# then, unless TESTS=0, the GPU tests a decode kernel change could break (~2 min; GPU_TESTS
-# names others).
+# A kernel change against its base in one device call: batch-BATCH (default 1) decode of
+# MODEL (default the Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8"
+# for one), for each tree named ("." is this one), ROUNDS times (default 1; 8B random init,
+# capture and bench are ~20-45 s a run), trees interleaved in ABBA order (machines drift), on
+# BACKEND's decode attention (default triton; a first flashinfer run on a fresh machine builds
+# its modules: RUN_TIMEOUT=300); then, unless TESTS=0, the GPU tests a decode kernel change
+# could break (~2 min; GPU_TESTS names others).
 # The other trees travel untracked beside this one (add them to .git/info/exclude), e.g.:
 #   mkdir ab-base && git archive main worker | tar -x -C ab-base
 # Usage (device tool, carry [".whl"]): bash scripts/gpu/latency_ab.sh ab-base .
