@@ -47,6 +47,7 @@ from radixserve.model_loader.loader import load_model_source
 from radixserve.sampling.sampling_batch_info import SamplingBatchInfo
 from radixserve.sampling.sampling_params import SamplingParams
 from radixserve.scheduler.scheduler_process import build_scheduler
+from radixserve.scheduler.tp_worker import GpuTimeline, ModelWorker, PendingBatchResult
 from radixserve.server_args import ServerArgs
 
 SCHEMA = {
@@ -67,14 +68,31 @@ SCHEMA = {
 WARMUP_STEPS = 8  # decode steps left out of each measurement
 
 
+def quantiles_ms(seconds: list[float]) -> dict[str, float]:
+    """p50, p90, p99 and max of per-step times, in ms."""
+    if not seconds:
+        return {}
+    ranked = sorted(seconds)
+    at = {q: ranked[min(len(ranked) - 1, int(q / 100 * len(ranked)))] for q in (50, 90, 99)}
+    return {**{f"p{q}": 1e3 * v for q, v in at.items()}, "max": 1e3 * ranked[-1]}
+
+
 class MaskCost:
     """Per-phase totals of the mask's host and device work (wrapped in place; on the CPU, where
-    the script can be tried out, the apply is timed on the host)."""
+    the script can be tried out, the apply is timed on the host), and per step: the host's path
+    from a batch's tokens reaching it to the next batch's sampling launch (resolve's return to
+    `sample_deferred`'s: overlap hides it only while it is shorter than the forward), and each
+    decode batch's device time (its forward, any stall waiting for that launch, its sampling).
+    A mean cost can hide a few long steps; these show whether it does."""
 
     def __init__(self, cuda: bool) -> None:
         self.fill_s: list[float] = []
         self.wait_s: list[float] = []
         self.accept_s = 0.0
+        self.accept_steps_s: list[float] = []
+        self.path_s: list[float] = []
+        self.busy_s: list[float] = []
+        self.resolved_at: float | None = None
         self.apply_ms: list[float] = []
         self.events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         fill, wait, accept, accept_batch, apply = (
@@ -84,7 +102,27 @@ class MaskCost:
             XGrammarBackend.accept_tokens,
             VocabMask.apply,
         )
+        resolve, sample_deferred, timeline_add = (
+            PendingBatchResult.resolve,
+            ModelWorker.sample_deferred,
+            GpuTimeline.add,
+        )
         cost = self
+
+        def timed_resolve(pending: PendingBatchResult):
+            result = resolve(pending)
+            cost.resolved_at = time.perf_counter()
+            return result
+
+        def timed_sample_deferred(worker: ModelWorker, pending: PendingBatchResult) -> None:
+            sample_deferred(worker, pending)
+            if cost.resolved_at is not None:
+                cost.path_s.append(time.perf_counter() - cost.resolved_at)
+
+        def timed_add(timeline: GpuTimeline, pending: PendingBatchResult, mode: str, *rest) -> None:
+            if mode == "decode" and pending.started is not None and pending.done is not None:
+                cost.busy_s.append(pending.started.elapsed_time(pending.done) / 1e3)
+            timeline_add(timeline, pending, mode, *rest)
 
         def timed_fill(backend: XGrammarBackend, *args) -> torch.Tensor:
             start = time.perf_counter()
@@ -107,6 +145,7 @@ class MaskCost:
             start = time.perf_counter()
             accepted = accept_batch(backend, *args)
             cost.accept_s += time.perf_counter() - start
+            cost.accept_steps_s.append(time.perf_counter() - start)
             return accepted
 
         def timed_apply(mask: VocabMask, logits: torch.Tensor) -> None:
@@ -126,9 +165,13 @@ class MaskCost:
         XGrammarMatcher.accept_token = timed_accept
         XGrammarBackend.accept_tokens = timed_accept_batch
         VocabMask.apply = timed_apply
+        PendingBatchResult.resolve = timed_resolve
+        ModelWorker.sample_deferred = timed_sample_deferred
+        GpuTimeline.add = timed_add
 
     def reset(self) -> None:
         self.fill_s, self.wait_s, self.accept_s, self.apply_ms, self.events = [], [], 0.0, [], []
+        self.accept_steps_s, self.path_s, self.busy_s, self.resolved_at = [], [], [], None
 
     def per_step(self, steps: int) -> dict[str, float]:
         if self.events:
@@ -143,6 +186,12 @@ class MaskCost:
             "host_accept_ms": 1e3 * self.accept_s / max(steps, 1),
             "device_apply_ms": statistics.mean(apply_ms) if apply_ms else 0.0,
             "masked_steps": len(self.fill_s),
+            "per_step_ms": {
+                "host_fill": quantiles_ms(self.fill_s),
+                "host_accept": quantiles_ms(self.accept_steps_s),
+                "host_path": quantiles_ms(self.path_s),
+                "device_decode_busy": quantiles_ms(self.busy_s[WARMUP_STEPS:]),
+            },
         }
 
 
@@ -244,6 +293,9 @@ def main() -> None:
             f"apply {p['mask']['device_apply_ms'] * 1e3:.1f} us per step",
             flush=True,
         )
+        for name, q in p["mask"]["per_step_ms"].items():
+            if q:
+                print(f"===   {name} ms: " + ", ".join(f"{k} {v:.3f}" for k, v in q.items()))
     base = phases["none"]["tokens_per_s"]
     ratios = {tag: phases[tag]["tokens_per_s"] / base for tag in ("all", "half")}
     print(f"=== ratios vs unconstrained: all {ratios['all']:.3f}, half {ratios['half']:.3f}")

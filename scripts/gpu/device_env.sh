@@ -66,13 +66,13 @@ if [ ! -e /tmp/site/.imports ]; then
 fi
 
 decode_step_line() {  # decode_step_line RESULT.json LABEL: a `bench latency` run's step and
-  # MBU at its first batch size from its JSON (the bench's own printout ends in its legend);
-  # status 1 without it
+  # MBU at each batch size from its JSON (the bench's own printout ends in its legend); status
+  # 1 without it
   python3 - "$1" "$2" <<'PY'
 import json, sys
-row = json.load(open(sys.argv[1]))["rows"][0]
-step, mbu = row["decode_step_s"] * 1e3, row["decode_mbu"] * 100
-print(f"{sys.argv[2]}: decode step {step:.3f} ms, {mbu:.1f}% MBU")
+for row in json.load(open(sys.argv[1]))["rows"]:
+    step, mbu = row["decode_step_s"] * 1e3, row["decode_mbu"] * 100
+    print(f"{sys.argv[2]}, batch {row['bs']}: decode step {step:.3f} ms, {mbu:.1f}% MBU")
 PY
 }
 
