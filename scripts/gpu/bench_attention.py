@@ -10,7 +10,7 @@ The Triton extend kernel's tile configurations are swept on the same shapes.
 
 `--splits 1,2,4`: instead, the Triton decode kernel at batch 16, 64 and 256 (`--split-batches`)
 and 512 and 1,024 tokens (`--split-contexts`) with each split count forced, beside the count it
-chooses (`choose_num_kv_splits` aims at 4 programs an SM):
+chooses (`choose_num_kv_splits`: 2 or 4 programs an SM, by batch):
 whether a large batch, which fills the GPU without splitting, pays for splits and their merge
 (at batch 64 the merge's launch was 3-7 us a layer of a step, 2026-12-05).
 

@@ -31,8 +31,14 @@ _MIN_SPLIT_TOKENS = 64
 _BLOCK_N = 64
 MAX_KV_SPLITS = 64
 # Programs per SM the split count aims for: decode programs are latency-bound (a chain of
-# dependent gathers), so the SMs need several each to hide it.
+# dependent gathers), so the SMs need several each to hide it. Measured on an H100
+# (benchmark-log.md, 2026-12-05 night): batches of 2-32 at 8 kv heads, which give at most 2 an
+# SM alone, are up to 10% faster at 2 an SM, rounded down, than at 4 (fewer, longer splits);
+# a batch that gives more keeps 4 (at 64 requests two splits beat one by 6-7%), and so does a
+# batch of one: in the step 64 splits beat 17 by 95 us at 3,500 tokens (2026-12-03), and 33,
+# 2-8% faster alone, was not measured in the step.
 _PROGRAMS_PER_SM = 4
+_PROGRAMS_PER_SM_BETWEEN = 2
 # Filled splits the merge takes in a short tile (a 512-token context fills 9 of 64)
 _FEW_SPLITS = 16
 
@@ -259,12 +265,16 @@ def _decode_merge_splits_kernel(
 
 
 def choose_num_kv_splits(batch_size: int, num_kv_heads: int, num_sms: int) -> int:
-    """Enough splits that (requests x kv heads x splits) gives each SM a few programs.
+    """Enough splits that (requests x kv heads x splits) gives each SM a few programs: 4 for a
+    batch of one and for a batch that gives more than 2 an SM alone, 2 (rounded down) for the
+    batches between (measured: see _PROGRAMS_PER_SM).
 
     It depends on the batch size alone (not on sequence lengths), so a CUDA graph captured
     for one batch size stays valid for any lengths replayed into it.
     """
     programs = max(1, batch_size * num_kv_heads)
+    if batch_size > 1 and programs <= _PROGRAMS_PER_SM_BETWEEN * num_sms:
+        return max(1, min(MAX_KV_SPLITS, _PROGRAMS_PER_SM_BETWEEN * num_sms // programs))
     return max(1, min(MAX_KV_SPLITS, triton.cdiv(_PROGRAMS_PER_SM * num_sms, programs)))
 
 
