@@ -17,14 +17,17 @@ pack_out() {
 }
 # The machine's state through the call, a line a second: the GPU's clocks, temperature, power
 # and throttle reasons in $OUT/gpu-state.csv, the host's load and mean CPU clock in
-# $OUT/host-state.csv. The first server of a call ran 3-7% faster than the later ones
-# (2026-12-04 late night); the stages' "=== STAGE HH:MM:SS" lines place each run in these.
+# $OUT/host-state.csv, after a first line naming the host's kernel (gVisor reports 4.4.0;
+# Firecracker its own: host-side timings differ between the two). The first server of a call
+# ran 3-7% faster than the later ones (2026-12-04 late night); the stages' "=== STAGE
+# HH:MM:SS" lines place each run in these.
 sample_machine() {
   command -v nvidia-smi >/dev/null || return 0
   nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw,clocks_throttle_reasons.active \
     --format=csv -l 1 > "$OUT/gpu-state.csv" 2>/dev/null &
   SAMPLERS=$!
   (
+    echo "# kernel $(uname -r), $(nproc) CPUs"
     echo "time,load1,load5,runnable,cpu_mhz"
     while true; do
       read -r l1 l5 _ running _ < /proc/loadavg
