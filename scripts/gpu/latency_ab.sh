@@ -2,7 +2,8 @@
 # A kernel change against its base in one device call: batch-BATCH (default 1) decode of
 # MODEL (default the Llama-3-8B shape), bf16 and --quantization fp8 (WEIGHTS="bf16" or "fp8"
 # for one), for each tree named ("." is this one), ROUNDS times (default 1; 8B random init,
-# capture and bench are ~20-45 s a run), trees interleaved in ABBA order (machines drift), on
+# capture and bench are ~20-45 s a run), trees interleaved in ABBA order (machines drift), with
+# INPUT_LEN-token prompts (default 512; at most 4,048 in its 4,096-token context), on
 # BACKEND's decode attention (default triton; a first flashinfer run on a fresh machine builds
 # its modules: RUN_TIMEOUT=300); then, unless TESTS=0, the GPU tests a decode kernel change
 # could break (~2 min; GPU_TESTS names others).
@@ -13,7 +14,7 @@ set -u
 . "$(dirname "$0")/device_env.sh"
 trees=${*:?name the trees to compare, "." for this one}
 MODEL=${MODEL:-random:llama-3-8b}
-LAT="--context-length 4096 --attention-backend ${BACKEND:-triton} --input-len 512 --output-len 48"
+LAT="--context-length 4096 --attention-backend ${BACKEND:-triton} --input-len ${INPUT_LEN:-512} --output-len 48"
 reversed=$(printf '%s\n' $trees | tac | tr '\n' ' ')
 for round in $(seq 1 "${ROUNDS:-1}"); do
   # odd rounds in the order given, even ones reversed (ABBA): the first server of a call runs
