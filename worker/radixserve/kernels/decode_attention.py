@@ -36,7 +36,9 @@ MAX_KV_SPLITS = 64
 # SM alone, are up to 10% faster at 2 an SM, rounded down, than at 4 (fewer, longer splits);
 # a batch that gives more keeps 4 (at 64 requests two splits beat one by 6-7%), and so does a
 # batch of one: in the step 64 splits beat 17 by 95 us at 3,500 tokens (2026-12-03), and 33,
-# 2-8% faster alone, was not measured in the step.
+# 2-8% faster alone, was not measured in the step. Other kv head counts (a tensor-parallel
+# rank's, Qwen3-30B-A3B's 4: one split at batch 64 where it took three) follow the program
+# count unmeasured.
 _PROGRAMS_PER_SM = 4
 _PROGRAMS_PER_SM_BETWEEN = 2
 # Filled splits the merge takes in a short tile (a 512-token context fills 9 of 64)
