@@ -144,8 +144,9 @@ class MaskCost:
         def timed_accept_batch(backend: XGrammarBackend, *args) -> list[bool]:
             start = time.perf_counter()
             accepted = accept_batch(backend, *args)
-            cost.accept_s += time.perf_counter() - start
-            cost.accept_steps_s.append(time.perf_counter() - start)
+            took = time.perf_counter() - start
+            cost.accept_s += took
+            cost.accept_steps_s.append(took)
             return accepted
 
         def timed_apply(mask: VocabMask, logits: torch.Tensor) -> None:
