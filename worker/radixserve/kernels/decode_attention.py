@@ -36,9 +36,11 @@ MAX_KV_SPLITS = 64
 # SM alone, are up to 10% faster at 2 an SM, rounded down, than at 4 (fewer, longer splits);
 # a batch that gives more keeps 4 (at 64 requests two splits beat one by 6-7%), and so does a
 # batch of one: in the step 64 splits beat 17 by 95 us at 3,500 tokens (2026-12-03), and 33,
-# 2-8% faster alone, was not measured in the step. Other kv head counts (a tensor-parallel
-# rank's, Qwen3-30B-A3B's 4: one split at batch 64 where it took three) follow the program
-# count unmeasured.
+# 2-8% faster alone, was even with 64 in the 8B step at 3,500 tokens (5.548 / 5.550 against
+# 5.543 / 5.545 ms, 2026-12-05 late evening). Other kv head counts follow the program count:
+# Qwen3-30B-A3B's 4 take one split at batch 64 where they took three, and its step measured
+# 1.2% faster for it (23.73 against 24.02-24.03 ms, the same evening); a tensor-parallel
+# rank's are unmeasured.
 _PROGRAMS_PER_SM = 4
 _PROGRAMS_PER_SM_BETWEEN = 2
 # Filled splits the merge takes in a short tile (a 512-token context fills 9 of 64)
