@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from radixserve.kernels import fused_ops
 from radixserve.kernels.gemv import gemv
+from radixserve.kernels.skinny_gemm import MAX_ROWS, skinny_gemm
 from radixserve.layers.linear import linear, linear_silu_and_mul
 from radixserve.layers.quantization.fp8 import quantize_rows
 
@@ -41,9 +42,11 @@ def test_gemv_as_accurate_as_cublas(n, k, dtype):
 def test_linear_dispatch():
     w = torch.randn(64, 128, device="cuda", dtype=torch.bfloat16)
     one = torch.randn(1, 128, device="cuda", dtype=torch.bfloat16)
-    many = torch.randn(3, 128, device="cuda", dtype=torch.bfloat16)
+    few = torch.randn(3, 128, device="cuda", dtype=torch.bfloat16)
+    many = torch.randn(MAX_ROWS + 1, 128, device="cuda", dtype=torch.bfloat16)
     assert torch.equal(linear(one, w), gemv(one, w, None, 2, 1024, 4))
-    assert torch.equal(linear(many, w), F.linear(many, w))  # batches stay on cuBLAS
+    assert torch.equal(linear(few, w), skinny_gemm(few, w))  # 2-16 rows: the skinny GEMM
+    assert torch.equal(linear(many, w), F.linear(many, w))  # batches past it stay on cuBLAS
     w32, one32 = w.float(), one.float()
     assert torch.equal(linear(one32, w32), F.linear(one32, w32))  # float32 stays exact
 

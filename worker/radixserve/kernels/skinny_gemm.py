@@ -1,0 +1,175 @@
+"""Products of a few rows (2-16: small decode batches, a verify step's k + 1 positions) as a
+Triton GEMM that streams the weight at the memory bandwidth, like the batch-1 GEMV; `uses_skinny`
+says when a product takes it (layers/linear.py).
+
+At a few rows a projection is still a stream of its weight: 5 rows read the same bytes as 1.
+cuBLAS's kernels for such shapes stream below the bandwidth: an 8B verify step (k = 4, 5 rows)
+took 6.47 ms against a batch-1 decode step's 5.34 on an H100 (1.21x), 5.65 ms of it in cuBLAS's
+kernels (spec_decode_bench.py verify --profile, 2026-12-05), and a batch-2 decode step took
+1.15x batch 1's on an H200. The GEMV's form (products accumulated elementwise in registers) does not carry over:
+at 8 rows its accumulators took 200 registers a thread, too few programs per SM kept too few
+bytes in flight, and it ran 3x slower than cuBLAS (branch gemv-rows, 2026-12-05).
+
+Here the product is computed transposed, y^T = W x^T, as a tensor-core dot: a program takes
+BLOCK_N output features (rows of W) against all the rows of x padded to BLOCK_M = 16, so its
+accumulator is BLOCK_N x 16 floats whatever the row count, and the weight chunks stream through
+shared memory in a NUM_STAGES-deep pipeline (Triton's cp.async pipelining of a dot's operands):
+the bytes in flight sit in shared memory, not in registers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixserve.kernels import triton_support
+from radixserve.kernels.triton_support import (
+    dependent_launch,
+    jit,
+    tl,
+    triton,
+    wait_for_prior_kernel,
+)
+
+# the rows one launch takes: a verify step of k <= 15 at batch 1, decode batches up to 16
+MAX_ROWS = 16
+
+
+@jit
+def _skinny_gemm_kernel(
+    X,
+    W,
+    Bias,
+    Y,
+    M,
+    N,
+    K,
+    stride_xm,
+    stride_wn,
+    stride_ym,
+    HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """y[:M, BLOCK_N features] = x[:M] . W[features]^T, computed as W[features] . x^T so that the
+    features fill the tensor cores' long side and the few rows the short one (padded to BLOCK_M
+    with zeros, never stored).
+
+    GATED: W is a fused [gate; up] projection of 2N rows and y = silu(gate . x) * (up . x), each
+    product rounded to the activation dtype first, as the product followed by `silu_and_mul`
+    would compute it (the GEMV's epilogue, kernels/gemv.py)."""
+    features = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    ms = tl.arange(0, BLOCK_M)
+    mask_n = features < N
+    mask_m = ms < M
+    if HAS_BIAS:  # constants: read before the wait, off the last programs' tail
+        bias = tl.load(Bias + features, mask=mask_n, other=0.0).to(tl.float32)
+        if GATED:
+            bias_up = tl.load(Bias + N + features, mask=mask_n, other=0.0).to(tl.float32)
+    wait_for_prior_kernel(PDL)
+    w_rows = W + features.to(tl.int64)[:, None] * stride_wn
+    x_cols = X + ms[None, :] * stride_xm
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    if GATED:
+        up_rows = w_rows + N.to(tl.int64) * stride_wn
+        acc_up = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for k0 in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        if EVEN_K:
+            mask_w = mask_n[:, None]
+            mask_x = mask_m[None, :]
+        else:
+            mask_w = mask_n[:, None] & (ks < K)[None, :]
+            mask_x = mask_m[None, :] & (ks < K)[:, None]
+        xt = tl.load(x_cols + ks[:, None], mask=mask_x, other=0.0)  # [BLOCK_K, BLOCK_M]
+        w = tl.load(w_rows + ks[None, :], mask=mask_w, other=0.0)
+        acc = tl.dot(w, xt, acc)
+        if GATED:
+            w_up = tl.load(up_rows + ks[None, :], mask=mask_w, other=0.0)
+            acc_up = tl.dot(w_up, xt, acc_up)
+    if HAS_BIAS:
+        acc += bias[:, None]
+    # rounded to the activation dtype first: a float32 Y holds exactly `.float()` of that
+    y = acc.to(X.dtype.element_ty)
+    if GATED:
+        if HAS_BIAS:
+            acc_up += bias_up[:, None]
+        gate = y.to(tl.float32)
+        up = acc_up.to(X.dtype.element_ty).to(tl.float32)
+        y = (gate / (1.0 + tl.exp(-gate)) * up).to(X.dtype.element_ty)
+    out = Y + ms[None, :] * stride_ym + features[:, None]
+    tl.store(out, y.to(Y.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
+
+
+def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, int]:
+    """(features per program, K chunk, warps, pipeline stages) for an [n, k] weight (n the
+    output features; a gated product's half). Each program keeps its stages' weight chunks
+    in shared memory, and the programs of the smaller matrices (qkv, o, down: 128-192 of them
+    at 32 features) must all be resident at once to stream the whole weight."""
+    if gated or n >= 16384:
+        return 32, 128, 4, 4
+    return 32, 256, 4, 4
+
+
+def uses_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether `linear` (and `linear_silu_and_mul`) take the skinny GEMM: x is 2 to MAX_ROWS
+    half-precision rows on a CUDA device where the fused kernels are on, the weight the same
+    dtype with unit-stride rows (FP8 weights keep their own path: layers/quantization/fp8.py).
+    float32 stays on cuBLAS: it is the exactness reference."""
+    return (
+        triton_support.enabled_for(x)
+        and x.dim() == 2
+        and 2 <= x.shape[0] <= MAX_ROWS
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and weight.stride(1) == 1
+    )
+
+
+def skinny_gemm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: tuple[int, int, int, int] | None = None,
+    out_dtype: torch.dtype | None = None,
+    gated: bool = False,
+) -> torch.Tensor:
+    """F.linear(x, weight, bias) for x of at most MAX_ROWS rows ([M, K]); weight [N, K]
+    unit-stride rows; rounded to x's dtype, stored as `out_dtype` (default x's). `gated`:
+    weight is [gate; up] and the result silu(gate) * up, N / 2 wide. `config`: the tile
+    (`skinny_config`'s default for the shape)."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if m > MAX_ROWS or weight.shape[1] != k or weight.stride(1) != 1 or (gated and n % 2):
+        raise ValueError(f"skinny_gemm needs <= {MAX_ROWS} rows, got {x.shape}, {weight.shape}")
+    if gated:
+        n //= 2
+    block_n, block_k, num_warps, num_stages = config or skinny_config(n, k, gated)
+    x = x if x.stride(1) == 1 else x.contiguous()
+    y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
+    _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        y,
+        m,
+        n,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        HAS_BIAS=bias is not None,
+        GATED=gated,
+        EVEN_K=k % block_k == 0,
+        BLOCK_M=MAX_ROWS,
+        BLOCK_N=block_n,
+        BLOCK_K=block_k,
+        NUM_STAGES=num_stages,
+        num_warps=num_warps,
+        **dependent_launch(x),
+    )
+    return y
