@@ -15,6 +15,16 @@ BLOCK_N output features (rows of W) against all the rows of x padded to BLOCK_M 
 accumulator is BLOCK_N x 16 floats whatever the row count, and the weight chunks stream through
 shared memory in a NUM_STAGES-deep pipeline (Triton's cp.async pipelining of a dot's operands):
 the bytes in flight sit in shared memory, not in registers.
+
+MEASURED SLOWER IN THE STEP, NOT ON MAIN (H200, 2026-12-05 afternoon; docs/benchmark-log.md).
+Alone (bench_skinny.py, weights from DRAM, 5 rows) it beat cuBLAS at every 8B shape with the
+best tiles (qkv 15.0 us against 15.5, o 10.9 against 13.7, gate/up 56.9 against 65.1 with the
+activation, down 31.0 against 33.0, LM head 238.7 against 252.3): about 0.43 ms less a step.
+In the step it cost about 0.5-0.9 ms more: verify at k = 4, batch 1, 5.63 ms (best tiles) and
+6.00 ms (these tiles) against cuBLAS's 5.09; decode at batch 2 5.15 / 5.45 against 4.50. Off
+PDL, 5.70 and 5.08 ms: the dependent launch costs 0.3-0.4 ms of it, and about 7 us a launch
+is still unexplained. Next: each launch's duration inside the step (a per-kernel timeline of
+the captured batch-2 decode graph, as decode_timeline.py does at batch 1) against alone.
 """
 
 from __future__ import annotations
