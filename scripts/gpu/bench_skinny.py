@@ -5,6 +5,13 @@ the skinny GEMM (kernels/skinny_gemm.py), its shipped tile and a sweep of tiles 
 (l2_cold.py). Prints microseconds and the share of copy bandwidth; writes every figure and the
 best tile per shape ("tiles": "NxKxGATED" -> tile) to OUT.json.
 
+Then, at 5 rows, each product interleaved with a fused residual RMSNorm of the same rows (as a
+step alternates products with small kernels), against the two timed alone: the step ran the
+kernel ~7 us a launch slower than alone, and one suspect is the SM's L1 / shared-memory split,
+which the driver sets per kernel: a tile of 60-120 KB of shared memory a program wants most of
+the SM as shared memory, the small kernels between want L1, and a change of split waits for
+the SM to drain. The tiles under 48 KB (2 stages) test the same suspect from the other side.
+
 Usage: python3 scripts/gpu/bench_skinny.py OUT.json
 """
 
@@ -15,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from l2_cold import copies, microseconds
 
-from radixserve.kernels.fused_ops import silu_and_mul
+from radixserve.kernels.fused_ops import fused_add_rms_norm, silu_and_mul
 from radixserve.kernels.skinny_gemm import skinny_config, skinny_gemm
 
 # name: (output features, K, gated); a gated product's features are its two halves
@@ -30,6 +37,8 @@ SHAPES = {
 }
 BANDWIDTH = 4.25e12  # measured copy bandwidth of the H200 (an H100's is ~3.0e12)
 TILES = [  # (features per program, K chunk, warps, stages)
+    (32, 64, 4, 2),
+    (32, 128, 4, 2),
     (32, 128, 4, 4),
     (32, 128, 4, 6),
     (32, 256, 4, 3),
@@ -74,6 +83,21 @@ def measure(n: int, k: int, gated: bool) -> dict:
     row["sweep_5_rows"] = sweep
     row["best_tile"] = json.loads(best.replace("(", "[").replace(")", "]"))
     row["shipped_tile"] = list(shipped)
+    # interleaved with a small kernel, as in a step: the pair against the two alone
+    hidden = torch.randn(SWEEP_ROWS, 4096, dtype=torch.bfloat16, device="cuda")
+    residual, norm_w = (
+        torch.randn_like(hidden),
+        torch.ones(4096, dtype=torch.bfloat16, device="cuda"),
+    )
+
+    def norm():
+        fused_add_rms_norm(hidden, residual, norm_w, 1e-6)
+
+    row["norm_alone_us"] = microseconds(lambda w: norm(), weights)
+    row["cublas_with_norm_us"] = microseconds(lambda w: (cublas(x5, w), norm()), weights)
+    for label, tile in (("shipped", shipped), ("best", tuple(row["best_tile"]))):
+        run = ours(x5, tile)
+        row[f"{label}_with_norm_us"] = microseconds(lambda w, run=run: (run(w), norm()), weights)
     for m in ROWS:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
         row["rows"][m] = {
@@ -93,6 +117,14 @@ for name, (n, k, gated) in SHAPES.items():
     print(
         f"{name:11s} floor {row['floor_us']:6.1f} us; best tile at 5 rows {row['best_tile']}, "
         f"shipped {row['shipped_tile']}",
+        flush=True,
+    )
+    alone = row["rows"][SWEEP_ROWS]
+    print(
+        f"  5 rows then a norm ({row['norm_alone_us']:.1f} us alone): cuBLAS "
+        f"{row['cublas_with_norm_us']:.1f} us (alone {alone['cublas_us'] + row['norm_alone_us']:.1f})"
+        f"  shipped {row['shipped_with_norm_us']:.1f} ({alone['shipped_us'] + row['norm_alone_us']:.1f})"
+        f"  best {row['best_with_norm_us']:.1f} ({alone['best_us'] + row['norm_alone_us']:.1f})",
         flush=True,
     )
     for m, r in row["rows"].items():
