@@ -29,6 +29,7 @@ from importlib.util import find_spec
 import torch
 import triton.testing
 from attention_cases import make_case, run_backend
+from l2_cold import copy_bandwidth
 
 from radixserve.forward.mode import ForwardMode
 from radixserve.kernels.extend_attention import extend_attention_fwd
@@ -39,14 +40,6 @@ HEADS, KV_HEADS, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 KV_TOKEN_BYTES = 2 * KV_HEADS * HEAD_DIM * DTYPE.itemsize
 ROTATE_BYTES = 256 << 20  # KV bytes spread over the rotated pools of one setting
 EXTEND_TILES = [(128, 64, 8, 1), (128, 64, 8, 2), (128, 128, 8, 2), (64, 64, 4, 2), (64, 128, 4, 2)]
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a large device-to-device copy (read + write counted)."""
-    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = triton.testing.do_bench(lambda: dst.copy_(src), return_mode="median")
-    return 2 * src.numel() / (ms * 1e-3)
 
 
 def matmul_rate() -> float:

@@ -1,9 +1,10 @@
 """Projections of 2-16 rows (small decode batches, a verify step's k + 1 positions) of the 1B
 and 8B Llama shapes: cuBLAS (F.linear; gated: F.linear then the activation kernel) against
-the skinny GEMM (kernels/skinny_gemm.py), its shipped tile and a sweep of tiles at 5 rows (an
-8B verify step at k = 4), each timed as CUDA graph replays with the weights coming from DRAM
-(l2_cold.py). Prints microseconds and the share of copy bandwidth; writes every figure and the
-best tile per shape ("tiles": "NxKxGATED" -> tile) to OUT.json.
+the skinny GEMM (kernels/skinny_gemm.py), its shipped tile (the device's `SKINNY_TILES` entry,
+else the default) and a sweep of tiles at 5 rows (an 8B verify step at k = 4), each timed as
+CUDA graph replays with the weights coming from DRAM (l2_cold.py). Prints microseconds and the
+share of this machine's copy bandwidth; writes every figure and the best tile per shape
+("tiles": "NxKxGATED" -> tile) to OUT.json.
 
 Then, at 5 rows, each product interleaved with a fused residual RMSNorm of the same rows (as a
 step alternates products with small kernels), against the two timed alone: the step ran the
@@ -20,8 +21,9 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from l2_cold import copies, microseconds
+from l2_cold import copies, copy_bandwidth, microseconds
 
+from radixserve.kernels import skinny_gemm as skinny_module
 from radixserve.kernels.fused_ops import fused_add_rms_norm, silu_and_mul
 from radixserve.kernels.skinny_gemm import skinny_config, skinny_gemm
 
@@ -35,7 +37,6 @@ SHAPES = {
     "1b.qkv": (3072, 2048, False),
     "1b.down": (2048, 8192, False),
 }
-BANDWIDTH = 4.25e12  # measured copy bandwidth of the H200 (an H100's is ~3.0e12)
 TILES = [  # (features per program, K chunk, warps, stages)
     (32, 64, 4, 2),
     (32, 128, 4, 2),
@@ -52,6 +53,9 @@ ROWS = (2, 5, 8, 16)
 SWEEP_ROWS = 5
 
 
+BANDWIDTH = copy_bandwidth()  # this machine's: each product's floor is its bytes over it
+
+
 def measure(n: int, k: int, gated: bool) -> dict:
     w = torch.randn(n, k, dtype=torch.bfloat16, device="cuda") * 0.02
     weights = copies(w)
@@ -65,7 +69,8 @@ def measure(n: int, k: int, gated: bool) -> dict:
     def ours(x, tile):
         return lambda w: skinny_gemm(x, w, None, tile, gated=gated)
 
-    shipped = skinny_config(half, k, gated)
+    # what `linear` runs on this device: the table's tile (or cuBLAS), else the default's
+    shipped = skinny_module._device_tiles(0).get((half, k, gated)) or skinny_config(half, k, gated)
     x5 = torch.randn(SWEEP_ROWS, k, dtype=torch.bfloat16, device="cuda")
     ref = cublas(x5.float(), w.float())
     sweep = {}
@@ -136,4 +141,4 @@ for name, (n, k, gated) in SHAPES.items():
         )
     if out_path:  # after every shape: a run cut short keeps what it measured
         with open(out_path, "w") as f:
-            json.dump({"shapes": results, "tiles": tiles}, f, indent=1)
+            json.dump({"bandwidth": BANDWIDTH, "shapes": results, "tiles": tiles}, f, indent=1)

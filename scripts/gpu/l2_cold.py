@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from triton.testing import do_bench_cudagraph
+from triton.testing import do_bench, do_bench_cudagraph
 
 L2_MULTIPLE = 4  # the copies together are at least this many times the L2 cache
 
@@ -28,3 +28,12 @@ def copies(*tensors: torch.Tensor) -> list[tuple[torch.Tensor, ...]]:
 def microseconds(run: Callable[..., object], replicas: Sequence[tuple[torch.Tensor, ...]]) -> float:
     """Time of one `run(*replica)`, CUDA graph replays over all replicas in turn."""
     return do_bench_cudagraph(lambda: [run(*r) for r in replicas]) * 1e3 / len(replicas)
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a large device-to-device copy (read + write counted): the ceiling a
+    stream of weights is measured against, on the machine at hand."""
+    src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = do_bench(lambda: dst.copy_(src), return_mode="median")
+    return 2 * src.numel() / (ms * 1e-3)

@@ -28,7 +28,6 @@ from radixserve.kernels import (  # noqa: E402
     mla_decode,
     mla_rope_store,
     moe_gemv,
-    skinny_gemm,
     triton_support,
 )
 
@@ -97,22 +96,6 @@ KERNELS = {
             "NUM_STAGES": 1,
             "LORA": False,
             "LORA_BLOCK_R": 16,
-        },
-    ),
-    # a verify step's 5 rows through the MLP's [gate; up] with a bias (Qwen2's are on q/k/v):
-    # its pipelined dot operands' cp.async prologue after the wait, the bias before it
-    "skinny gemm (bf16, gated, bias)": (
-        skinny_gemm._skinny_gemm_kernel,
-        {},
-        set(),
-        {
-            "HAS_BIAS": True,
-            "GATED": True,
-            "EVEN_K": True,
-            "BLOCK_M": 16,
-            "BLOCK_N": 32,
-            "BLOCK_K": 128,
-            "NUM_STAGES": 4,
         },
     ),
     # an adapter's expand in the epilogue (batch 1 with LoRA): B and the slot read early, s
@@ -420,7 +403,6 @@ KERNELS = {
 EARLY_READS = {
     "gemv (FP8, gated)": {"Scale"},
     "gemv (bf16)": {"Bias"},
-    "skinny gemm (bf16, gated, bias)": {"Bias"},
     # the row's adapter slot, a step input, and its B rows
     "gemv (bf16, gated, LoRA)": {"LoraSlot", "LoraB"},
     "rms_norm (with residual)": {"W"},

@@ -1,14 +1,15 @@
 """Products of a few rows (2-16: small decode batches, a verify step's k + 1 positions) as a
-Triton GEMM that streams the weight at the memory bandwidth, like the batch-1 GEMV; `uses_skinny`
+Triton GEMM that streams the weight at the memory bandwidth, like the batch-1 GEMV; `skinny_tile`
 says when a product takes it (layers/linear.py).
 
 At a few rows a projection is still a stream of its weight: 5 rows read the same bytes as 1.
 cuBLAS's kernels for such shapes stream below the bandwidth: an 8B verify step (k = 4, 5 rows)
 took 6.47 ms against a batch-1 decode step's 5.34 on an H100 (1.21x), 5.65 ms of it in cuBLAS's
 kernels (spec_decode_bench.py verify --profile, 2026-12-05), and a batch-2 decode step took
-1.15x batch 1's on an H200. The GEMV's form (products accumulated elementwise in registers) does not carry over:
-at 8 rows its accumulators took 200 registers a thread, too few programs per SM kept too few
-bytes in flight, and it ran 3x slower than cuBLAS (branch gemv-rows, 2026-12-05).
+1.15x batch 1's on an H200. The GEMV's form (products accumulated elementwise in registers)
+does not carry over: at 8 rows its accumulators took 200 registers a thread, too few programs
+per SM kept too few bytes in flight, and it ran 3x slower than cuBLAS (branch gemv-rows,
+2026-12-05).
 
 Here the product is computed transposed, y^T = W x^T, as a tensor-core dot: a program takes
 BLOCK_N output features (rows of W) against all the rows of x padded to BLOCK_M = 16, so its
@@ -16,29 +17,31 @@ accumulator is BLOCK_N x 16 floats whatever the row count, and the weight chunks
 shared memory in a NUM_STAGES-deep pipeline (Triton's cp.async pipelining of a dot's operands):
 the bytes in flight sit in shared memory, not in registers.
 
-MEASURED SLOWER IN THE STEP, NOT ON MAIN (H200, 2026-12-05 afternoon; docs/benchmark-log.md).
-Alone (bench_skinny.py, weights from DRAM, 5 rows) it beat cuBLAS at every 8B shape with the
-best tiles (qkv 15.0 us against 15.5, o 10.9 against 13.7, gate/up 56.9 against 65.1 with the
-activation, down 31.0 against 33.0, LM head 238.7 against 252.3): about 0.43 ms less a step.
-In the step it cost about 0.5-0.9 ms more: verify at k = 4, batch 1, 5.63 ms (best tiles) and
-6.00 ms (these tiles) against cuBLAS's 5.09; decode at batch 2 5.15 / 5.45 against 4.50. Off
-PDL, 5.70 and 5.08 ms: the dependent launch costs 0.3-0.4 ms of it, and about 7 us a launch
-is still unexplained. Next: each launch's duration inside the step (a per-kernel timeline of
-the captured batch-2 decode graph, as decode_timeline.py does at batch 1) against alone.
+Where it runs: only on a device and weight shape named in `SKINNY_TILES`, each measured
+faster in the step than cuBLAS with that tile; everywhere else cuBLAS, as before it. The
+measurements disagree by machine (docs/benchmark-log.md, 2026-12-05):
+- H100, late evening: as landed here (these tiles, launched plainly), an 8B verify step (k = 4,
+  batch 1) took 5.906 and 6.007 ms against 6.262 with the table emptied (cuBLAS), the same
+  machine, one process each: 1.122-1.142x a batch-1 decode step against 1.191x; batch-2
+  decode 5.538-5.540 against 5.801 ms, batch 8 5.791-5.794 against 6.058. On another machine,
+  with the same tiles on the tree before (two processes each, ABBA) the figures moved alike
+  (verify 6.268-6.285 against 6.494-6.582 ms). Launched as a programmatic dependent (PDL) the
+  same tiles took 6.575 ms there: the early launch costs more than it saves, so this is the
+  one Triton kernel of the step that launches plainly. Without PDL each product costs in the
+  step what it costs alone (a batch-2 timeline: within 0.1-3.4 us a product).
+- H200, afternoon: slower in the step than cuBLAS with every tile tried, with PDL and without
+  (verify 5.63-6.00 ms against 5.09; batch-2 decode 5.08-5.45 against 4.50), in one call whose
+  machine drifted 3.5%. Not settled, so the H200 has no tiles here and keeps cuBLAS.
 """
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from radixserve.kernels import triton_support
-from radixserve.kernels.triton_support import (
-    dependent_launch,
-    jit,
-    tl,
-    triton,
-    wait_for_prior_kernel,
-)
+from radixserve.kernels.triton_support import jit, tl, triton
 
 # the rows one launch takes: a verify step of k <= 15 at batch 1, decode batches up to 16
 MAX_ROWS = 16
@@ -63,7 +66,6 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     NUM_STAGES: tl.constexpr,
-    PDL: tl.constexpr,
 ):
     """y[:M, BLOCK_N features] = x[:M] . W[features]^T, computed as W[features] . x^T so that the
     features fill the tensor cores' long side and the few rows the short one (padded to BLOCK_M
@@ -76,11 +78,10 @@ def _skinny_gemm_kernel(
     ms = tl.arange(0, BLOCK_M)
     mask_n = features < N
     mask_m = ms < M
-    if HAS_BIAS:  # constants: read before the wait, off the last programs' tail
+    if HAS_BIAS:
         bias = tl.load(Bias + features, mask=mask_n, other=0.0).to(tl.float32)
         if GATED:
             bias_up = tl.load(Bias + N + features, mask=mask_n, other=0.0).to(tl.float32)
-    wait_for_prior_kernel(PDL)
     w_rows = W + features.to(tl.int64)[:, None] * stride_wn
     x_cols = X + ms[None, :] * stride_xm
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
@@ -117,7 +118,8 @@ def _skinny_gemm_kernel(
 
 def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, int]:
     """(features per program, K chunk, warps, pipeline stages) for an [n, k] weight (n the
-    output features; a gated product's half). Each program keeps its stages' weight chunks
+    output features; a gated product's half) that `SKINNY_TILES` does not name: the tile a
+    direct call takes (tests, bench_skinny.py's "shipped" column). Each program keeps its stages' weight chunks
     in shared memory, and the programs of the smaller matrices (qkv, o, down: 128-192 of them
     at 32 features) must all be resident at once to stream the whole weight."""
     if gated or n >= 16384:
@@ -125,19 +127,45 @@ def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, i
     return 32, 256, 4, 4
 
 
-def uses_skinny(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether `linear` (and `linear_silu_and_mul`) take the skinny GEMM: x is 2 to MAX_ROWS
-    half-precision rows on a CUDA device where the fused kernels are on, the weight the same
-    dtype with unit-stride rows (FP8 weights keep their own path: layers/quantization/fp8.py).
-    float32 stays on cuBLAS: it is the exactness reference."""
-    return (
+# (features per program, K chunk, warps, pipeline stages) by device name, then by (output
+# features, K, gated): the tiles measured faster in the step than cuBLAS (the module's docstring;
+# bench_skinny.py's sweep picks them, spec_decode_bench.py verify and decode_timeline.py judge
+# them in the step). A gated product is keyed by its half, the MLP's intermediate size.
+SKINNY_TILES: dict[str, dict[tuple[int, int, bool], tuple[int, int, int, int]]] = {
+    "NVIDIA H100 80GB HBM3": {  # the Llama-3-8B shape's projections
+        (6144, 4096, False): (64, 128, 4, 4),  # q/k/v
+        (4096, 4096, False): (64, 128, 4, 6),  # o
+        (14336, 4096, True): (64, 128, 4, 4),  # gate/up with the activation
+        (4096, 14336, False): (32, 256, 4, 4),  # down
+        (128256, 4096, False): (64, 128, 4, 6),  # LM head (float32 logits)
+    },
+}
+
+
+@functools.cache
+def _device_tiles(device_index: int) -> dict[tuple[int, int, bool], tuple[int, int, int, int]]:
+    return SKINNY_TILES.get(torch.cuda.get_device_name(device_index), {})
+
+
+def skinny_tile(
+    x: torch.Tensor, weight: torch.Tensor, gated: bool = False
+) -> tuple[int, int, int, int] | None:
+    """The tile `linear` (and, `gated`, `linear_silu_and_mul`) runs the skinny GEMM with, or None
+    for cuBLAS: x is 2 to MAX_ROWS half-precision rows on a CUDA device where the fused kernels
+    are on, the weight the same dtype with unit-stride rows (FP8 weights keep their own path:
+    layers/quantization/fp8.py; float32 stays on cuBLAS, the exactness reference), and
+    `SKINNY_TILES` names x's device and the weight's shape."""
+    if not (
         triton_support.enabled_for(x)
         and x.dim() == 2
         and 2 <= x.shape[0] <= MAX_ROWS
         and x.dtype in (torch.bfloat16, torch.float16)
         and weight.dtype == x.dtype
         and weight.stride(1) == 1
-    )
+    ):
+        return None
+    n = weight.shape[0] // 2 if gated else weight.shape[0]
+    return _device_tiles(x.device.index or 0).get((n, weight.shape[1], gated))
 
 
 def skinny_gemm(
@@ -180,6 +208,5 @@ def skinny_gemm(
         BLOCK_K=block_k,
         NUM_STAGES=num_stages,
         num_warps=num_warps,
-        **dependent_launch(x),
     )
     return y
