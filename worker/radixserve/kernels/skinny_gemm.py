@@ -118,10 +118,11 @@ def _skinny_gemm_kernel(
 
 def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, int]:
     """(features per program, K chunk, warps, pipeline stages) for an [n, k] weight (n the
-    output features; a gated product's half) that `SKINNY_TILES` does not name: the tile a
-    direct call takes (tests, bench_skinny.py's "shipped" column). Each program keeps its stages' weight chunks
-    in shared memory, and the programs of the smaller matrices (qkv, o, down: 128-192 of them
-    at 32 features) must all be resident at once to stream the whole weight."""
+    output features; a gated product's half): the tile of a direct call given none (the tests;
+    bench_skinny.py's "shipped" column where `SKINNY_TILES` names none). Each program keeps its
+    stages' weight chunks in shared memory, and the programs of the smaller matrices (qkv, o,
+    down: 128-192 of them at 32 features) must all be resident at once to stream the whole
+    weight."""
     if gated or n >= 16384:
         return 32, 128, 4, 4
     return 32, 256, 4, 4

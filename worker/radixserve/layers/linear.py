@@ -1,7 +1,7 @@
 """`linear` and the `Linear` layer: a projection that takes the batch-1 GEMV kernel where it
 applies (kernels/gemv.py), the skinny GEMM at 2-16 rows on the devices and shapes it was
-measured faster on (kernels/skinny_gemm.py) and cuBLAS elsewhere, and `linear_silu_and_mul`, which applies the MLP's activation in the GEMV's or the
-skinny GEMM's epilogue."""
+measured faster on (kernels/skinny_gemm.py) and cuBLAS elsewhere, and `linear_silu_and_mul`,
+which applies the MLP's activation in the GEMV's or the skinny GEMM's epilogue."""
 
 from __future__ import annotations
 
@@ -38,9 +38,9 @@ def linear_silu_and_mul(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """silu(gate) * up of the fused [gate; up] projection `weight`: one GEMV launch with the
-    activation in its epilogue where `uses_gemv` says so or `skinny_tile` names a tile (the activation kernel
-    and its launch gap were about 2.5 us a layer of a 1B batch-1 step), else the product and
-    then the activation kernel."""
+    activation in its epilogue where `uses_gemv` says so or `skinny_tile` names a tile (the
+    activation kernel and its launch gap were about 2.5 us a layer of a 1B batch-1 step), else
+    the product and then the activation kernel."""
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape), gated=True)
     if tile := skinny_tile(x, weight, gated=True):
