@@ -1,17 +1,16 @@
 """Projections of 2-16 rows (small decode batches, a verify step's k + 1 positions) of the 1B
 and 8B Llama shapes: cuBLAS (F.linear; gated: F.linear then the activation kernel) against
-the skinny GEMM (kernels/skinny_gemm.py), its shipped tile (the device's `SKINNY_TILES` entry,
-else the default) and a sweep of tiles at 5 rows (an 8B verify step at k = 4), each timed as
-CUDA graph replays with the weights coming from DRAM (l2_cold.py). Prints microseconds and the
-share of this machine's copy bandwidth; writes every figure and the best tile per shape
-("tiles": "NxKxGATED" -> tile) to OUT.json.
+the skinny GEMM (kernels/skinny_gemm.py): a sweep of tiles at 5 rows (an 8B verify step at
+k = 4), then its best tile, and the shipped one where the device's `SKINNY_TILES` names the
+shape, at every row count; each timed as CUDA graph replays with the weights coming from DRAM
+(l2_cold.py). Prints microseconds and the share of this machine's copy bandwidth; writes every
+figure and the best tile per shape ("tiles": "NxKxGATED" -> tile) to OUT.json.
 
 Then, at 5 rows, each product interleaved with a fused residual RMSNorm of the same rows (as a
-step alternates products with small kernels), against the two timed alone: the step ran the
-kernel ~7 us a launch slower than alone, and one suspect is the SM's L1 / shared-memory split,
-which the driver sets per kernel: a tile of 60-120 KB of shared memory a program wants most of
-the SM as shared memory, the small kernels between want L1, and a change of split waits for
-the SM to drain. The tiles under 48 KB (2 stages) test the same suspect from the other side.
+step alternates products with small kernels), against the two timed alone: on an H100 the
+skinny kernel's pairs came within 0.4 us of the two alone (2026-12-05 late evening), so a small
+kernel after it costs nothing extra; the L1 / shared-memory split, once suspected, is not where
+it lost time in the step (the dependent launch was).
 
 Usage: python3 scripts/gpu/bench_skinny.py OUT.json
 """
@@ -25,7 +24,7 @@ from l2_cold import copies, copy_bandwidth, microseconds
 
 from radixserve.kernels import skinny_gemm as skinny_module
 from radixserve.kernels.fused_ops import fused_add_rms_norm, silu_and_mul
-from radixserve.kernels.skinny_gemm import skinny_config, skinny_gemm
+from radixserve.kernels.skinny_gemm import skinny_gemm
 
 # name: (output features, K, gated); a gated product's features are its two halves
 SHAPES = {
@@ -69,8 +68,8 @@ def measure(n: int, k: int, gated: bool) -> dict:
     def ours(x, tile):
         return lambda w: skinny_gemm(x, w, None, tile, gated=gated)
 
-    # what `linear` runs on this device: the table's tile (or cuBLAS), else the default's
-    shipped = skinny_module._device_tiles(0).get((half, k, gated)) or skinny_config(half, k, gated)
+    # the tile `linear` runs on this device (`SKINNY_TILES`), if any: cuBLAS otherwise
+    shipped = skinny_module._device_tiles(0).get((half, k, gated))
     x5 = torch.randn(SWEEP_ROWS, k, dtype=torch.bfloat16, device="cuda")
     ref = cublas(x5.float(), w.float())
     sweep = {}
@@ -87,7 +86,8 @@ def measure(n: int, k: int, gated: bool) -> dict:
     best = min(timed, key=timed.get)
     row["sweep_5_rows"] = sweep
     row["best_tile"] = json.loads(best.replace("(", "[").replace(")", "]"))
-    row["shipped_tile"] = list(shipped)
+    row["shipped_tile"] = list(shipped) if shipped else None
+    labelled = {"best": tuple(row["best_tile"])} | ({"shipped": shipped} if shipped else {})
     # interleaved with a small kernel, as in a step: the pair against the two alone
     hidden = torch.randn(SWEEP_ROWS, 4096, dtype=torch.bfloat16, device="cuda")
     residual, norm_w = (
@@ -100,15 +100,13 @@ def measure(n: int, k: int, gated: bool) -> dict:
 
     row["norm_alone_us"] = microseconds(lambda w: norm(), weights)
     row["cublas_with_norm_us"] = microseconds(lambda w: (cublas(x5, w), norm()), weights)
-    for label, tile in (("shipped", shipped), ("best", tuple(row["best_tile"]))):
+    for label, tile in labelled.items():
         run = ours(x5, tile)
         row[f"{label}_with_norm_us"] = microseconds(lambda w, run=run: (run(w), norm()), weights)
     for m in ROWS:
         x = torch.randn(m, k, dtype=torch.bfloat16, device="cuda")
-        row["rows"][m] = {
-            "cublas_us": microseconds(lambda w, x=x: cublas(x, w), weights),
-            "shipped_us": microseconds(ours(x, shipped), weights),
-            "best_us": microseconds(ours(x, tuple(row["best_tile"])), weights),
+        row["rows"][m] = {"cublas_us": microseconds(lambda w, x=x: cublas(x, w), weights)} | {
+            f"{label}_us": microseconds(ours(x, tile), weights) for label, tile in labelled.items()
         }
     return row
 
@@ -124,19 +122,23 @@ for name, (n, k, gated) in SHAPES.items():
         f"shipped {row['shipped_tile']}",
         flush=True,
     )
-    alone = row["rows"][SWEEP_ROWS]
+    alone, norm_us = row["rows"][SWEEP_ROWS], row["norm_alone_us"]
+    labels = ["cublas", "best"] + (["shipped"] if row["shipped_tile"] else [])
     print(
-        f"  5 rows then a norm ({row['norm_alone_us']:.1f} us alone): cuBLAS "
-        f"{row['cublas_with_norm_us']:.1f} us (alone {alone['cublas_us'] + row['norm_alone_us']:.1f})"
-        f"  shipped {row['shipped_with_norm_us']:.1f} ({alone['shipped_us'] + row['norm_alone_us']:.1f})"
-        f"  best {row['best_with_norm_us']:.1f} ({alone['best_us'] + row['norm_alone_us']:.1f})",
+        f"  5 rows then a norm ({norm_us:.1f} us alone): "
+        + "  ".join(
+            f"{label} {row[label + '_with_norm_us']:.1f} us (alone {alone[label + '_us'] + norm_us:.1f})"
+            for label in labels
+        ),
         flush=True,
     )
     for m, r in row["rows"].items():
         print(
-            f"  {m:2d} rows: cuBLAS {r['cublas_us']:7.1f} us ({row['floor_us'] / r['cublas_us']:4.0%})"
-            f"  shipped {r['shipped_us']:7.1f} ({row['floor_us'] / r['shipped_us']:4.0%})"
-            f"  best {r['best_us']:7.1f} ({row['floor_us'] / r['best_us']:4.0%})",
+            f"  {m:2d} rows: "
+            + "  ".join(
+                f"{label} {r[label + '_us']:7.1f} us ({row['floor_us'] / r[label + '_us']:4.0%})"
+                for label in labels
+            ),
             flush=True,
         )
     if out_path:  # after every shape: a run cut short keeps what it measured

@@ -116,18 +116,6 @@ def _skinny_gemm_kernel(
     tl.store(out, y.to(Y.dtype.element_ty), mask=mask_n[:, None] & mask_m[None, :])
 
 
-def skinny_config(n: int, k: int, gated: bool = False) -> tuple[int, int, int, int]:
-    """(features per program, K chunk, warps, pipeline stages) for an [n, k] weight (n the
-    output features; a gated product's half): the tile of a direct call given none (the tests;
-    bench_skinny.py's "shipped" column where `SKINNY_TILES` names none). Each program keeps its
-    stages' weight chunks in shared memory, and the programs of the smaller matrices (qkv, o,
-    down: 128-192 of them at 32 features) must all be resident at once to stream the whole
-    weight."""
-    if gated or n >= 16384:
-        return 32, 128, 4, 4
-    return 32, 256, 4, 4
-
-
 # (features per program, K chunk, warps, pipeline stages) by device name, then by (output
 # features, K, gated): the tiles measured faster in the step than cuBLAS (the module's docstring;
 # bench_skinny.py's sweep picks them, spec_decode_bench.py verify and decode_timeline.py judge
@@ -172,22 +160,24 @@ def skinny_tile(
 def skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
-    bias: torch.Tensor | None = None,
-    config: tuple[int, int, int, int] | None = None,
+    bias: torch.Tensor | None,
+    tile: tuple[int, int, int, int],
     out_dtype: torch.dtype | None = None,
     gated: bool = False,
 ) -> torch.Tensor:
     """F.linear(x, weight, bias) for x of at most MAX_ROWS rows ([M, K]); weight [N, K]
     unit-stride rows; rounded to x's dtype, stored as `out_dtype` (default x's). `gated`:
-    weight is [gate; up] and the result silu(gate) * up, N / 2 wide. `config`: the tile
-    (`skinny_config`'s default for the shape)."""
+    weight is [gate; up] and the result silu(gate) * up, N / 2 wide. `tile`: (features per
+    program, K chunk, warps, pipeline stages), `skinny_tile`'s for the product (there is no
+    default: a tile is chosen by measuring it in the step, and only `SKINNY_TILES` holds those).
+    Each program keeps its stages' weight chunks in shared memory."""
     m, k = x.shape
     n = weight.shape[0]
     if m > MAX_ROWS or weight.shape[1] != k or weight.stride(1) != 1 or (gated and n % 2):
         raise ValueError(f"skinny_gemm needs <= {MAX_ROWS} rows, got {x.shape}, {weight.shape}")
     if gated:
         n //= 2
-    block_n, block_k, num_warps, num_stages = config or skinny_config(n, k, gated)
+    block_n, block_k, num_warps, num_stages = tile
     x = x if x.stride(1) == 1 else x.contiguous()
     y = torch.empty((m, n), dtype=out_dtype or x.dtype, device=x.device)
     _skinny_gemm_kernel[(triton.cdiv(n, block_n),)](

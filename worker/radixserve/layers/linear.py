@@ -29,7 +29,7 @@ def linear(
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape), out_dtype=out_dtype)
     if tile := skinny_tile(x, weight):
-        return skinny_gemm(x, weight, bias, config=tile, out_dtype=out_dtype)
+        return skinny_gemm(x, weight, bias, tile, out_dtype=out_dtype)
     y = F.linear(x, weight, bias)
     return y if out_dtype is None else y.to(out_dtype)
 
@@ -44,7 +44,7 @@ def linear_silu_and_mul(
     if uses_gemv(x, weight):
         return gemv(x, weight, bias, *block_config(*weight.shape), gated=True)
     if tile := skinny_tile(x, weight, gated=True):
-        return skinny_gemm(x, weight, bias, config=tile, gated=True)
+        return skinny_gemm(x, weight, bias, tile, gated=True)
     return silu_and_mul(linear(x, weight, bias))
 
 
