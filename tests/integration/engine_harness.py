@@ -38,8 +38,8 @@ def run_to_completion(
         )
     results: dict[str, dict] = {}
     for _ in range(max_steps):
-        if scheduler.waiting_only_for_grammars():
-            scheduler.wait_for_grammars(timeout=60)
+        if scheduler.waiting_only_in_background():
+            scheduler.wait_in_background(timeout=60)
         scheduler.step()
         for out in scheduler.pop_outputs():
             entry = results.setdefault(out.rid, {"ids": [], "finish": None, "cached": 0})

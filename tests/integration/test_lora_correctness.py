@@ -7,14 +7,16 @@ adapter's KV to another; and the refusals of bad adapters."""
 from __future__ import annotations
 
 import json
+import threading
 from unittest import mock
 
 import pytest
-from engine_harness import greedy, make_scheduler, random_prompts
+from engine_harness import greedy, make_scheduler, random_prompts, run_to_completion
 from lora_adapters import ADAPTERS, peft_greedy, save_adapter
 
 from radixserve.boundary import LoRAAdapterReq, TokenizedGenerateReqInput
 from radixserve.kernels import lora as lora_kernels
+from radixserve.lora import manager as lora_manager
 from radixserve.model_loader.loader import build_hf_reference, load_model_source
 
 pytest.importorskip("peft")
@@ -38,45 +40,21 @@ def setup(tmp_path_factory):
     return source, hf, dirs, prompts, expected
 
 
-def run(scheduler, jobs: list[tuple[str | None, list[int]]]) -> list[list[int]]:
-    """Submit every (adapter, prompt) at once, step until idle; the tokens of each."""
-    for i, (name, prompt) in enumerate(jobs):
-        scheduler.handle_generate_request(
-            TokenizedGenerateReqInput(
-                rid=f"r{i}", input_ids=prompt, sampling_params=greedy(NEW), lora_name=name
-            )
-        )
-    ids: dict[str, list[int]] = {f"r{i}": [] for i in range(len(jobs))}
-    for _ in range(10_000):
-        scheduler.step()
-        for out in scheduler.pop_outputs():
-            assert out.finished_reason is None or out.finished_reason["type"] == "length", out
-            ids[out.rid].extend(out.new_token_ids)
-        if not scheduler.has_work():
-            break
-    return [ids[f"r{i}"] for i in range(len(jobs))]
-
-
 def run_any(scheduler, jobs: list[tuple[str | None, list[int]]]) -> tuple[list, list]:
-    """As `run`, but any ending is taken: each request's tokens and finished reason."""
-    for i, (name, prompt) in enumerate(jobs):
-        scheduler.handle_generate_request(
-            TokenizedGenerateReqInput(
-                rid=f"r{i}", input_ids=prompt, sampling_params=greedy(NEW), lora_name=name
-            )
-        )
-    ids: dict[str, list[int]] = {f"r{i}": [] for i in range(len(jobs))}
-    reasons: dict[str, dict] = {}
-    for _ in range(10_000):
-        scheduler.step()
-        for out in scheduler.pop_outputs():
-            ids[out.rid].extend(out.new_token_ids)
-            if out.finished_reason is not None:
-                reasons[out.rid] = out.finished_reason
-        if not scheduler.has_work():
-            break
+    """Submit every (adapter, prompt) at once, step until idle (waiting, not spinning, while
+    only adapter reads are pending); each request's tokens and finished reason."""
+    prompts = [prompt for _, prompt in jobs]
+    names = [name for name, _ in jobs]
+    results = run_to_completion(scheduler, prompts, greedy(NEW), lora_names=names)
     rids = [f"r{i}" for i in range(len(jobs))]
-    return [ids[r] for r in rids], [reasons[r] for r in rids]
+    return [results[r]["ids"] for r in rids], [results[r]["finish"] for r in rids]
+
+
+def run(scheduler, jobs: list[tuple[str | None, list[int]]]) -> list[list[int]]:
+    """As `run_any` where every request must end by its length: the tokens of each."""
+    ids, reasons = run_any(scheduler, jobs)
+    assert all(reason["type"] == "length" for reason in reasons), reasons
+    return ids
 
 
 def lora_scheduler(source, dirs, **kw):
@@ -193,6 +171,43 @@ def test_lazy_adapters_are_known_unread_and_match_peft_on_first_use(setup, tmp_p
     loads = lora.counters.loads
     assert "late" not in lora.host and lora.counters.loads == loads
     assert run(scheduler, [("late", prompts[3])]) == [expected["beta"][3]]
+
+
+def test_while_only_an_adapter_read_is_pending_the_loop_waits_for_it(setup):
+    """A request whose adapter is being read, and nothing else: the scheduler says it waits in
+    the background (the process loop then polls instead of spinning, which would also hold the
+    GIL the reading thread needs), `wait_in_background` returns when the read ends, and a
+    runnable request beside the waiting one means the loop runs again."""
+    source, _, dirs, prompts, expected = setup
+    scheduler = lora_scheduler(source, dirs, max_loras=1, lora_load="lazy")
+    gate = threading.Event()
+    read = lora_manager.read_adapter
+
+    def gated_read(*args, **kwargs):
+        gate.wait(timeout=60)
+        return read(*args, **kwargs)
+
+    with mock.patch.object(lora_manager, "read_adapter", gated_read):
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid="a", input_ids=prompts[0], sampling_params=greedy(NEW), lora_name="alpha"
+            )
+        )
+        assert not scheduler.step() and scheduler.has_work()
+        assert scheduler.waiting_only_in_background()
+        scheduler.wait_in_background(timeout=0.05)  # the read is gated: it returns by time
+        assert not scheduler.lora.reading["alpha"].done()
+        scheduler.handle_generate_request(
+            TokenizedGenerateReqInput(
+                rid="b", input_ids=prompts[1], sampling_params=greedy(NEW), lora_name=None
+            )
+        )
+        assert not scheduler.waiting_only_in_background()  # the base request can run
+        gate.set()
+        scheduler.wait_in_background(timeout=60)
+        assert scheduler.lora.reading["alpha"].done()
+        results = run_to_completion(scheduler, [], greedy(NEW))
+    assert results["a"]["ids"] == expected["alpha"][0] and results["b"]["ids"] == expected[None][1]
 
 
 def test_prefix_cache_is_per_adapter(setup):

@@ -36,8 +36,8 @@ def run(scheduler, prompts, params, logprobs=(), overlap=False) -> dict[str, dic
         )
     results: dict[str, dict] = {}
     for _ in range(10_000):
-        if scheduler.waiting_only_for_grammars():
-            scheduler.wait_for_grammars(timeout=60)
+        if scheduler.waiting_only_in_background():
+            scheduler.wait_in_background(timeout=60)
         scheduler.step()
         for out in scheduler.pop_outputs():
             entry = results.setdefault(out.rid, {"ids": [], "finish": None, "logprobs": []})

@@ -151,8 +151,8 @@ def submit(scheduler: Scheduler, rid: str, prompt: list[int], max_new_tokens: in
 def drain(scheduler: Scheduler, run: Run | None = None, max_steps: int = 20_000) -> Run:
     run = run or Run(scheduler, scheduler.worker, {}, {}, {})
     for _ in range(max_steps):
-        if scheduler.waiting_only_for_grammars():
-            scheduler.wait_for_grammars(timeout=60)
+        if scheduler.waiting_only_in_background():
+            scheduler.wait_in_background(timeout=60)
         scheduler.step()
         collect(scheduler, run)
         if not scheduler.has_work():

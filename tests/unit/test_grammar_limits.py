@@ -91,8 +91,8 @@ def step_until(scheduler, run: RunRecord, done, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
         assert time.monotonic() < deadline, "never got there"
-        if scheduler.waiting_only_for_grammars():
-            scheduler.wait_for_grammars(timeout=0.05)
+        if scheduler.waiting_only_in_background():
+            scheduler.wait_in_background(timeout=0.05)
         scheduler.step()
         collect(scheduler, run)
 

@@ -210,7 +210,7 @@ def test_a_request_waits_for_its_grammar_and_the_loop_goes_on(backend):
     assert [r.rid for r in scheduler.grammar_queue] == ["constrained"]
     assert "constrained" not in run.outputs
     assert not any(b.sampling_info.has_grammars for b in scheduler.worker.batches)
-    assert scheduler.has_work() and scheduler.waiting_only_for_grammars()
+    assert scheduler.has_work() and scheduler.waiting_only_in_background()
     assert not scheduler.step()
     assert scheduler.get_server_info()["num_compiling_grammars"] == 1
     served.gate.set()

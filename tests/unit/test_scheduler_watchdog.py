@@ -152,7 +152,7 @@ class GeneratingScheduler:
     def has_work(self) -> bool:
         return True
 
-    def waiting_only_for_grammars(self) -> bool:
+    def waiting_only_in_background(self) -> bool:
         return False
 
     def ready_grammar_rids(self) -> list[str]:

@@ -408,14 +408,25 @@ class Scheduler:
             else:
                 self.waiting_queue.append(req)
 
-    def waiting_only_for_grammars(self) -> bool:
-        """Nothing can run until a compile ends (the process loop then waits, not spins)."""
-        return bool(self.grammar_queue) and not self._has_runnable_work()
+    def waiting_only_in_background(self) -> bool:
+        """Nothing can run until a grammar compile or an adapter read ends, both on other
+        threads (the process loop then waits, not spins: a spinning loop also holds the GIL the
+        reading thread needs)."""
+        if self.running_batch.reqs or self.chunked_req or self.in_flight or self.last_batch:
+            return False
+        if not self.waiting_queue:
+            return bool(self.grammar_queue)
+        reading = self.lora.reading if self.lora is not None else {}
+        return all(
+            r.lora_slot == NO_LORA_SLOT and r.lora_name in reading for r in self.waiting_queue
+        )
 
-    def wait_for_grammars(self, timeout: float) -> None:
-        """Block until a pending compile ends (or `timeout` seconds): for an in-process driver
-        with nothing else to do, instead of spinning through empty steps."""
+    def wait_in_background(self, timeout: float) -> None:
+        """Block until a pending compile or adapter read ends (or `timeout` seconds): for an
+        in-process driver with nothing else to do, instead of spinning through empty steps."""
         pending = [r.grammar_future for r in self.grammar_queue]
+        if self.lora is not None:
+            pending.extend(self.lora.reading.values())
         if pending:
             concurrent.futures.wait(pending, timeout, concurrent.futures.FIRST_COMPLETED)
 

@@ -70,9 +70,9 @@ WATCHDOG_EXIT_CODE = 70
 # prctl's option: a signal for this process when its parent dies (linux/prctl.h)
 PR_SET_PDEATHSIG = 1
 
-# while only grammar compiles are pending, the loop waits up to this long for a message instead
-# of spinning
-GRAMMAR_WAIT_MS = 2
+# while only grammar compiles or adapter reads are pending, the loop waits up to this long for a
+# message instead of spinning
+BACKGROUND_WAIT_MS = 2
 
 
 def warm_up(scheduler: Scheduler) -> None:
@@ -415,9 +415,10 @@ def _serve(
         # block (bounded, to notice a dead parent) only when there is nothing to run
         if not busy:
             recv_sock.poll(timeout=200)
-        if scheduler.waiting_only_for_grammars():
-            # grammars compile on other threads: wait a little for them or a message, not spin
-            recv_sock.poll(timeout=GRAMMAR_WAIT_MS)
+        if scheduler.waiting_only_in_background():
+            # grammars compile and adapters are read on other threads: wait a little for them
+            # or a message, not spin
+            recv_sock.poll(timeout=BACKGROUND_WAIT_MS)
         messages = []
         while True:
             try:
@@ -443,9 +444,9 @@ def _serve(
         heartbeat = time.monotonic() - last_report >= HEARTBEAT_S
         if ran or outputs or not idle_reported or heartbeat:
             send_sock.send_pyobj(BatchReqOutput(outputs, scheduler.pop_stats()))
-            # compiles still pending change no output: they must not report every 2 ms
+            # compiles and reads still pending change no output: they must not report every 2 ms
             idle_reported = not ran and (
-                not scheduler.has_work() or scheduler.waiting_only_for_grammars()
+                not scheduler.has_work() or scheduler.waiting_only_in_background()
             )
             last_report = time.monotonic()
 
