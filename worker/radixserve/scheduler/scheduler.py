@@ -412,7 +412,7 @@ class Scheduler:
         """Nothing can run until a grammar compile or an adapter read ends, both on other
         threads (the process loop then waits, not spins: a spinning loop also holds the GIL the
         reading thread needs)."""
-        if self.running_batch.reqs or self.chunked_req or self.in_flight or self.last_batch:
+        if self._is_running():
             return False
         if not self.waiting_queue:
             return bool(self.grammar_queue)
@@ -555,12 +555,12 @@ class Scheduler:
         return bool(self.grammar_queue) or self._has_runnable_work()
 
     def _has_runnable_work(self) -> bool:
+        return bool(self.waiting_queue) or self._is_running()
+
+    def _is_running(self) -> bool:
+        """Requests are decoding or prefilling, or a batch is yet to be resolved."""
         return bool(
-            self.waiting_queue
-            or self.running_batch.reqs
-            or self.chunked_req
-            or self.in_flight
-            or self.last_batch
+            self.running_batch.reqs or self.chunked_req or self.in_flight or self.last_batch
         )
 
     # -- one iteration -----------------------------------------------------------------------
